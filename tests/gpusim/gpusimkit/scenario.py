@@ -1,0 +1,271 @@
+"""The scenario model: what the simulated host looks like.
+
+This module is the only writer of ``DIR/scenario`` (read by the C library) and of
+``DIR/scenario.json`` (read by Python).  See ../README.md for the format.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import re
+from typing import Dict, Iterator, List, Optional
+
+FORMAT_VERSION = 1
+
+# Defaults taken from a real 8 x H200 host.
+DEFAULT_MODEL = "NVIDIA H200"
+DEFAULT_MEMORY_MIB = 143771
+DEFAULT_DRIVER = "580.159.03"
+DEFAULT_CUDA = 13000  # CUDA 13.0 as nvmlSystemGetCudaDriverVersion reports it
+# PCI bus numbers of the eight GPUs on a typical HGX H200 board.
+HGX_BUSES = [0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB]
+H200_PCI_DEVICE_ID = 0x233510DE
+H200_PCI_SUBSYSTEM_ID = 0x18BE10DE
+
+NOT_SUPPORTED_FIELDS = frozenset(
+    [
+        "serial",
+        "memory",
+        "utilization",
+        "temperature",
+        "power",
+        "power_limit",
+        "fan",
+        "persistence",
+        "compute_mode",
+        "mig_mode",
+        "processes",
+        "minor_number",
+        "encoder",
+        "decoder",
+    ]
+)
+INIT_ERRORS = {0: "ok", 4: "no_permission", 9: "driver_not_loaded", 18: "version_mismatch"}
+PID_MODES = ("host", "translate")
+HIDEABLE_PREFIX = "nvml"
+
+
+class ScenarioError(ValueError):
+    """Invalid scenario value; the message names the field."""
+
+
+def _check(cond: bool, field: str, value, why: str) -> None:
+    if not cond:
+        raise ScenarioError(f"invalid {field}={value!r}: {why}")
+
+
+@dataclasses.dataclass
+class Gpu:
+    index: int
+    name: str = DEFAULT_MODEL
+    uuid: str = ""
+    serial: str = ""
+    pci_bus_id: str = ""
+    pci_device_id: int = H200_PCI_DEVICE_ID
+    pci_subsystem_id: int = H200_PCI_SUBSYSTEM_ID
+    minor: int = -1
+    memory_total_mib: int = DEFAULT_MEMORY_MIB
+    memory_reserved_mib: int = 0
+    base_used_mib: int = 0
+    leaked_mib: int = 0
+    util_gpu: int = 0
+    util_mem: int = 0
+    temperature: int = 31
+    power_mw: int = 76000
+    power_limit_mw: int = 700000
+    fan: int = -1
+    persistence: int = 1
+    compute_mode: int = 0
+    mig_current: int = 0
+    mig_pending: int = 0
+    lost_at_ns: int = -1
+    not_supported: List[str] = dataclasses.field(default_factory=list)
+
+    def validate(self) -> None:
+        f = f"gpu.{self.index}"
+        _check(bool(self.name) and "\n" not in self.name, f + ".name", self.name, "must be a non-empty single line")
+        _check(re.fullmatch(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", self.uuid) is not None,
+               f + ".uuid", self.uuid, "must look like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx")
+        _check(re.fullmatch(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.0", self.pci_bus_id) is not None,
+               f + ".pci_bus_id", self.pci_bus_id, "must look like 00000000:18:00.0")
+        _check(self.serial.isdigit(), f + ".serial", self.serial, "must be digits")
+        _check(0 <= self.minor <= 255, f + ".minor", self.minor, "must be 0..255")
+        _check(self.memory_total_mib > 0, f + ".memory_total_mib", self.memory_total_mib, "must be > 0")
+        for name in ("memory_reserved_mib", "base_used_mib", "leaked_mib"):
+            v = getattr(self, name)
+            _check(0 <= v <= self.memory_total_mib, f"{f}.{name}", v, "must be between 0 and memory_total_mib")
+        for name in ("util_gpu", "util_mem"):
+            v = getattr(self, name)
+            _check(0 <= v <= 100, f"{f}.{name}", v, "must be 0..100")
+        _check(self.power_mw >= 0, f + ".power_mw", self.power_mw, "must be >= 0")
+        _check(self.persistence in (0, 1), f + ".persistence", self.persistence, "must be 0 or 1")
+        _check(self.compute_mode in (0, 2, 3), f + ".compute_mode", self.compute_mode, "must be 0, 2 or 3")
+        _check(self.mig_current in (0, 1), f + ".mig_current", self.mig_current, "must be 0 or 1")
+        _check(self.mig_pending in (0, 1), f + ".mig_pending", self.mig_pending, "must be 0 or 1")
+        bad = sorted(set(self.not_supported) - NOT_SUPPORTED_FIELDS)
+        _check(not bad, f + ".not_supported", ",".join(bad), f"unknown field; known: {', '.join(sorted(NOT_SUPPORTED_FIELDS))}")
+
+
+@dataclasses.dataclass
+class Scenario:
+    gpus: List[Gpu]
+    driver_version: str = DEFAULT_DRIVER
+    nvml_version: str = ""
+    cuda_version: int = DEFAULT_CUDA
+    init_error: int = 0
+    pid_mode: str = "translate"
+    host_pidns: int = 0
+    release_lag_ms: int = 0
+    unknown_every: int = 0
+    call_delay_ms: int = 0
+    hidden_symbols: List[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    def validate(self) -> None:
+        _check(re.fullmatch(r"\d+\.\d+(\.\d+)?", self.driver_version) is not None, "driver_version",
+               self.driver_version, "must look like 580.159.03")
+        _check(self.cuda_version > 0, "cuda_version", self.cuda_version, "must be > 0, e.g. 13000")
+        _check(self.init_error in INIT_ERRORS, "init_error", self.init_error,
+               "must be one of " + ", ".join(f"{k} ({v})" for k, v in INIT_ERRORS.items()))
+        _check(self.pid_mode in PID_MODES, "pid_mode", self.pid_mode, "must be host or translate")
+        _check(self.release_lag_ms >= 0, "release_lag_ms", self.release_lag_ms, "must be >= 0")
+        _check(self.unknown_every >= 0, "unknown_every", self.unknown_every, "must be >= 0")
+        _check(self.call_delay_ms >= 0, "call_delay_ms", self.call_delay_ms, "must be >= 0")
+        _check(0 <= len(self.gpus) <= 64, "gpus", len(self.gpus), "must be 0..64")
+        for s in self.hidden_symbols:
+            _check(re.fullmatch(r"nvml\w+", s) is not None, "hidden_symbols", s, "must be NVML symbol names")
+        for i, g in enumerate(self.gpus):
+            _check(g.index == i, f"gpu.{i}.index", g.index, "indexes must be 0..N-1 in order")
+            g.validate()
+        minors = [g.minor for g in self.gpus]
+        _check(len(set(minors)) == len(minors), "gpu.minor", minors, "minor numbers must be unique")
+
+    # --- rendering -----------------------------------------------------
+    def render(self) -> str:
+        """The C library's line format."""
+        nvml_version = self.nvml_version or f"13.{self.driver_version}"
+        out = [
+            f"version {FORMAT_VERSION}",
+            f"driver_version {self.driver_version}",
+            f"nvml_version {nvml_version}",
+            f"cuda_version {self.cuda_version}",
+            f"init_error {self.init_error}",
+            f"pid_mode {self.pid_mode}",
+            f"host_pidns {self.host_pidns}",
+            f"release_lag_ms {self.release_lag_ms}",
+            f"unknown_every {self.unknown_every}",
+            f"call_delay_ms {self.call_delay_ms}",
+            f"hidden_symbols {','.join(self.hidden_symbols)}",
+            f"gpu_count {len(self.gpus)}",
+        ]
+        for g in self.gpus:
+            for field in dataclasses.fields(Gpu):
+                if field.name == "index":
+                    continue
+                v = getattr(g, field.name)
+                if isinstance(v, list):
+                    v = ",".join(v)
+                out.append(f"gpu.{g.index}.{field.name} {v}")
+        return "\n".join(out) + "\n"
+
+    def to_json(self) -> Dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Dict) -> "Scenario":
+        data = dict(data)
+        gpus = [Gpu(**g) for g in data.pop("gpus")]
+        return cls(gpus=gpus, **data)
+
+
+def pidns_inode(pid: str = "self") -> int:
+    """Inode of a process's PID namespace (readlink works where stat of pid 1's is denied)."""
+    link = os.readlink(f"/proc/{pid}/ns/pid")  # 'pid:[4026531836]'
+    return int(link[link.index("[") + 1:-1])
+
+
+def host_pidns_inode() -> int:
+    """The host PID namespace: the one `gpusim up` runs in."""
+    return pidns_inode("self")
+
+
+def make_gpus(count: int, model: str = DEFAULT_MODEL, memory_mib: int = DEFAULT_MEMORY_MIB, seed: str = "") -> List[Gpu]:
+    """Deterministic identities for `count` GPUs (seed: e.g. the scenario directory)."""
+    gpus = []
+    for i in range(count):
+        digest = hashlib.sha256(f"{seed}/{i}".encode()).hexdigest()
+        uuid = f"GPU-{digest[0:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+        bus = HGX_BUSES[i] if count <= len(HGX_BUSES) else 0x10 + 3 * i
+        serial = "16540" + str(int(digest[32:40], 16) % 10**8).zfill(8)
+        gpus.append(Gpu(index=i, name=model, uuid=uuid, serial=serial, pci_bus_id=f"00000000:{bus & 0xFF:02X}:00.0",
+                        minor=i, memory_total_mib=memory_mib))
+    return gpus
+
+
+def new_scenario(count: int, model: str = DEFAULT_MODEL, memory_mib: int = DEFAULT_MEMORY_MIB, seed: str = "") -> Scenario:
+    _check(isinstance(count, int) and 0 <= count <= 64, "gpus", count, "must be an integer 0..64")
+    _check(isinstance(memory_mib, int) and memory_mib > 0, "memory_mib", memory_mib, "must be a positive integer")
+    _check(bool(model) and "\n" not in model, "model", model, "must be a non-empty single line")
+    sc = Scenario(gpus=make_gpus(count, model, memory_mib, seed), host_pidns=host_pidns_inode())
+    sc.validate()
+    return sc
+
+
+# --- persistence ----------------------------------------------------------
+
+def _atomic_write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def save(dirpath: str, sc: Scenario) -> None:
+    sc.validate()
+    _atomic_write(os.path.join(dirpath, "scenario.json"), json.dumps(sc.to_json(), indent=1, sort_keys=True))
+    _atomic_write(os.path.join(dirpath, "scenario"), sc.render())
+
+
+def load(dirpath: str) -> Scenario:
+    with open(os.path.join(dirpath, "scenario.json"), encoding="utf-8") as f:
+        return Scenario.from_json(json.load(f))
+
+
+@contextlib.contextmanager
+def edit(dirpath: str) -> Iterator[Scenario]:
+    """Read-modify-write the scenario under an exclusive lock; validated before it is written."""
+    with open(os.path.join(dirpath, "scenario.lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        sc = load(dirpath)
+        yield sc
+        save(dirpath, sc)
+
+
+def parse_gpu_list(text: str, count: Optional[int] = None) -> List[int]:
+    """'0,1,3' or '0-3' or 'all' -> indexes; raises ScenarioError naming the field."""
+    text = str(text).strip()
+    if text == "all":
+        _check(count is not None, "gpus", text, "'all' needs a known GPU count")
+        return list(range(count or 0))
+    out: List[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        _check(m is not None, "gpus", text, "must be indexes like 0,1,3 or 0-3")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) else lo
+        _check(lo <= hi, "gpus", text, "range must be ascending")
+        out.extend(range(lo, hi + 1))
+    if count is not None:
+        bad = [i for i in out if i >= count]
+        _check(not bad, "gpus", text, f"index {bad[0] if bad else ''} out of range: the host has {count} GPUs")
+    _check(len(set(out)) == len(out), "gpus", text, "duplicate index")
+    return out
