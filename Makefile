@@ -1,0 +1,89 @@
+# gpuops.gpu: the two README commands are `make demo` and `make test`.
+# Everything they need is set up here from a fresh clone: .venv, the simulator's C library,
+# the ansible_collections/ layout for ansible-test, ansible-test's offline pip bootstrap.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+TOP := $(CURDIR)
+PYENV_ROOT ?= $(HOME)/.pyenv
+# The controller Python: ansible-core 2.21 needs 3.12 or later.
+CONTROLLER_PYTHON ?= $(firstword $(wildcard $(PYENV_ROOT)/versions/3.12*/bin/python3.12) $(shell command -v python3.12 2>/dev/null) $(wildcard $(PYENV_ROOT)/versions/3.13*/bin/python3.13) $(shell command -v python3.13 2>/dev/null))
+# Target Pythons for the modules' unit tests: every one of 3.9..3.13 this machine has.
+TARGET_PYTHON_VERSIONS := 3.9 3.10 3.11 3.12 3.13
+TARGET_PYTHON_DIRS := $(foreach v,$(TARGET_PYTHON_VERSIONS),$(firstword $(wildcard $(PYENV_ROOT)/versions/$(v).*/bin)))
+HAVE_TARGET_PYTHONS := $(foreach v,$(TARGET_PYTHON_VERSIONS),$(if $(wildcard $(PYENV_ROOT)/versions/$(v).*/bin/python$(v)),$(v),$(if $(shell command -v python$(v) 2>/dev/null),$(v))))
+
+VENV := $(TOP)/.venv
+VPY := $(VENV)/bin/python
+COLL := $(TOP)/build/ansible_collections/gpuops/gpu
+PYTEST := $(TOP)/.ci/pytest.sh $(VPY) -m pytest
+# ansible-test finds target Pythons as python3.X on PATH.
+export PATH := $(VENV)/bin:$(subst $(eval) ,:,$(strip $(TARGET_PYTHON_DIRS))):$(PATH)
+export ANSIBLE_COLLECTIONS_PATH := $(TOP)/build
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: help venv sim layout test demo sanity lint units integration simtests molecule bench-smoke clean
+
+help:
+	@echo "make demo   - start a simulated 8 x H200 host with a workload, show nvidia-smi and pct, clean up"
+	@echo "make test   - every gate: sanity, ansible-lint, units (Python $(HAVE_TARGET_PYTHONS)), simulator tests, integration, molecule"
+
+# --- set-up ---------------------------------------------------------------------------------
+$(VENV)/.stamp: requirements.txt constraints.txt
+	@test -n "$(CONTROLLER_PYTHON)" || { echo "no Python 3.12 or 3.13 found (looked in $(PYENV_ROOT)/versions and PATH)"; exit 1; }
+	$(CONTROLLER_PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -c constraints.txt
+	$(VPY) .ci/ansible_test_offline.py
+	touch $@
+
+venv: $(VENV)/.stamp
+
+sim:
+	$(MAKE) -C tests/gpusim
+
+layout: venv
+	.ci/layout.sh
+
+# --- the two README commands ------------------------------------------------------------------
+demo: venv sim
+	$(VPY) tests/gpusim/demo.py
+
+test: venv sim layout
+	@start=$$(date +%s); \
+	for gate in sanity lint units simtests integration molecule; do \
+	  echo "=== gate: $$gate"; t0=$$(date +%s); \
+	  $(MAKE) --no-print-directory $$gate || { echo "=== gate FAILED: $$gate"; exit 1; }; \
+	  echo "=== gate ok: $$gate ($$(( $$(date +%s) - t0 )) s)"; \
+	done; \
+	echo "=== make test: all gates passed in $$(( $$(date +%s) - start )) s"
+
+# --- gates -------------------------------------------------------------------------------------
+sanity: layout
+	cd $(COLL) && ansible-test sanity --local --python 3.12 --color no
+
+lint: layout
+	cd $(COLL) && ansible-lint --offline --profile production
+
+units: layout
+	@test -n "$(HAVE_TARGET_PYTHONS)" || { echo "no target Python 3.9..3.13 found"; exit 1; }
+	cd $(COLL) && for v in $(HAVE_TARGET_PYTHONS); do \
+	  echo "--- units on Python $$v"; \
+	  ansible-test units --venv --python $$v --color no --requirements || exit 1; \
+	done
+
+simtests: venv sim
+	$(PYTEST) -q -p no:cacheprovider tests/gpusim/tests
+
+integration: layout sim
+	cd $(COLL) && ansible-test integration --local --python 3.12 --color no
+
+molecule: layout
+	@if ls extensions/molecule/*/molecule.yml >/dev/null 2>&1; then \
+	  cd $(COLL)/extensions && molecule test --all; \
+	else echo "molecule: no scenarios yet (extensions/molecule/*/molecule.yml)"; fi
+
+clean:
+	rm -rf build tests/output
+	$(MAKE) -C tests/gpusim clean

@@ -1,0 +1,106 @@
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Note that this module util is **PRIVATE** to the collection. It can have breaking changes at any time.
+# Do not use this from other collections or standalone plugins/modules!
+
+"""Pure parsers for /proc: process identity, status, and the Proxmox container a process lives in.
+
+Nothing here reads files or imports AnsibleModule: callers pass the text they read, so every
+rule is testable with table-driven unit tests.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import namedtuple
+
+ProcStat = namedtuple("ProcStat", ["pid", "comm", "state", "ppid", "pgrp", "session", "starttime"])
+
+# Proxmox VE >= 6.2 puts a container's payload under /lxc/<vmid>/ns/...; plain LXC 4+ uses
+# lxc.payload.<name>. The monitor (lxc.monitor/<vmid>, lxc.monitor.<name>) is not the payload.
+_LXC_CGROUP = re.compile(r"(?:^|/)lxc(?:/|\.payload\.)(\d+)(?:/|$)")
+
+
+def parse_stat(text: str) -> ProcStat:
+    """Parse /proc/<pid>/stat.
+
+    ``comm`` (field 2) is in parentheses, is at most 15 characters long and may itself contain
+    spaces and ')', so the line is split at the LAST ')'. After that split the remaining tokens
+    start at field 3 (state); field 22 (starttime, clock ticks since boot) is then rest[19].
+    Raises ValueError on a malformed line.
+    """
+    text = text.strip()
+    open_paren = text.find("(")
+    close_paren = text.rfind(")")
+    if open_paren < 1 or close_paren < open_paren:
+        raise ValueError(f"malformed /proc/<pid>/stat line: {text[:80]!r}")
+    pid = int(text[:open_paren].strip())
+    comm = text[open_paren + 1:close_paren]
+    rest = text[close_paren + 1:].split()
+    if len(rest) < 20:
+        raise ValueError(f"malformed /proc/<pid>/stat line (only {len(rest) + 2} fields): {text[:80]!r}")
+    return ProcStat(
+        pid=pid,
+        comm=comm,
+        state=rest[0],
+        ppid=int(rest[1]),
+        pgrp=int(rest[2]),
+        session=int(rest[3]),
+        starttime=int(rest[19]),
+    )
+
+
+def parse_status(text: str) -> dict:
+    """Parse /proc/<pid>/status into a dict of the fields this collection uses.
+
+    Returns ``name``, ``state`` (the letter), ``ppid``, ``uid`` (real uid) and ``nspid`` (the
+    list of pids from the outermost PID namespace visible to the reader to the process's own).
+    Missing fields are None (``nspid``: [] on kernels before 4.1).
+    """
+    fields = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields[key] = value.strip()
+    uid = fields.get("Uid")
+    ppid = fields.get("PPid")
+    state = fields.get("State")
+    nspid = fields.get("NSpid")
+    return {
+        "name": fields.get("Name"),
+        "state": state.split()[0] if state else None,
+        "ppid": int(ppid) if ppid else None,
+        "uid": int(uid.split()[0]) if uid else None,
+        "nspid": [int(p) for p in nspid.split()] if nspid else [],
+    }
+
+
+def container_from_cgroup(text: str):
+    """The Proxmox/LXC container id that a /proc/<pid>/cgroup text places the process in.
+
+    Works for cgroup v2 (``0::/lxc/129/ns/init.scope``), v1 and hybrid (one line per hierarchy,
+    ``4:memory:/lxc/129/ns``) and plain LXC (``0::/lxc.payload.129``). Returns the vmid as an
+    int, or None for a process that is not in a container (the LXC monitor included).
+    """
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        match = _LXC_CGROUP.search(parts[2])
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def is_kernel_thread(stat: ProcStat, cmdline: bytes) -> bool:
+    """Kernel threads have an empty cmdline and are children of kthreadd (pid 2), or are pid 2."""
+    return stat.pid == 2 or (stat.ppid in (0, 2) and not cmdline and stat.pid != 1)
+
+
+def split_cmdline(raw: bytes) -> list:
+    """/proc/<pid>/cmdline (NUL-separated, usually NUL-terminated) as a list of strings."""
+    if not raw:
+        return []
+    return [part.decode("utf-8", "replace") for part in raw.rstrip(b"\0").split(b"\0")]
