@@ -104,3 +104,136 @@ def split_cmdline(raw: bytes) -> list:
     if not raw:
         return []
     return [part.decode("utf-8", "replace") for part in raw.rstrip(b"\0").split(b"\0")]
+
+
+# --- reading /proc (thin I/O over the parsers above) ---------------------------------------
+
+def _read(path: str, mode: str = "r"):
+    try:
+        with open(path, mode) as f:  # pylint: disable=unspecified-encoding
+            return f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+        return None
+    except OSError:
+        return None
+
+
+def read_identity(pid: int, proc: str = "/proc"):
+    """(pid, starttime) of a live process, or None when it is gone or a zombie."""
+    text = _read(f"{proc}/{pid}/stat")
+    if text is None:
+        return None
+    try:
+        st = parse_stat(text)
+    except ValueError:
+        return None
+    if st.state in ("Z", "X"):
+        return None
+    return (st.pid, st.starttime)
+
+
+_USERS = {}
+
+
+def user_name(uid):
+    if uid is None:
+        return None
+    if uid not in _USERS:
+        try:
+            import pwd
+            _USERS[uid] = pwd.getpwuid(uid).pw_name
+        except (KeyError, ImportError):
+            _USERS[uid] = str(uid)
+    return _USERS[uid]
+
+
+def read_process(pid: int, proc: str = "/proc"):
+    """Everything the collection reports about one process, or None when it does not exist here.
+
+    Keys: pid, name, cmdline, user, uid, ppid, state, start_time (clock ticks since boot: with the
+    pid, the process's identity), container ({kind, id, pid_in_container} or None).
+    """
+    stat_text = _read(f"{proc}/{pid}/stat")
+    if stat_text is None:
+        return None
+    try:
+        st = parse_stat(stat_text)
+    except ValueError:
+        return None
+    status = parse_status(_read(f"{proc}/{pid}/status") or "")
+    raw_cmdline = _read(f"{proc}/{pid}/cmdline", "rb") or b""
+    vmid = container_from_cgroup(_read(f"{proc}/{pid}/cgroup") or "")
+    container = None
+    if vmid is not None:
+        nspid = status["nspid"]
+        container = {"kind": "lxc", "id": vmid, "pid_in_container": nspid[-1] if len(nspid) > 1 else None}
+    return {
+        "pid": st.pid,
+        "name": st.comm,
+        "cmdline": " ".join(split_cmdline(raw_cmdline)),
+        "user": user_name(status["uid"]),
+        "uid": status["uid"],
+        "ppid": st.ppid,
+        "state": st.state,
+        "start_time": st.starttime,
+        "container": container,
+        "kernel_thread": is_kernel_thread(st, raw_cmdline),
+    }
+
+
+def device_file_index(path: str):
+    """GPU index owned by a device file name: nvidiaN -> N (minor number); None = all GPUs."""
+    m = re.search(r"nvidia(\d+)$", path)
+    return int(m.group(1)) if m else None
+
+
+def _literal_prefix(pattern: str) -> str:
+    cut = len(pattern)
+    for ch in "*?[":
+        pos = pattern.find(ch)
+        if pos != -1:
+            cut = min(cut, pos)
+    return pattern[:cut]
+
+
+def scan_fd_holders(patterns, proc: str = "/proc", exclude_pids=()):
+    """Which processes hold files matching the glob ``patterns`` open: {pid: sorted paths}.
+
+    Walks /proc/<pid>/fd once and reads each link (what fuser does with a stat per fd, minus
+    the cwd/exe/root/maps look-ups that device files never need). A cheap prefix test runs
+    before the glob match.
+    """
+    import fnmatch
+    import os
+
+    prefixes = tuple(_literal_prefix(p) for p in patterns)
+    exclude = set(exclude_pids)
+    found = {}
+    readlink = os.readlink
+    try:
+        entries = os.scandir(proc)
+    except OSError:
+        return found
+    with entries:
+        for entry in entries:
+            name = entry.name
+            if not name.isdigit():
+                continue
+            pid = int(name)
+            if pid in exclude:
+                continue
+            fd_dir = f"{proc}/{name}/fd"
+            try:
+                fds = os.listdir(fd_dir)
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    target = readlink(f"{fd_dir}/{fd}")
+                except OSError:
+                    continue
+                if not target.startswith(prefixes):
+                    continue
+                if any(fnmatch.fnmatchcase(target, p) for p in patterns):
+                    found.setdefault(pid, set()).add(target)
+    return {pid: sorted(paths) for pid, paths in found.items()}

@@ -1,0 +1,84 @@
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Note that this module util is **PRIVATE** to the collection. It can have breaking changes at any time.
+# Do not use this from other collections or standalone plugins/modules!
+
+"""Typed errors that carry details. Only the modules turn them into fail_json."""
+
+from __future__ import annotations
+
+
+class GpuError(Exception):
+    """Base: ``msg`` is a human sentence (cause and what to do); ``details`` is structured."""
+
+    kind = "error"
+
+    def __init__(self, msg: str, **details):
+        super().__init__(msg)
+        self.msg = msg
+        self.details = details
+
+    def result(self) -> dict:
+        """Keyword arguments for fail_json."""
+        out = {"msg": self.msg, "error": self.kind}
+        if self.details:
+            out["error_details"] = self.details
+        return out
+
+
+class LibraryNotFound(GpuError):
+    kind = "library_not_found"
+
+
+class DriverNotLoaded(GpuError):
+    kind = "driver_not_loaded"
+
+
+class VersionMismatch(GpuError):
+    kind = "version_mismatch"
+
+
+class NoPermission(GpuError):
+    kind = "no_permission"
+
+
+class GpuLost(GpuError):
+    kind = "gpu_lost"
+
+
+class QueryTimeout(GpuError):
+    kind = "timeout"
+
+
+class SelectionError(GpuError):
+    kind = "selection"
+
+
+class BackendError(GpuError):
+    kind = "backend"
+
+
+def message_for_init_failure(kind: str, backend: str, detail: str = "") -> GpuError:
+    """The error for a driver/library that cannot be initialised, with what to do about it."""
+    suffix = f" ({detail})" if detail else ""
+    if kind == "library_not_found":
+        return LibraryNotFound(
+            "no NVIDIA driver libraries here: a container without them, or not a GPU host"
+            f"{suffix}. Run on the host that has the GPUs (on Proxmox VE: the node), or set missing=ignore"
+            " to gather facts on a mixed fleet.", backend=backend)
+    if kind == "driver_not_loaded":
+        return DriverNotLoaded(
+            f"the NVIDIA kernel driver is not loaded{suffix}: check `lsmod | grep nvidia` and `dmesg`,"
+            " load it (modprobe nvidia) or reboot after a driver install.", backend=backend)
+    if kind == "version_mismatch":
+        return VersionMismatch(
+            f"NVIDIA driver/library version mismatch{suffix}: the driver was upgraded without a reboot"
+            " or module reload. Reboot the host (or unload and reload the nvidia modules) before a deploy.",
+            backend=backend)
+    if kind == "no_permission":
+        return NoPermission(
+            f"no permission to query the NVIDIA driver{suffix}: run the task with become: true, or give"
+            " the user access to /dev/nvidia*.", backend=backend)
+    return BackendError(f"{backend} failed{suffix}", backend=backend)

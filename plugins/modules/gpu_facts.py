@@ -1,0 +1,198 @@
+#!/usr/bin/python
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpu_facts
+short_description: One snapshot of a host's NVIDIA GPUs, the processes on them and who holds them
+version_added: 0.1.0
+description:
+  - Gathers, in one snapshot, the host's NVIDIA GPUs (identity, memory, utilization, temperature, power,
+    modes, health), the processes the driver reports on each GPU, and the processes that hold each
+    GPU's device file open.
+  - Each process is attributed to the Proxmox VE LXC container it lives in (from C(/proc/<pid>/cgroup)),
+    with its pid inside the container.
+  - Each GPU carries C(idle) and C(busy_reasons), by the same definition that M(gpuops.gpu.gpu_wait_idle) waits for.
+  - Inside a container the driver may report memory in use but no process, or pids that do not exist
+    there; the module says so instead of guessing. Run it on the Proxmox node for complete attribution.
+author:
+  - gpuops developers (@gpuops)
+extends_documentation_fragment:
+  - gpuops.gpu.gpu
+  - gpuops.gpu._attributes
+  - gpuops.gpu._attributes.facts_module
+options:
+  gather:
+    description:
+      - What to gather besides the driver's view of the GPUs.
+      - V(processes) reads name, command line, user and container of every process the driver reports.
+      - V(holders) scans C(/proc/*/fd) for the O(device_files).
+    type: list
+    elements: str
+    choices: [processes, holders]
+    default: [processes, holders]
+  missing:
+    description:
+      - What to do on a host where no NVIDIA driver can be used (no library, no C(nvidia-smi), driver not loaded).
+      - V(fail) fails the task with the cause.
+      - V(ignore) returns C(gpu_count=0) so that a mixed fleet can gather facts everywhere.
+    type: str
+    choices: [fail, ignore]
+    default: fail
+requirements:
+  - The NVIDIA driver, and either C(nvidia-ml-py) (C(import pynvml)) or C(nvidia-smi) on the target.
+notes:
+  - Reading other users' C(/proc/<pid>/fd) needs root; without it holders of other users are not seen.
+seealso:
+  - module: gpuops.gpu.gpu_release
+  - module: gpuops.gpu.gpu_wait_idle
+"""
+
+EXAMPLES = r"""
+---
+- name: Gather GPU facts
+  gpuops.gpu.gpu_facts:
+
+- name: Show what keeps each busy GPU busy
+  ansible.builtin.debug:
+    msg: "GPU {{ item.index }}: {{ item.busy_reasons | join('; ') }}"
+  loop: "{{ ansible_facts.gpu_devices | rejectattr('idle') }}"
+  loop_control:
+    label: "{{ item.index }}"
+
+- name: Facts for two GPUs, through nvidia-smi, without the device-file scan
+  gpuops.gpu.gpu_facts:
+    gpus: ["0", "GPU-3fb142e7-7102-c7ac-bd5a-fc829e11ed84"]
+    backend: nvidia-smi
+    gather: [processes]
+
+- name: Facts on a mixed fleet where some hosts have no GPU
+  gpuops.gpu.gpu_facts:
+    missing: ignore
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: The GPU facts, all prefixed C(gpu_).
+  returned: always
+  type: dict
+  contains:
+    gpu_driver:
+      description: Driver versions and the backend that was used.
+      returned: always
+      type: dict
+      sample: {"backend": "nvml", "driver_version": "580.159.03", "cuda_driver_version": "13.0", "nvml_version": "13.580.159.03"}
+    gpu_count:
+      description: The number of GPUs the driver shows (all of them, whatever O(gpus) selects).
+      returned: always
+      type: int
+      sample: 8
+    gpu_devices:
+      description:
+        - One entry per selected GPU, in index order.
+        - Fields a backend cannot give are null.
+      returned: always
+      type: list
+      elements: dict
+      contains:
+        index: {description: GPU index as the driver numbers it., type: int, returned: always}
+        uuid: {description: GPU UUID., type: str, returned: always}
+        name: {description: Product name., type: str, returned: always, sample: NVIDIA H200}
+        serial: {description: Board serial number., type: str, returned: always}
+        pci_bus_id: {description: PCI bus id., type: str, returned: always, sample: "00000000:18:00.0"}
+        minor_number: {description: Device minor number (C(/dev/nvidiaN)); null with O(backend=nvidia-smi)., type: int, returned: always}
+        memory:
+          description: Memory in MiB - C(total), C(used), C(free), C(reserved).
+          type: dict
+          returned: always
+          sample: {"total": 143771, "used": 81920, "free": 61851, "reserved": 0}
+        utilization: {description: "C(gpu) and C(memory) utilization, in %.", type: dict, returned: always}
+        temperature: {description: GPU temperature in C., type: int, returned: always}
+        power: {description: Power draw in W., type: float, returned: always}
+        persistence_mode: {description: Whether persistence mode is on., type: bool, returned: always}
+        compute_mode: {description: "V(default), V(exclusive_process) or V(prohibited).", type: str, returned: always}
+        mig_mode: {description: Whether MIG mode is on., type: bool, returned: always}
+        health:
+          description: "C(status) (V(ok), V(lost) or V(error)) and C(detail)."
+          type: dict
+          returned: always
+        processes:
+          description:
+            - The processes the driver reports on this GPU.
+            - C(pid) is the pid as the driver reports it; C(visible=false) when it does not exist from where
+              the module runs (a process in another PID namespace).
+            - C(container) is C({kind, id, pid_in_container}) for a process in a Proxmox/LXC container, else null.
+          type: list
+          elements: dict
+          returned: always
+          sample:
+            - {"pid": 8812, "type": "compute", "used_mib": 81920, "name": "python3", "cmdline": "python3 -m sglang.launch_server",
+               "user": "root", "uid": 0, "ppid": 8800, "start_time": 123456, "visible": true,
+               "container": {"kind": "lxc", "id": 129, "pid_in_container": 245}}
+        holders:
+          description:
+            - Processes that hold this GPU's device file open (C(nvidiaN) of this GPU, or a device file shared by
+              all GPUs), with the same fields as C(processes) plus C(files) and C(protected) (the reason, or null).
+          type: list
+          elements: dict
+          returned: always
+        idle:
+          description: Whether the GPU is idle by the definition M(gpuops.gpu.gpu_wait_idle) uses.
+          type: bool
+          returned: always
+        busy_reasons:
+          description: Short sentences saying what keeps the GPU from being idle.
+          type: list
+          elements: str
+          returned: always
+          sample: ["used by pid 8812 (python3) in CT 129, 80 GiB"]
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _snapshot
+from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
+    SNAPSHOT_ARGS,
+    SnapshotTaker,
+    fail,
+    validate_snapshot_params,
+)
+
+NO_GPU_KINDS = ("library_not_found", "driver_not_loaded")
+
+
+def main() -> None:
+    argument_spec = dict(SNAPSHOT_ARGS)
+    argument_spec.update(
+        gather=dict(type="list", elements="str", choices=["processes", "holders"], default=["processes", "holders"]),
+        missing=dict(type="str", choices=["fail", "ignore"], default="fail"),
+    )
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    params = module.params
+    try:
+        validate_snapshot_params(params)
+        taker = SnapshotTaker(module)
+        snap = taker.take(gather_processes="processes" in params["gather"], gather_holders="holders" in params["gather"])
+        selected = _snapshot.select_gpus(snap["gpus"], params["gpus"])
+    except _errors.GpuError as exc:
+        if params["missing"] == "ignore" and exc.kind in NO_GPU_KINDS:
+            module.exit_json(changed=False, msg=exc.msg, ansible_facts=dict(
+                gpu_driver={"backend": None, "driver_version": None, "cuda_driver_version": None, "nvml_version": None},
+                gpu_count=0, gpu_devices=[]))
+        fail(module, exc)
+        return
+    for warning in _snapshot.visibility_warnings(selected):
+        module.warn(warning)
+    for gpu in selected:
+        if gpu["health"]["status"] == "lost":
+            module.warn(f"GPU {gpu['index']} ({gpu.get('pci_bus_id')}) has fallen off the bus: reboot the host to"
+                        " recover it; check dmesg for Xid 79")
+    module.exit_json(changed=False, ansible_facts=dict(
+        gpu_driver=snap["driver"], gpu_count=len(snap["gpus"]), gpu_devices=selected))
+
+
+if __name__ == "__main__":
+    main()

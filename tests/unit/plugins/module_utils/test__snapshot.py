@@ -1,0 +1,140 @@
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+import pytest
+
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
+from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import (
+    build,
+    idle_verdict,
+    is_protected,
+    normalize_bus_id,
+    select_gpus,
+)
+
+GPUS = [
+    {"index": 0, "uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000000", "pci_bus_id": "00000000:18:00.0"},
+    {"index": 1, "uuid": "GPU-bbbbbbbb-0000-0000-0000-000000000000", "pci_bus_id": "00000000:3B:00.0"},
+    {"index": 2, "uuid": "GPU-cccccccc-0000-0000-0000-000000000000", "pci_bus_id": "00000000:5D:00.0"},
+]
+
+SELECT_CASES = [
+    ("all by default", [], [0, 1, 2]),
+    ("none is all", None, [0, 1, 2]),
+    ("indices, sorted, deduplicated", ["2", "0", "2"], [0, 2]),
+    ("uuid, any case", ["GPU-BBBBBBBB-0000-0000-0000-000000000000"], [1]),
+    ("full bus id", ["00000000:3B:00.0"], [1]),
+    ("short lower-case bus id", ["3b:00.0"], [1]),
+    ("4-digit domain bus id", ["0000:5d:00.0"], [2]),
+    ("mixed", ["0", "00000000:5D:00.0"], [0, 2]),
+]
+
+
+@pytest.mark.parametrize("name, selectors, expected", SELECT_CASES, ids=[c[0] for c in SELECT_CASES])
+def test_select_gpus(name, selectors, expected):
+    assert [g["index"] for g in select_gpus(GPUS, selectors)] == expected
+
+
+@pytest.mark.parametrize("selectors, phrase", [
+    (["7"], "no GPU matches '7' on this host; it has: 0 (GPU-aaaaaaaa"),
+    (["GPU-deadbeef-0000-0000-0000-000000000000"], "no GPU matches"),
+    (["99:00.0"], "no GPU matches"),
+    (["gpu0"], "neither a GPU index, a UUID"),
+])
+def test_select_gpus_errors_list_what_exists(selectors, phrase):
+    with pytest.raises(_errors.SelectionError) as info:
+        select_gpus(GPUS, selectors)
+    assert phrase in info.value.msg
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("00000000:3B:00.0", "00000000:3B:00.0"), ("0000:3b:00.0", "00000000:3B:00.0"), ("3b:00.0", "00000000:3B:00.0"),
+    ("3b:00", None), ("zz:00.0", None),
+])
+def test_normalize_bus_id(text, expected):
+    assert normalize_bus_id(text) == expected
+
+
+PROTECT_CASES = [
+    ("pid 1", {"pid": 1, "name": "systemd", "cmdline": "/sbin/init"}, (), "PID 1"),
+    ("kernel thread", {"pid": 50, "name": "kworker/0:1", "cmdline": "", "kernel_thread": True}, (), "kernel thread"),
+    ("persistenced by comm", {"pid": 900, "name": "nvidia-persiste", "cmdline": "/usr/bin/nvidia-persistenced --user x"}, (), "nvidia-persistenced"),
+    ("fabric manager", {"pid": 901, "name": "nv-fabricmanager", "cmdline": "nv-fabricmanager -c x"}, (), "nv-fabricmanager"),
+    ("dcgm exporter", {"pid": 902, "name": "dcgm-exporter", "cmdline": "dcgm-exporter"}, (), "dcgm-exporter"),
+    ("inference server", {"pid": 903, "name": "python3", "cmdline": "python3 -m sglang.launch_server"}, (), ""),
+    ("user protect by name", {"pid": 904, "name": "jupyter", "cmdline": "jupyter lab"}, ("jupyter",), "protect option"),
+    ("user protect by regex on cmdline", {"pid": 905, "name": "python3", "cmdline": "python3 train.py --keep"}, (r"train\.py",), "protect option"),
+    ("user protect does not match", {"pid": 906, "name": "python3", "cmdline": "python3 serve.py"}, (r"train\.py",), ""),
+]
+
+
+@pytest.mark.parametrize("name, proc, extra, phrase", PROTECT_CASES, ids=[c[0] for c in PROTECT_CASES])
+def test_is_protected(name, proc, extra, phrase):
+    reason = is_protected(proc, extra)
+    assert (phrase in reason) if phrase else reason == ""
+
+
+def _gpu(**kw):
+    gpu = {"index": 3, "health": {"status": "ok", "detail": None}, "memory": {"used": 0}, "utilization": {"gpu": 0},
+           "processes": [], "holders": []}
+    gpu.update(kw)
+    return gpu
+
+
+CT_PROC = {"pid": 8812, "name": "python3", "used_mib": 41984, "visible": True, "container": {"kind": "lxc", "id": 129}}
+IDLE_CASES = [
+    ("idle", _gpu(), {}, True, []),
+    ("a few MiB of driver bookkeeping is idle", _gpu(memory={"used": 5}), {}, True, []),
+    ("exactly the threshold is idle", _gpu(memory={"used": 64}), {}, True, []),
+    ("above the threshold", _gpu(memory={"used": 65}), {}, False, ["65 MiB used by processes not visible"]),
+    ("visible process in a container", _gpu(processes=[CT_PROC], memory={"used": 41984}), {}, False,
+     ["used by pid 8812 (python3) in CT 129, 41 GiB", "41984 MiB used"]),
+    ("invisible process", _gpu(processes=[{"pid": 4242, "visible": False}]), {}, False, ["does not exist from here"]),
+    ("holder without a context", _gpu(holders=[{"pid": 77, "name": "python3", "files": ["/dev/nvidia3"], "protected": None}]),
+     {}, False, ["device file held by pid 77 (python3) (/dev/nvidia3)"]),
+    ("holders ignored when asked", _gpu(holders=[{"pid": 77, "name": "python3", "files": ["/dev/nvidia3"], "protected": None}]),
+     {"include_device_holders": False}, True, []),
+    ("protected holder", _gpu(holders=[{"pid": 5, "name": "nvidia-persistenced", "files": ["/dev/nvidiactl"],
+                                        "protected": "NVIDIA daemon"}]), {}, True, []),
+    ("lost", _gpu(health={"status": "lost", "detail": "GPU is lost"}), {}, False, ["health lost: GPU is lost"]),
+    ("utilization not checked by default", _gpu(utilization={"gpu": 100}), {}, True, []),
+    ("utilization above the limit", _gpu(utilization={"gpu": 30}), {"max_utilization_pct": 10}, False, ["utilization 30%"]),
+    ("memory unknown is not a reason", _gpu(memory={"used": None}), {}, True, []),
+]
+
+
+@pytest.mark.parametrize("name, gpu, kwargs, idle, phrases", IDLE_CASES, ids=[c[0] for c in IDLE_CASES])
+def test_idle_verdict(name, gpu, kwargs, idle, phrases):
+    got_idle, reasons = idle_verdict(gpu, **kwargs)
+    assert got_idle is idle
+    assert len(reasons) == len(phrases), reasons
+    for phrase, reason in zip(phrases, reasons):
+        assert phrase in reason
+
+
+def test_build_attributes_processes_and_holders():
+    raw = {"driver": {"backend": "nvml"}, "gpus": [
+        {"index": 0, "minor_number": 0, "memory": {"used": 81920}, "health": {"status": "ok"},
+         "processes": [{"pid": 100, "types": ["compute"], "used_mib": 81920}, {"pid": 555, "types": ["compute", "graphics"], "used_mib": None}]},
+        {"index": 1, "minor_number": 1, "memory": {"used": 0}, "health": {"status": "ok"}, "processes": []},
+    ]}
+    procs = {
+        100: {"pid": 100, "name": "python3", "cmdline": "python3 -m sglang", "user": "root", "uid": 0, "ppid": 99,
+              "start_time": 1, "container": {"kind": "lxc", "id": 129, "pid_in_container": 45}},
+        200: {"pid": 200, "name": "nvidia-persistenced", "cmdline": "nvidia-persistenced", "user": "root", "uid": 0,
+              "ppid": 1, "start_time": 2, "container": None},
+        300: {"pid": 300, "name": "python3", "cmdline": "python3 loader.py", "user": "ml", "uid": 1000, "ppid": 100,
+              "start_time": 3, "container": None},
+    }
+    holders = {200: ["/dev/nvidiactl"], 300: ["/dev/nvidia1", "/dev/nvidiactl"]}
+    snap = build(raw, read_process=procs.get, holders=holders)
+    g0, g1 = snap["gpus"]
+    assert g0["processes"][0]["container"] == {"kind": "lxc", "id": 129, "pid_in_container": 45}
+    assert g0["processes"][0]["visible"] is True and g0["processes"][0]["type"] == "compute"
+    assert g0["processes"][1]["visible"] is False and g0["processes"][1]["type"] == "compute+graphics"
+    assert [(h["pid"], h["files"], bool(h["protected"])) for h in g0["holders"]] == [(200, ["/dev/nvidiactl"], True), (300, ["/dev/nvidiactl"], False)]
+    assert [(h["pid"], h["files"]) for h in g1["holders"]] == [(200, ["/dev/nvidiactl"]), (300, ["/dev/nvidia1", "/dev/nvidiactl"])]
+    assert g0["idle"] is False and g1["idle"] is False
+    assert any("device file held by pid 300" in r for r in g1["busy_reasons"])
