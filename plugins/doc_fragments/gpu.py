@@ -49,10 +49,25 @@ options:
     default: ['/dev/nvidia*']
   include_device_holders:
     description:
-      - Whether a process that holds a GPU's device file open (outside the protected daemons) keeps
-        that GPU from being idle, even when the driver reports no context for it.
+      - Whether processes that hold a GPU's device file open (see O(device_files)) count as holders of
+        that GPU besides the processes the driver reports - M(gpuops.gpu.gpu_release) stops them, and
+        they keep the GPU from being idle even when the driver shows no context for them.
+      - Protected daemons (see O(protect)) never count.
     type: bool
     default: true
+  protect:
+    description:
+      - Process names or regular expressions (matched against the name and the command line) to add
+        to the protected list. Protected processes are never signalled and do not keep a GPU busy.
+      - Always protected, whatever this says - PID 1, kernel threads, the module's own process and its
+        ancestors, C(nvidia-persistenced), C(nv-fabricmanager), C(nv-hostengine), C(dcgm-exporter), C(nvidia-smi).
+    type: list
+    elements: str
+    default: []
+"""
+
+    IDLE = r"""
+options:
   max_memory_used_mib:
     description:
       - A GPU with more memory in use than this is not idle.
@@ -64,13 +79,4 @@ options:
     description:
       - When set, a GPU whose utilization is above this percentage is not idle.
     type: int
-  protect:
-    description:
-      - Process names or regular expressions (matched against the name and the command line) to add
-        to the protected list. Protected processes are never signalled and do not keep a GPU busy.
-      - Always protected, whatever this says - PID 1, kernel threads, the module's own process and its
-        ancestors, C(nvidia-persistenced), C(nv-fabricmanager), C(nv-hostengine), C(dcgm-exporter), C(nvidia-smi).
-    type: list
-    elements: str
-    default: []
 """

@@ -18,6 +18,7 @@ import os
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _nvml, _procs, _smi, _snapshot
 from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import call_with_timeout
 
+# The options of the doc fragment gpuops.gpu.gpu (every module).
 SNAPSHOT_ARGS = dict(
     gpus=dict(type="list", elements="str", default=[]),
     backend=dict(type="str", choices=["auto", "nvml", "nvidia-smi"], default="auto"),
@@ -25,9 +26,12 @@ SNAPSHOT_ARGS = dict(
     query_timeout=dict(type="float", default=10.0),
     device_files=dict(type="list", elements="str", default=["/dev/nvidia*"]),
     include_device_holders=dict(type="bool", default=True),
+    protect=dict(type="list", elements="str", default=[]),
+)
+# The options of the doc fragment gpuops.gpu.gpu.idle (gpu_facts, gpu_wait_idle).
+IDLE_ARGS = dict(
     max_memory_used_mib=dict(type="int", default=_snapshot.DEFAULT_MAX_MEMORY_USED_MIB),
     max_utilization_pct=dict(type="int"),
-    protect=dict(type="list", elements="str", default=[]),
 )
 
 _SBIN = ["/usr/bin", "/usr/sbin", "/sbin", "/usr/local/bin"]
@@ -39,7 +43,7 @@ def validate_snapshot_params(params: dict) -> None:
 
     if params["query_timeout"] <= 0:
         raise _errors.GpuError(f"query_timeout must be > 0, got {params['query_timeout']}")
-    if params["max_memory_used_mib"] < 0:
+    if params.get("max_memory_used_mib", 0) < 0:
         raise _errors.GpuError(f"max_memory_used_mib must be >= 0, got {params['max_memory_used_mib']}")
     pct = params.get("max_utilization_pct")
     if pct is not None and not 0 <= pct <= 100:
@@ -109,7 +113,7 @@ class SnapshotTaker:
             read_process=_procs.read_process if gather_processes else None,
             holders=holders,
             protect=self.params["protect"],
-            max_memory_used_mib=self.params["max_memory_used_mib"],
+            max_memory_used_mib=self.params.get("max_memory_used_mib", _snapshot.DEFAULT_MAX_MEMORY_USED_MIB),
             max_utilization_pct=self.params.get("max_utilization_pct"),
             include_device_holders=self.params["include_device_holders"],
         )

@@ -132,6 +132,15 @@ def read_identity(pid: int, proc: str = "/proc"):
     return (st.pid, st.starttime)
 
 
+def process_state(pid: int, proc: str = "/proc"):
+    """The state letter of a process (R, S, D, Z, ...), or None when it is gone."""
+    text = _read(f"{proc}/{pid}/stat")
+    try:
+        return parse_stat(text).state if text else None
+    except ValueError:
+        return None
+
+
 _USERS = {}
 
 
@@ -237,3 +246,44 @@ def scan_fd_holders(patterns, proc: str = "/proc", exclude_pids=()):
                 if any(fnmatch.fnmatchcase(target, p) for p in patterns):
                     found.setdefault(pid, set()).add(target)
     return {pid: sorted(paths) for pid, paths in found.items()}
+
+
+def children_map(proc: str = "/proc") -> dict:
+    """{ppid: [child pids]} for every process on the host (one stat read per process)."""
+    import os
+
+    out = {}
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        text = _read(f"{proc}/{name}/stat")
+        if text is None:
+            continue
+        try:
+            st = parse_stat(text)
+        except ValueError:
+            continue
+        out.setdefault(st.ppid, []).append(st.pid)
+    return out
+
+
+def ancestors(pid: int, proc: str = "/proc") -> list:
+    """The chain of parent pids of ``pid`` up to (excluding) 0: the SSH session, Ansible, ..."""
+    chain = []
+    seen = set()
+    while pid > 0 and pid not in seen:
+        seen.add(pid)
+        text = _read(f"{proc}/{pid}/stat")
+        if text is None:
+            break
+        try:
+            pid = parse_stat(text).ppid
+        except ValueError:
+            break
+        if pid > 0:
+            chain.append(pid)
+    return chain

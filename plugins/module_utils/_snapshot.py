@@ -146,8 +146,6 @@ def idle_verdict(gpu: dict, max_memory_used_mib=DEFAULT_MAX_MEMORY_USED_MIB, max
         if not procs:
             reasons.append(f"{used} MiB used by processes not visible from this PID namespace (another"
                            " container or the host), or a leaked context")
-        else:
-            reasons.append(f"{used} MiB used (more than {max_memory_used_mib} MiB)")
     util = (gpu.get("utilization") or {}).get("gpu")
     if max_utilization_pct is not None and util is not None and util > max_utilization_pct:
         reasons.append(f"utilization {util}% (more than {max_utilization_pct}%)")
@@ -197,17 +195,21 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
         details = info(pid)
         if details is None:
             continue
+        # nvidiaN ties a process to GPU N. nvidiactl and nvidia-uvm are opened by every CUDA
+        # process whatever GPU it uses, so they tie it to every GPU only when it holds no
+        # nvidiaN at all (it initialised CUDA but has no device yet, or we cannot tell).
+        specific = [device_file_index(path) for path in files]
+        owned = sorted({i for i in specific if i is not None and i in minors})
+        shared_only = not any(i is not None for i in specific)
         by_gpu = {}
-        for path in files:
-            idx = device_file_index(path)
-            targets = gpus if idx is None else [minors[idx]] if idx in minors else []
-            for gpu in targets:
-                by_gpu.setdefault(gpu["index"], []).append(path)
+        for gpu in ([minors[i] for i in owned] if not shared_only else gpus):
+            by_gpu[gpu["index"]] = list(files)
         reason = is_protected(details, protect)
         for index, paths in by_gpu.items():
             holder = {k: details[k] for k in ("pid", "name", "cmdline", "user", "uid", "ppid", "start_time", "container")}
             holder["files"] = sorted(paths)
             holder["protected"] = reason or None
+            holder["shared_only"] = shared_only
             gpus[index]["holders"].append(holder)
 
     for gpu in gpus:

@@ -22,6 +22,7 @@ author:
   - gpuops developers (@gpuops)
 extends_documentation_fragment:
   - gpuops.gpu.gpu
+  - gpuops.gpu.gpu.idle
   - gpuops.gpu._attributes
   - gpuops.gpu._attributes.facts_module
 options:
@@ -155,6 +156,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _snapshot
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
+    IDLE_ARGS,
     SNAPSHOT_ARGS,
     SnapshotTaker,
     fail,
@@ -165,7 +167,7 @@ NO_GPU_KINDS = ("library_not_found", "driver_not_loaded")
 
 
 def main() -> None:
-    argument_spec = dict(SNAPSHOT_ARGS)
+    argument_spec = dict(SNAPSHOT_ARGS, **IDLE_ARGS)
     argument_spec.update(
         gather=dict(type="list", elements="str", choices=["processes", "holders"], default=["processes", "holders"]),
         missing=dict(type="str", choices=["fail", "ignore"], default="fail"),

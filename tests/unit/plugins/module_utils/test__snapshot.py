@@ -90,7 +90,7 @@ IDLE_CASES = [
     ("exactly the threshold is idle", _gpu(memory={"used": 64}), {}, True, []),
     ("above the threshold", _gpu(memory={"used": 65}), {}, False, ["65 MiB used by processes not visible"]),
     ("visible process in a container", _gpu(processes=[CT_PROC], memory={"used": 41984}), {}, False,
-     ["used by pid 8812 (python3) in CT 129, 41 GiB", "41984 MiB used"]),
+     ["used by pid 8812 (python3) in CT 129, 41 GiB"]),
     ("invisible process", _gpu(processes=[{"pid": 4242, "visible": False}]), {}, False, ["does not exist from here"]),
     ("holder without a context", _gpu(holders=[{"pid": 77, "name": "python3", "files": ["/dev/nvidia3"], "protected": None}]),
      {}, False, ["device file held by pid 77 (python3) (/dev/nvidia3)"]),
@@ -134,7 +134,10 @@ def test_build_attributes_processes_and_holders():
     assert g0["processes"][0]["container"] == {"kind": "lxc", "id": 129, "pid_in_container": 45}
     assert g0["processes"][0]["visible"] is True and g0["processes"][0]["type"] == "compute"
     assert g0["processes"][1]["visible"] is False and g0["processes"][1]["type"] == "compute+graphics"
-    assert [(h["pid"], h["files"], bool(h["protected"])) for h in g0["holders"]] == [(200, ["/dev/nvidiactl"], True), (300, ["/dev/nvidiactl"], False)]
-    assert [(h["pid"], h["files"]) for h in g1["holders"]] == [(200, ["/dev/nvidiactl"]), (300, ["/dev/nvidia1", "/dev/nvidiactl"])]
+    # nvidiactl alone ties pid 200 to every GPU; pid 300 holds nvidia1, so it belongs to GPU 1 only
+    assert [(h["pid"], h["files"], bool(h["protected"]), h["shared_only"]) for h in g0["holders"]] == [
+        (200, ["/dev/nvidiactl"], True, True)]
+    assert [(h["pid"], h["files"], h["shared_only"]) for h in g1["holders"]] == [
+        (200, ["/dev/nvidiactl"], True), (300, ["/dev/nvidia1", "/dev/nvidiactl"], False)]
     assert g0["idle"] is False and g1["idle"] is False
     assert any("device file held by pid 300" in r for r in g1["busy_reasons"])

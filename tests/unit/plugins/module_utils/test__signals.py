@@ -1,0 +1,101 @@
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ansible_collections.gpuops.gpu.plugins.module_utils import _signals
+from ansible_collections.gpuops.gpu.plugins.module_utils._procs import read_identity
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("SIGTERM", 15), ("TERM", 15), ("sigint", 2), ("9", 9), (15, 15), (" SIGKILL ", 9), ("SIGUSR1", 10),
+])
+def test_signal_number(value, expected):
+    assert _signals.signal_number(value) == expected
+
+
+@pytest.mark.parametrize("value", ["SIGFOO", "", "0", "999", "-1", "TERM!"])
+def test_signal_number_rejects(value):
+    with pytest.raises(ValueError, match="signal"):
+        _signals.signal_number(value)
+
+
+@pytest.fixture
+def child():
+    """A process this test started itself; killed by pid afterwards."""
+    procs = []
+
+    def start(code="import time; time.sleep(60)"):
+        p = subprocess.Popen([sys.executable, "-c", code])
+        procs.append(p)
+        deadline = time.monotonic() + 5
+        while read_identity(p.pid) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return p
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def test_target_signals_and_waits(child):
+    p = child()
+    t = _signals.Target(p.pid, read_identity(p.pid)[1])
+    assert t.open()
+    assert t.send(signal.SIGTERM)
+    assert _signals.wait_gone([t], 5) == []
+    assert t.signals == ["SIGTERM"]
+    assert p.wait(5) == -signal.SIGTERM
+
+
+def test_recycled_pid_is_never_signalled(child):
+    # The identity check, driven directly: a start time that is not this process's is what a
+    # recycled pid looks like. Nothing may be signalled, and the process must live on.
+    p = child()
+    real_start = read_identity(p.pid)[1]
+    t = _signals.Target(p.pid, real_start - 1)
+    assert not t.open()
+    assert t.recycled
+    assert not t.send(signal.SIGKILL)
+    time.sleep(0.05)
+    assert p.poll() is None and read_identity(p.pid) == (p.pid, real_start)
+
+
+def test_escalation_to_sigkill(child):
+    p = child("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)")
+    time.sleep(0.3)  # let it install the handler
+    t = _signals.Target(p.pid, read_identity(p.pid)[1])
+    assert t.open()
+    t.send(signal.SIGTERM)
+    assert _signals.wait_gone([t], 0.3) == [t]
+    t.send(signal.SIGKILL)
+    assert _signals.wait_gone([t], 5) == []
+    assert t.signals == ["SIGTERM", "SIGKILL"]
+
+
+def test_zombie_counts_as_gone(child):
+    p = child()
+    t = _signals.Target(p.pid, read_identity(p.pid)[1])
+    assert t.open()
+    os.kill(p.pid, signal.SIGKILL)  # our own child; not reaped yet: a zombie
+    assert _signals.wait_gone([t], 5) == []
+    assert not t.send(signal.SIGTERM)
+
+
+def test_fallback_without_pidfd(child, monkeypatch):
+    monkeypatch.setattr(_signals, "HAS_PIDFD", False)
+    p = child()
+    t = _signals.Target(p.pid, read_identity(p.pid)[1])
+    assert t.open() and t.fd is None
+    assert t.send(signal.SIGTERM)
+    assert _signals.wait_gone([t], 5) == []
