@@ -110,7 +110,7 @@ def _type_name(types) -> str:
     return "+".join(ordered) or "compute"
 
 
-def _mib(value) -> str:
+def mib_text(value) -> str:
     if value is None:
         return "unknown"
     return f"{value / 1024:.0f} GiB" if value >= 10240 else f"{value} MiB"
@@ -131,7 +131,7 @@ def idle_verdict(gpu: dict, max_memory_used_mib=DEFAULT_MAX_MEMORY_USED_MIB, max
     procs = gpu.get("processes") or []
     for p in procs:
         if p.get("visible", True):
-            reasons.append(f"used by {describe(p)}" + (f", {_mib(p.get('used_mib'))}" if p.get("used_mib") is not None else ""))
+            reasons.append(f"used by {describe(p)}" + (f", {mib_text(p.get('used_mib'))}" if p.get("used_mib") is not None else ""))
         else:
             reasons.append(f"used by pid {p['pid']}, which does not exist from here (a process in another PID"
                            " namespace: the host or another container)")

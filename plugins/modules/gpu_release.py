@@ -130,7 +130,7 @@ released:
     container: {description: "C({kind, id, pid_in_container}) or null.", type: dict, returned: always}
     gpus: {description: Indices of the selected GPUs it held (or its ancestor held)., type: list, elements: int, returned: always}
     via: {description: For a descendant - the pid of the holder it descends from; else null., type: int, returned: always}
-    signals: {description: Signals sent, in order (empty in check mode)., type: list, elements: str, returned: always}
+    signals: {description: "Signals sent, in order (empty in check mode).", type: list, elements: str, returned: always}
     seconds: {description: Seconds from the first signal until it was gone (null in check mode)., type: float, returned: always}
   sample:
     - {"pid": 8812, "name": "python3", "cmdline": "python3 -m sglang.launch_server", "user": "root",

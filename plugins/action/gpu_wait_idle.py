@@ -1,0 +1,48 @@
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Controller side of gpuops.gpu.gpu_wait_idle: run the wait in slices and print progress."""
+
+from __future__ import annotations
+
+import time
+
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+display = Display()
+
+SLICE_SECONDS = 10.0
+INTERNAL = ("progress_slice", "progress_state")
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        del tmp
+        args = {k: v for k, v in self._task.args.items() if k not in INTERNAL}
+        module = "gpuops.gpu.gpu_wait_idle"
+        if self._task.async_val or self._play_context.check_mode:
+            # async: the module runs in one piece on the target; check mode: one look.
+            result.update(self._execute_module(module_name=module, module_args=args, task_vars=task_vars,
+                                               wrap_async=bool(self._task.async_val)))
+            return result
+        start = time.monotonic()
+        state = None
+        host = task_vars.get("inventory_hostname", "") if task_vars else ""
+        while True:
+            margs = dict(args, progress_slice=SLICE_SECONDS)
+            if state is not None:
+                # The controller's clock carries the elapsed time across slices (round trips included).
+                margs["progress_state"] = dict(state, offset=time.monotonic() - start)
+            res = self._execute_module(module_name=module, module_args=margs, task_vars=task_vars)
+            if not res.get("pending"):
+                for key in ("pending", "progress", "progress_state"):
+                    res.pop(key, None)
+                result.update(res)
+                return result
+            display.display(f"[{host}] {res.get('progress')}" if host else str(res.get("progress")))
+            state = res["progress_state"]

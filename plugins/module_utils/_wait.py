@@ -1,0 +1,149 @@
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Note that this module util is **PRIVATE** to the collection. It can have breaking changes at any time.
+# Do not use this from other collections or standalone plugins/modules!
+
+"""The wait-until-idle state machine of gpu_wait_idle. Pure: the snapshots and the clock are injected.
+
+Polls are cheap: the driver's view plus a liveness check of the device-file holders already
+known. The full device-file scan (/proc/*/fd of every process) runs only at the moments that
+decide: the first poll, when the settle window would close, and never more often than
+``full_scan_every`` seconds otherwise. The settle clock starts when the last holder disappears,
+not when the memory is freed, and any holder that appears restarts it.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _snapshot
+
+
+def holders_of(gpu: dict) -> list:
+    """Everything that holds a GPU: the driver's processes and unprotected device-file holders."""
+    out = list(gpu.get("processes") or [])
+    seen = {p["pid"] for p in out}
+    out.extend(h for h in gpu.get("holders") or [] if not h.get("protected") and h["pid"] not in seen)
+    return out
+
+
+def new_state() -> dict:
+    return {"polls": 0, "full_scans": 0, "last_holder_at": None, "samples": {}, "known_holders": {},
+            "last_full_scan_at": None, "first": True}
+
+
+def record_sample(state: dict, t: float, gpu: dict, holders: int) -> None:
+    """A time series per GPU: a point when used memory or the holder count changes."""
+    series = state["samples"].setdefault(str(gpu["index"]), [])
+    used = (gpu.get("memory") or {}).get("used")
+    if not series or series[-1][1] != used or series[-1][2] != holders:
+        series.append([round(t, 3), used, holders])
+
+
+def blockers(gpus: list) -> dict:
+    out = {}
+    for g in gpus:
+        if g["idle"]:
+            continue
+        out[str(g["index"])] = [
+            {"pid": p["pid"], "name": p.get("name"), "container": p.get("container"),
+             "visible": p.get("visible", True), "files": p.get("files")}
+            for p in holders_of(g)
+        ]
+    return out
+
+
+def diagnosis(gpus: list, max_memory_used_mib: int) -> str:
+    """'GPU 2 holds 1200 MiB with no visible process (...); GPU 5 is used by pid 8812 (python3) in CT 129'."""
+    parts = []
+    for g in gpus:
+        if g["idle"]:
+            continue
+        hs = holders_of(g)
+        used = (g.get("memory") or {}).get("used")
+        health = g.get("health") or {}
+        if health.get("status", "ok") != "ok":
+            parts.append(f"GPU {g['index']} is {health.get('status')} ({health.get('detail')})")
+        elif hs:
+            parts.append(f"GPU {g['index']} is used by " + ", ".join(
+                _snapshot.describe(h) if h.get("visible", True) else f"pid {h['pid']} (not visible from here)" for h in hs))
+        elif used is not None and used > max_memory_used_mib:
+            parts.append(f"GPU {g['index']} holds {used} MiB with no visible process (a leaked context, or a"
+                         " process in another PID namespace)")
+        else:
+            parts.append(f"GPU {g['index']}: " + "; ".join(g.get("busy_reasons") or ["busy"]))
+    return "; ".join(parts)
+
+
+def progress_line(gpus: list, elapsed: float, timeout: float, settling: float = None) -> str:
+    idle = [g for g in gpus if g["idle"]]
+    waiting = []
+    for g in gpus:
+        if g["idle"]:
+            continue
+        used = (g.get("memory") or {}).get("used")
+        what = [_snapshot.mib_text(used)] if used is not None else []
+        hs = holders_of(g)
+        if hs:
+            h = hs[0]
+            what.append(f"pid {h['pid']} {h.get('name') or '?'}" + (f", CT {h['container']['id']}" if h.get("container") else "")
+                        + (f" +{len(hs) - 1} more" if len(hs) > 1 else ""))
+        waiting.append(f"GPU {g['index']} ({', '.join(what)})")
+    line = f"gpu_wait_idle: {len(idle)}/{len(gpus)} GPUs idle"
+    if waiting:
+        line += "; waiting on " + ", ".join(waiting)
+    elif settling is not None:
+        line += f"; settling ({settling:.1f} s without a holder)"
+    return line + f" - {elapsed:.0f} s of {timeout:g} s"
+
+
+def _check_lost(gpus: list) -> None:
+    for g in gpus:
+        if (g.get("health") or {}).get("status") == "lost":
+            raise _errors.GpuLost(f"GPU {g['index']} ({g.get('pci_bus_id')}) has fallen off the bus while waiting:"
+                                  " reboot the host to recover it; check dmesg for Xid 79",
+                                  gpu=g["index"], pci_bus_id=g.get("pci_bus_id"))
+
+
+def _full_scan(state: dict, now: float, gpus: list) -> None:
+    state["full_scans"] += 1
+    state["last_full_scan_at"] = now
+    state["known_holders"] = {str(h["pid"]): [h["pid"], h.get("start_time")]
+                              for g in gpus for h in g.get("holders") or [] if not h.get("protected")}
+
+
+def step(state: dict, now: float, snapshot, alive, settle: float, full_scan_every: float):
+    """One poll at time ``now`` (seconds since the wait began). Returns (done, gpus).
+
+    ``snapshot(full) -> gpus``: the selected GPUs with their idle verdicts; with ``full`` false
+    the device-file scan is skipped (holders empty), so the device-file holders found by the last
+    full scan are followed with ``alive(pid, start_time) -> bool`` instead.
+    The first poll counts as the moment a holder left: the wait never returns before ``settle``
+    seconds of watching, so a supervisor that restarts the server just after a release is caught.
+    Raises GpuLost at once for a GPU that fell off the bus.
+    """
+    state["polls"] += 1
+    first = state["last_full_scan_at"] is None
+    full = first or now - state["last_full_scan_at"] >= full_scan_every
+    gpus = snapshot(full)
+    _check_lost(gpus)
+    if full:
+        _full_scan(state, now, gpus)
+    else:
+        state["known_holders"] = {k: v for k, v in state["known_holders"].items() if alive(v[0], v[1])}
+    if first or state["known_holders"] or any(holders_of(g) for g in gpus):
+        state["last_holder_at"] = now
+    for g in gpus:
+        record_sample(state, now, g, len(holders_of(g)))
+    idle = all(g["idle"] for g in gpus) and not state["known_holders"]
+    settled = now - state["last_holder_at"] >= settle
+    if idle and settled and not full:
+        # It looks done: a full device-file scan has the last word before we say so.
+        gpus = snapshot(True)
+        _check_lost(gpus)
+        _full_scan(state, now, gpus)
+        if state["known_holders"] or any(holders_of(g) for g in gpus):
+            state["last_holder_at"] = now
+            return False, gpus
+        idle = all(g["idle"] for g in gpus)
+    return idle and settled, gpus

@@ -1,0 +1,304 @@
+#!/usr/bin/python
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpu_wait_idle
+short_description: Wait until every selected GPU is free, and stays free for a settle window
+version_added: 0.1.0
+description:
+  - Keeps the play waiting until every selected GPU is idle and has had no holder for O(settle) seconds,
+    then returns at once - no guessed sleeps.
+  - Idle is the definition M(gpuops.gpu.gpu_facts) reports - no compute, graphics or MPS process (visible or
+    not), no device-file holder outside the protected daemons (O(include_device_holders)), memory used at most
+    O(max_memory_used_mib), utilization at most O(max_utilization_pct) when set, health ok.
+  - The settle clock starts when the last holder disappears, not when the memory is freed, so a driver that
+    frees memory 1.5 s after the exit costs no extra time; a holder that appears within the window (a
+    supervisor restarting the server) restarts the clock. The first look counts as a holder leaving, so the
+    wait always watches for at least O(settle) seconds.
+  - A GPU lost from the bus, or a GPU count other than O(expected_count), fails the task at once.
+  - On the controller, an action plugin runs the wait in slices of about 10 s and prints a progress line per
+    slice at default verbosity. Within a slice the target polls every O(sleep) seconds.
+  - Polls are cheap (the driver's view and a liveness check of known holders); the full C(/proc/*/fd) scan
+    runs at the first poll, before declaring the GPUs idle, and every 15 s otherwise.
+author:
+  - gpuops developers (@gpuops)
+extends_documentation_fragment:
+  - gpuops.gpu.gpu
+  - gpuops.gpu.gpu.idle
+  - gpuops.gpu._attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Looks once and reports in RV(would_wait) whether it would have to wait; never fails for busy GPUs.
+  diff_mode:
+    support: N/A
+    details:
+      - This module never changes the host.
+  action:
+    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
+    support: full
+    details:
+      - The action plugin slices the wait and prints progress; with C(async) the module runs in one piece.
+options:
+  expected_count:
+    description:
+      - The number of GPUs the host must show. Any other number fails at once, naming both (a GPU fell off
+        the bus, or the play runs on the wrong host).
+    type: int
+  timeout:
+    description: Seconds to wait at most, as in M(ansible.builtin.wait_for).
+    type: float
+    default: 300
+  delay:
+    description: Seconds to wait before the first look.
+    type: float
+    default: 0
+  sleep:
+    description: Seconds between two looks (the poll interval).
+    type: float
+    default: 0.5
+  settle:
+    description: Seconds that every selected GPU must have had no holder before the module returns.
+    type: float
+    default: 1.0
+  msg:
+    description: A message to put before the diagnosis when the wait times out.
+    type: str
+  confirm_with_nvidia_smi:
+    description:
+      - Make one final C(nvidia-smi) query that must agree that the selected GPUs are free; a disagreement
+        fails the task and is reported.
+      - Unset means - when C(nvidia-smi) (O(nvidia_smi_path)) exists.
+    type: bool
+  progress_slice:
+    description:
+      - Internal, set by the action plugin - return after this many seconds with the wait state so that the
+        controller can print progress. Do not set it yourself.
+    type: float
+  progress_state:
+    description: Internal, set by the action plugin - the wait state carried from the previous slice.
+    type: dict
+seealso:
+  - module: gpuops.gpu.gpu_facts
+  - module: gpuops.gpu.gpu_release
+"""
+
+EXAMPLES = r"""
+---
+- name: Wait until all 8 GPUs are free (the pre-deploy check)
+  gpuops.gpu.gpu_wait_idle:
+    expected_count: 8
+    timeout: 120
+
+- name: Wait for GPUs 0-3, counting a GPU above 10% utilization as busy
+  gpuops.gpu.gpu_wait_idle:
+    gpus: ["0", "1", "2", "3"]
+    max_utilization_pct: 10
+    settle: 2
+
+- name: Would we have to wait?
+  gpuops.gpu.gpu_wait_idle:
+  check_mode: true
+  register: idle_check
+"""
+
+RETURN = r"""
+elapsed:
+  description: Seconds the wait took.
+  returned: always
+  type: float
+  sample: 1.52
+polls:
+  description: How many times the GPUs were looked at.
+  returned: always
+  type: int
+idle_gpus:
+  description: Indices of the selected GPUs that are idle at the end.
+  returned: always
+  type: list
+  elements: int
+gpus:
+  description: The final state of each selected GPU, as in M(gpuops.gpu.gpu_facts) C(gpu_devices).
+  returned: always
+  type: list
+  elements: dict
+samples:
+  description:
+    - Per GPU index, a time series of C([seconds, used MiB, holder count]), one point per change - enough to
+      plot a release timeline.
+  returned: always
+  type: dict
+  sample: {"0": [[0.0, 40960, 1], [0.21, 40960, 0], [1.51, 0, 0]]}
+blockers:
+  description: On failure, per GPU index, what holds it (pid, name, container, visible, files).
+  returned: failure
+  type: dict
+would_wait:
+  description: In check mode, whether the GPUs are busy now (the module would have to wait).
+  returned: check_mode
+  type: bool
+confirmation:
+  description: What the final C(nvidia-smi) query said, per GPU index (used MiB and pids), or null when it did not run.
+  returned: always
+  type: dict
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _procs, _smi, _snapshot, _wait
+from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
+    _SBIN,
+    IDLE_ARGS,
+    SNAPSHOT_ARGS,
+    SnapshotTaker,
+    fail,
+    validate_snapshot_params,
+)
+
+FULL_SCAN_EVERY = 15.0
+
+
+def validate(p):
+    validate_snapshot_params(p)
+    for name in ("timeout", "delay", "settle"):
+        if p[name] < 0:
+            raise _errors.GpuError(f"{name} must be >= 0, got {p[name]}")
+    if p["sleep"] <= 0:
+        raise _errors.GpuError(f"sleep must be > 0, got {p['sleep']}")
+    if p["settle"] > p["timeout"]:
+        raise _errors.GpuError(f"settle ({p['settle']:g} s) must not be above timeout ({p['timeout']:g} s)")
+    if p["expected_count"] is not None and p["expected_count"] < 0:
+        raise _errors.GpuError(f"expected_count must be >= 0, got {p['expected_count']}")
+    if p["progress_slice"] is not None and p["progress_slice"] <= 0:
+        raise _errors.GpuError(f"progress_slice must be > 0, got {p['progress_slice']}")
+
+
+def confirm(module, taker, gpus, p):
+    """The user's own tool has the last word: one nvidia-smi query must agree."""
+    wanted = p["confirm_with_nvidia_smi"]
+    if wanted is False:
+        return None, ""
+    path = module.get_bin_path(p["nvidia_smi_path"], required=False, opt_dirs=_SBIN)
+    if not path:
+        if wanted:
+            raise _errors.GpuError(f"confirm_with_nvidia_smi: {p['nvidia_smi_path']} not found on the target")
+        return None, ""
+    raw = _smi.query(taker._run_smi, path)
+    by_uuid = {g["uuid"]: g for g in raw["gpus"]}
+    seen, disagree = {}, []
+    for g in gpus:
+        other = by_uuid.get(g["uuid"])
+        if other is None:
+            disagree.append(f"nvidia-smi does not show GPU {g['index']} ({g['uuid']})")
+            continue
+        used = other["memory"]["used"]
+        pids = [x["pid"] for x in other["processes"]]
+        seen[str(g["index"])] = {"used_mib": used, "pids": pids}
+        if pids:
+            disagree.append(f"nvidia-smi shows GPU {g['index']} used by pid(s) {', '.join(map(str, pids))}")
+        elif used is not None and used > p["max_memory_used_mib"]:
+            disagree.append(f"nvidia-smi shows GPU {g['index']} with {used} MiB used")
+    return seen, "; ".join(disagree)
+
+
+def main() -> None:
+    argument_spec = dict(SNAPSHOT_ARGS, **IDLE_ARGS)
+    argument_spec.update(
+        expected_count=dict(type="int"),
+        timeout=dict(type="float", default=300.0),
+        delay=dict(type="float", default=0.0),
+        sleep=dict(type="float", default=0.5),
+        settle=dict(type="float", default=1.0),
+        msg=dict(type="str"),
+        confirm_with_nvidia_smi=dict(type="bool"),
+        progress_slice=dict(type="float"),
+        progress_state=dict(type="dict"),
+    )
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    p = module.params
+    try:
+        validate(p)
+    except _errors.GpuError as exc:
+        fail(module, exc)
+        return
+
+    carried = p["progress_state"]
+    state = carried["wait"] if carried else _wait.new_state()
+    offset = float(carried.get("offset", 0.0)) if carried else 0.0
+    if not carried and p["delay"] and not module.check_mode:
+        time.sleep(p["delay"])  # before the first look; not counted in timeout, as in wait_for
+    t0 = time.monotonic()
+
+    def now():
+        return offset + time.monotonic() - t0
+
+    taker = SnapshotTaker(module)
+    checked_count = {"done": bool(carried)}
+
+    def snapshot(full):
+        snap = taker.take(gather_processes=True, gather_holders=full and p["include_device_holders"])
+        if p["expected_count"] is not None and not checked_count["done"]:
+            if len(snap["gpus"]) != p["expected_count"]:
+                raise _errors.GpuError(
+                    f"expected {p['expected_count']} GPUs, the driver shows {len(snap['gpus'])}: a GPU fell off the bus"
+                    " (check dmesg for Xid 79), or the play runs on the wrong host",
+                    expected_count=p["expected_count"], gpu_count=len(snap["gpus"]))
+            checked_count["done"] = True
+        return _snapshot.select_gpus(snap["gpus"], p["gpus"])
+
+    def alive(pid, start_time):
+        ident = _procs.read_identity(pid)
+        return ident is not None and (start_time is None or ident[1] == start_time)
+
+    result = dict(changed=False)
+    try:
+        if module.check_mode:
+            gpus = snapshot(True)
+            _wait._check_lost(gpus)
+            module.exit_json(changed=False, would_wait=not all(g["idle"] for g in gpus), elapsed=0.0, polls=1,
+                             idle_gpus=[g["index"] for g in gpus if g["idle"]], gpus=gpus, samples={},
+                             confirmation=None,
+                             msg=_wait.diagnosis(gpus, p["max_memory_used_mib"]) or "all selected GPUs are idle")
+        slice_end = time.monotonic() + p["progress_slice"] if p["progress_slice"] else None
+        while True:
+            done, gpus = _wait.step(state, now(), snapshot, alive, p["settle"], FULL_SCAN_EVERY)
+            result.update(polls=state["polls"], samples=state["samples"], gpus=gpus,
+                          idle_gpus=[g["index"] for g in gpus if g["idle"]])
+            if done:
+                seen, disagreement = confirm(module, taker, gpus, p)
+                result["confirmation"] = seen
+                result["elapsed"] = round(now(), 3)
+                if disagreement:
+                    module.fail_json(msg=f"NVML says the GPUs are idle but nvidia-smi disagrees: {disagreement}",
+                                     blockers=_wait.blockers(gpus), **result)
+                module.exit_json(msg=f"{len(gpus)} GPU(s) idle after {result['elapsed']:.2f} s", **result)
+            elapsed = now()
+            if elapsed >= p["timeout"]:
+                gpus = snapshot(True)  # the diagnosis names device-file holders too
+                result.update(gpus=gpus, idle_gpus=[g["index"] for g in gpus if g["idle"]])
+                result.update(elapsed=round(elapsed, 3), confirmation=None, blockers=_wait.blockers(gpus))
+                prefix = (p["msg"] + ": ") if p["msg"] else ""
+                module.fail_json(msg=f"{prefix}timed out after {p['timeout']:g} s: "
+                                     + (_wait.diagnosis(gpus, p["max_memory_used_mib"])
+                                        or f"a holder appeared within the last {p['settle']:g} s (settle)"),
+                                 **result)
+            if slice_end is not None and time.monotonic() >= slice_end:
+                settling = None if state["last_holder_at"] is None else elapsed - state["last_holder_at"]
+                module.exit_json(pending=True, progress_state={"wait": state},
+                                 progress=_wait.progress_line(gpus, elapsed, p["timeout"], settling),
+                                 elapsed=round(elapsed, 3), **{k: v for k, v in result.items() if k != "changed"},
+                                 changed=False)
+            time.sleep(max(0.0, min(p["sleep"], p["timeout"] - elapsed)))
+    except _errors.GpuError as exc:
+        fail(module, exc, **{k: v for k, v in result.items() if k != "changed"})
+
+
+if __name__ == "__main__":
+    main()
