@@ -1,0 +1,101 @@
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+import pytest
+
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _wait
+from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import idle_verdict
+
+
+def make_gpu(used=0, procs=(), holders=(), status="ok"):
+    gpu = {"index": 0, "memory": {"used": used}, "utilization": {"gpu": 0}, "health": {"status": status, "detail": "x"},
+           "processes": [{"pid": p, "name": "python3", "visible": True} for p in procs],
+           "holders": [{"pid": h, "name": "python3", "start_time": 1, "files": ["/dev/nvidia0"], "protected": None} for h in holders]}
+    gpu["idle"], gpu["busy_reasons"] = idle_verdict(gpu)
+    return gpu
+
+
+def run(timeline, settle=1.0, sleep=0.5, until=10.0, alive=lambda pid, st: False, full_every=15.0):
+    """Drive step() over a scripted host: timeline(t, full) -> GPU dict. Returns (done_at, state, scans)."""
+    state = _wait.new_state()
+    scans = []
+    t = 0.0
+    while t <= until:
+        def snap(full, t=t):
+            scans.append((t, full))
+            return [timeline(t, full)]
+        done, _gpus = _wait.step(state, t, snap, alive, settle, full_every)
+        if done:
+            return round(t, 3), state, scans
+        t = round(t + sleep, 3)
+    return None, state, scans
+
+
+def test_idle_from_the_start_still_watches_for_settle():
+    done_at, state, scans = run(lambda t, full: make_gpu())
+    assert done_at == 1.0
+    assert scans[0] == (0.0, True) and scans[-1] == (1.0, True)  # full scans: first look, and the decisive one
+    assert [full for _t, full in scans[1:-1]] == [False, False]
+
+
+def test_returns_when_memory_is_freed_after_the_lag_not_before():
+    # the holder exits at t=1.0; the driver frees its memory 1.5 s later (t=2.5); settle 1.0 < lag
+    def host(t, full):
+        if t < 1.0:
+            return make_gpu(used=40960, procs=[8812])
+        return make_gpu(used=40960 if t < 2.5 else 0)
+    done_at, state, _scans = run(host)
+    assert done_at == 2.5
+    assert state["samples"]["0"] == [[0.0, 40960, 1], [1.0, 40960, 0], [2.5, 0, 0]]
+
+
+def test_a_respawn_within_settle_restarts_the_clock():
+    def host(t, full):
+        if t < 1.0 or 1.5 <= t < 2.0:      # gone at 1.0, restarted by a supervisor at 1.5, gone again at 2.0
+            return make_gpu(used=1000, procs=[100 if t < 1.0 else 200])
+        return make_gpu()
+    done_at, _state, _scans = run(host, settle=1.0)
+    assert done_at == 2.5  # last seen at 1.5 (the respawned pid 200), settled 1.0 s later
+
+
+def test_respawning_forever_never_returns():
+    done_at, _state, _scans = run(lambda t, full: make_gpu(used=1000, procs=[int(t * 10)]) if int(t * 2) % 2 else make_gpu(), until=6)
+    assert done_at is None
+
+
+def test_device_file_holder_is_followed_between_full_scans():
+    gone_at = 2.0
+    clock = {"t": 0.0}
+
+    def host(t, full):
+        clock["t"] = t
+        return make_gpu(holders=[77] if full and t < gone_at else [])
+
+    done_at, _state, scans = run(host, alive=lambda pid, st: clock["t"] < gone_at)
+    assert done_at == 2.5  # seen alive (cheaply) until 1.5, gone at 2.0, settled at 2.5
+    assert scans[0] == (0.0, True)
+
+
+def test_a_holder_found_by_the_decisive_scan_restarts_the_clock():
+    def host(t, full):
+        return make_gpu(holders=[55] if (full and 0.5 < t < 1.6) else [])
+    done_at, _state, _scans = run(host)
+    assert done_at == 2.0  # found at t=1.0 by the confirming scan: settle runs again from there
+
+
+def test_lost_gpu_fails_at_once():
+    with pytest.raises(_errors.GpuLost, match="fallen off the bus"):
+        run(lambda t, full: make_gpu(status="lost" if t >= 1.0 else "ok", used=10, procs=[1]))
+
+
+def test_diagnosis_and_progress_line():
+    gpus = [dict(make_gpu(used=1200), index=2), dict(make_gpu(used=41984, procs=[8812]), index=5), dict(make_gpu(), index=6)]
+    gpus[1]["processes"][0]["container"] = {"kind": "lxc", "id": 129}
+    assert _wait.diagnosis(gpus, 64) == ("GPU 2 holds 1200 MiB with no visible process (a leaked context, or a process in"
+                                         " another PID namespace); GPU 5 is used by pid 8812 (python3) in CT 129")
+    line = _wait.progress_line(gpus, 12.2, 300)
+    assert line == ("gpu_wait_idle: 1/3 GPUs idle; waiting on GPU 2 (1200 MiB), GPU 5 (41 GiB, pid 8812 python3, CT 129)"
+                    " - 12 s of 300 s")
+    assert _wait.blockers(gpus)["5"][0]["pid"] == 8812
