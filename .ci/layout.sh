@@ -12,6 +12,12 @@ cd "$top"
 git ls-files -z --cached --others --exclude-standard \
   | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done \
   | xargs -0 cp --parents -P -t "$dest"
+# The integration targets drive the simulator of this checkout (its C library is built here).
+cat > "$dest/tests/integration/integration_config.yml" <<YAML
+---
+setup_gpusim_cli: $top/tests/gpusim/gpusim
+setup_gpusim_python: $top/.venv/bin/python
+YAML
 # ansible-test lists content with git; without a repository of its own here it would find the
 # outer checkout, where build/ is ignored, and see no files at all.
 cd "$dest"

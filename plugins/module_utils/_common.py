@@ -66,6 +66,7 @@ class SnapshotTaker:
         self.params = params or module.params
         self.backend = None
         self.smi = None
+        self.minors = None
 
     def _run_smi(self, argv):
         """One nvidia-smi run (argv list, no shell) under query_timeout."""
@@ -95,16 +96,19 @@ class SnapshotTaker:
         self.smi = self._find_smi()
         return "nvidia-smi"
 
-    def raw(self) -> dict:
+    def raw(self, need_minors=False) -> dict:
         if self.backend is None:
             self.backend = self._choose_backend()
         if self.backend == "nvml":
             return call_with_timeout(_nvml.query, self.params["query_timeout"], "NVML query")
-        return _smi.query(self._run_smi, self.smi)
+        if need_minors and self.minors is None:
+            # Minor numbers tie /dev/nvidiaN to a GPU; only nvidia-smi's XML report has them.
+            self.minors = _smi.minor_query(self._run_smi, self.smi)
+        return _smi.query(self._run_smi, self.smi, self.minors)
 
     def take(self, gather_processes=True, gather_holders=True) -> dict:
         """One snapshot of every GPU (selection is applied by the caller)."""
-        raw = self.raw()
+        raw = self.raw(need_minors=gather_holders)
         holders = None
         if gather_holders:
             holders = _procs.scan_fd_holders(self.params["device_files"], exclude_pids=(os.getpid(),))

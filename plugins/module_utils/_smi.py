@@ -122,6 +122,23 @@ def parse_apps(out: str) -> list:
     return apps
 
 
+def parse_minor_numbers(xml_text: str) -> dict:
+    """{uuid: minor number} from ``nvidia-smi -q -x`` (the CSV queries have no minor number)."""
+    import xml.etree.ElementTree as ET  # a trusted local program's output, not user input
+
+    try:
+        root = ET.fromstring(xml_text)
+    except ET.ParseError as exc:
+        raise ValueError(f"nvidia-smi -q -x: not XML ({exc})") from None
+    out = {}
+    for gpu in root.iter("gpu"):
+        uuid = (gpu.findtext("uuid") or "").strip()
+        minor = to_int(gpu.findtext("minor_number") or "")
+        if uuid and minor is not None:
+            out[uuid] = minor
+    return out
+
+
 def error_for_exit(rc: int, out: str, err: str) -> _errors.GpuError:
     """The typed error for a failed nvidia-smi run."""
     text = " ".join((out + " " + err).split())
@@ -140,8 +157,11 @@ def error_for_exit(rc: int, out: str, err: str) -> _errors.GpuError:
     return _errors.BackendError(f"nvidia-smi failed with exit {rc}: {text}", backend="nvidia-smi", rc=rc)
 
 
-def query(run, executable: str) -> dict:
-    """A raw snapshot through nvidia-smi. ``run(argv) -> (rc, out, err)``."""
+def query(run, executable: str, minor_numbers=None) -> dict:
+    """A raw snapshot through nvidia-smi. ``run(argv) -> (rc, out, err)``.
+
+    ``minor_numbers``: a dict {uuid: minor} to fill in (from ``minor_query``), else they are null.
+    """
     rc, out, err = run([executable, "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits"])
     if rc == 6 and "No devices were found" in (out + err):
         return {"driver": {"backend": "nvidia-smi", "driver_version": None, "nvml_version": None,
@@ -160,5 +180,17 @@ def query(run, executable: str) -> dict:
     driver_version = gpus[0].pop("_driver_version") if gpus else None
     for g in gpus:
         g.pop("_driver_version", None)
+        g["minor_number"] = (minor_numbers or {}).get(g["uuid"])
     return {"driver": {"backend": "nvidia-smi", "driver_version": driver_version, "nvml_version": None,
                        "cuda_driver_version": None}, "gpus": gpus}
+
+
+def minor_query(run, executable: str) -> dict:
+    """{uuid: minor} from one ``nvidia-smi -q -x``; {} when this nvidia-smi cannot say."""
+    rc, out, _err = run([executable, "-q", "-x"])
+    if rc != 0:
+        return {}
+    try:
+        return parse_minor_numbers(out)
+    except ValueError:
+        return {}

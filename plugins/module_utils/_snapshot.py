@@ -197,12 +197,14 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
             continue
         # nvidiaN ties a process to GPU N. nvidiactl and nvidia-uvm are opened by every CUDA
         # process whatever GPU it uses, so they tie it to every GPU only when it holds no
-        # nvidiaN at all (it initialised CUDA but has no device yet, or we cannot tell).
+        # nvidiaN at all (it initialised CUDA but has no device yet). When the backend could not
+        # give minor numbers, an nvidiaN cannot be placed either: it counts for every GPU, so
+        # that a GPU is never called idle while something may hold it.
         specific = [device_file_index(path) for path in files]
         owned = sorted({i for i in specific if i is not None and i in minors})
-        shared_only = not any(i is not None for i in specific)
+        shared_only = not owned
         by_gpu = {}
-        for gpu in ([minors[i] for i in owned] if not shared_only else gpus):
+        for gpu in ([minors[i] for i in owned] if owned else gpus):
             by_gpu[gpu["index"]] = list(files)
         reason = is_protected(details, protect)
         for index, paths in by_gpu.items():

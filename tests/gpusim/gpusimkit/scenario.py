@@ -225,6 +225,18 @@ def _atomic_write(path: str, text: str) -> None:
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
+        f.flush()
+        # The library re-reads a file when (st_mtim, st_ino, st_size) changed.  Timestamps are
+        # coarse (a tick) on older kernels and a freed inode number comes back soon, so two
+        # versions of equal size written within one tick could look the same: keep the mtime
+        # strictly increasing from one version to the next.
+        try:
+            old_ns = os.stat(path).st_mtime_ns
+        except FileNotFoundError:
+            old_ns = None
+        st = os.fstat(f.fileno())
+        if old_ns is not None and st.st_mtime_ns <= old_ns:
+            os.utime(f.fileno(), ns=(st.st_atime_ns, old_ns + 1))
     os.replace(tmp, path)
 
 

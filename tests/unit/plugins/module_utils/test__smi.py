@@ -10,6 +10,7 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._smi import (
     error_for_exit,
     parse_apps,
     parse_gpus,
+    parse_minor_numbers,
     query,
     value,
 )
@@ -110,3 +111,26 @@ def test_query_scripted_runner_joins_apps_to_gpus():
 def test_query_no_devices_is_zero_gpus():
     raw = query(lambda argv: (6, "No devices were found\n", ""), "nvidia-smi")
     assert raw["gpus"] == []
+
+
+XML = """<?xml version="1.0" ?>
+<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">
+<nvidia_smi_log>
+  <driver_version>580.159.03</driver_version>
+  <attached_gpus>2</attached_gpus>
+  <gpu id="00000000:18:00.0"><uuid>GPU-a</uuid><minor_number>0</minor_number></gpu>
+  <gpu id="00000000:2A:00.0"><uuid>GPU-b</uuid><minor_number>N/A</minor_number></gpu>
+</nvidia_smi_log>
+"""
+
+
+def test_parse_minor_numbers():
+    assert parse_minor_numbers(XML) == {"GPU-a": 0}
+    with pytest.raises(ValueError):
+        parse_minor_numbers("not xml")
+
+
+def test_query_fills_minor_numbers():
+    outputs = iter([(0, H200_ROW + "\n", ""), (0, "", "")])
+    raw = query(lambda argv: next(outputs), "nvidia-smi", {"GPU-84132344-1ae6-1959-e645-01ebbeb26ecd": 0})
+    assert raw["gpus"][0]["minor_number"] == 0

@@ -141,3 +141,15 @@ def test_build_attributes_processes_and_holders():
         (200, ["/dev/nvidiactl"], True), (300, ["/dev/nvidia1", "/dev/nvidiactl"], False)]
     assert g0["idle"] is False and g1["idle"] is False
     assert any("device file held by pid 300" in r for r in g1["busy_reasons"])
+
+
+def test_build_without_minor_numbers_counts_nvidiaN_for_every_gpu():
+    # nvidia-smi without its XML report cannot tie /dev/nvidia1 to a GPU: never call a GPU idle then
+    raw = {"driver": {}, "gpus": [{"index": i, "minor_number": None, "memory": {"used": 0}, "health": {"status": "ok"},
+                                   "processes": []} for i in range(2)]}
+    procs = {300: {"pid": 300, "name": "python3", "cmdline": "python3", "user": "ml", "uid": 1000, "ppid": 1,
+                   "start_time": 3, "container": None}}
+    snap = build(raw, read_process=procs.get, holders={300: ["/dev/nvidia1"]})
+    assert [[h["pid"] for h in g["holders"]] for g in snap["gpus"]] == [[300], [300]]
+    assert all(h["shared_only"] for g in snap["gpus"] for h in g["holders"])
+    assert not any(g["idle"] for g in snap["gpus"])

@@ -1,0 +1,1116 @@
+"""``nvidia-smi`` for the simulated host.
+
+It reads the host only through the simulated ``libnvidia-ml.so.1`` (loaded by absolute path with
+ctypes, with NVML's real struct layouts), exactly as the real tool reads a real host through the
+real library. It does not use pynvml, so it runs where pynvml is not installed.
+
+Formats follow the R580 driver (580.159.03):
+
+- ``--query-gpu=`` / ``--query-compute-apps=`` with ``--format=csv[,noheader][,nounits]``;
+  fields separated by ", ", units in the header (``memory.used [MiB]``) and in the values
+  (``81920 MiB``); ``[N/A]`` for values the library does not support.
+- ``-L``, ``-i``/``--id`` (index, comma list, UUID, PCI bus id or serial).
+- the default table, including the Processes section.
+- the real tool's messages and exit codes for init failures (9, 12, 18, 4), GPUs that cannot be
+  opened (15 lost, 255 unknown error), and no devices (6).
+
+The pure parts (argument parsing, value formatting, the table) work on plain data so that tests
+can check them without the library: see ``format_value``, ``render_csv``, ``render_table``.
+
+Entry point: ``main(argv, simdir) -> int`` (``argv`` without the program name).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime as _dt
+import os
+import sys
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+# --- NVML constants ---------------------------------------------------------
+
+SUCCESS = 0
+ERROR_UNINITIALIZED = 1
+ERROR_INVALID_ARGUMENT = 2
+ERROR_NOT_SUPPORTED = 3
+ERROR_NO_PERMISSION = 4
+ERROR_NOT_FOUND = 6
+ERROR_INSUFFICIENT_SIZE = 7
+ERROR_DRIVER_NOT_LOADED = 9
+ERROR_LIBRARY_NOT_FOUND = 12
+ERROR_FUNCTION_NOT_FOUND = 13
+ERROR_GPU_IS_LOST = 15
+ERROR_LIB_RM_VERSION_MISMATCH = 18
+ERROR_ARGUMENT_VERSION_MISMATCH = 25
+ERROR_UNKNOWN = 999
+
+VALUE_NOT_AVAILABLE = 2**64 - 1
+NO_INSTANCE_ID = 0xFFFFFFFF
+MIB = 1048576
+NVML_MEMORY_V2 = 0x02000028  # sizeof(nvmlMemory_v2_t) | 2 << 24
+
+# The wording nvidia-smi uses for NVML return codes (the real tool prints its own strings for
+# these; for any other code it asks the library).
+ERROR_TEXT = {
+    ERROR_UNINITIALIZED: "Uninitialized",
+    ERROR_INVALID_ARGUMENT: "Invalid Argument",
+    ERROR_NOT_SUPPORTED: "Not Supported",
+    ERROR_NO_PERMISSION: "Insufficient Permissions",
+    ERROR_NOT_FOUND: "Not Found",
+    ERROR_INSUFFICIENT_SIZE: "Insufficient Size",
+    ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+    ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
+    ERROR_GPU_IS_LOST: "GPU is lost",
+    ERROR_LIB_RM_VERSION_MISMATCH: "Driver/library version mismatch",
+    ERROR_UNKNOWN: "Unknown Error",
+}
+
+# --- messages (verbatim from the real tool) --------------------------------
+
+HELP_HINT = "Please run 'nvidia-smi -h' for help."
+MSG_LIB_NOT_FOUND = (
+    "NVIDIA-SMI couldn't find libnvidia-ml.so library in your system. Please make sure that the "
+    "NVIDIA Display Driver is properly installed and present in your system.\n"
+    "Please also try adding directory that contains libnvidia-ml.so to your system PATH.\n"
+)
+MSG_DRIVER_NOT_LOADED = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that "
+    "the latest NVIDIA driver is installed and running.\n"
+)
+MSG_NO_DEVICES = "No devices were found\n"
+MSG_LOST_SUFFIX = "GPU is lost.  Reboot the system to recover this GPU"
+
+EXIT_OK = 0
+EXIT_BAD_ARGS = 2
+EXIT_NOT_FOUND = 6
+
+USAGE = """\
+NVIDIA System Management Interface -- v{version}
+
+NVSMI provides monitoring information for Tesla and select Quadro devices.
+The data is presented in either a plain text or an XML format, via stdout or a file.
+(This is the gpusim stand-in: only the options below are implemented.)
+
+nvidia-smi [OPTION1 [ARG1]] [OPTION2 [ARG2]] ...
+
+    -h,   --help                Print usage information and exit.
+          --version             Print version information and exit.
+
+  LIST OPTIONS:
+
+    -L,   --list-gpus           Display a list of GPUs connected to the system.
+
+  SUMMARY OPTIONS:
+
+    <no arguments>              Show a summary of GPUs connected to the system.
+    -i,   --id=                 Target a specific GPU.
+
+  SELECTIVE QUERY OPTIONS:
+
+    Allows the caller to pass an explicit list of properties to query.
+
+    [one of]
+
+    --query-gpu                 Information about GPU.
+                                Call --help-query-gpu for more info.
+    --query-compute-apps        List of currently active compute processes.
+                                Call --help-query-compute-apps for more info.
+
+    [mandatory]
+
+    --format=                   Comma separated list of format options:
+                                  csv - comma separated values (MANDATORY)
+                                  noheader - skip the first line with column headers
+                                  nounits - don't print units for numerical values
+"""
+
+
+class Err:
+    """An NVML error in place of a value (``code``: the NVML return code)."""
+
+    __slots__ = ("code", "text")
+
+    def __init__(self, code: int, text: str = ""):
+        self.code = code
+        self.text = text or ERROR_TEXT.get(code, f"Unknown Error ({code})")
+
+    def __eq__(self, other):
+        return isinstance(other, Err) and other.code == self.code
+
+    def __hash__(self):
+        return hash(self.code)
+
+    def __repr__(self):
+        return f"Err({self.code}, {self.text!r})"
+
+
+NA = Err(ERROR_NOT_SUPPORTED)
+
+
+def is_err(v) -> bool:
+    return v is None or isinstance(v, Err)
+
+
+# --- query fields -------------------------------------------------------------
+#
+# Each field: canonical name (what the header shows), unit (None: no unit), and how to get the raw
+# value from a GPU record (a dict built by collect(), or by hand in tests).
+
+COMPUTE_MODE_CSV = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
+COMPUTE_MODE_TABLE = {0: "Default", 1: "E. Thread", 2: "Prohibited", 3: "E. Process"}
+
+
+def _enabled(v) -> str:
+    return "Enabled" if v else "Disabled"
+
+
+def _mem(key: str) -> Callable[[Dict, Dict], object]:
+    return lambda g, snap: (g.get("memory") or {}).get(key, NA)
+
+
+def _key(key: str) -> Callable[[Dict, Dict], object]:
+    return lambda g, snap: g.get(key, NA)
+
+
+def _pci(key: str, fmt: str) -> Callable[[Dict, Dict], object]:
+    def get(g, snap):
+        v = g.get(key, NA)
+        return v if is_err(v) else fmt % v
+    return get
+
+
+def _timestamp(g, snap) -> str:
+    return format_timestamp(snap.get("timestamp") or _dt.datetime.now())
+
+
+def format_timestamp(ts: _dt.datetime) -> str:
+    """``2025/07/05 14:53:15.123`` as the real tool prints ``timestamp``."""
+    return ts.strftime("%Y/%m/%d %H:%M:%S.") + f"{ts.microsecond // 1000:03d}"
+
+
+# kind: how format_value renders the raw value
+#   "str": as is; "mib": bytes -> MiB; "pct": percent; "watt": milliwatts -> W with 2 decimals;
+#   "enabled": Enabled/Disabled; "compute_mode": Default/Exclusive_Process/Prohibited; "pstate"
+GPU_FIELDS: Dict[str, Tuple[Optional[str], str, Callable[[Dict, Dict], object]]] = {
+    "timestamp": (None, "str", _timestamp),
+    "driver_version": (None, "str", lambda g, snap: snap.get("driver_version", NA)),
+    "count": (None, "str", lambda g, snap: snap.get("count", NA)),
+    "name": (None, "str", _key("name")),
+    "serial": (None, "str", _key("serial")),
+    "uuid": (None, "str", _key("uuid")),
+    "pci.bus_id": (None, "str", _key("bus_id")),
+    "pci.domain": (None, "str", _pci("pci_domain", "0x%04X")),
+    "pci.bus": (None, "str", _pci("pci_bus", "0x%02X")),
+    "pci.device": (None, "str", _pci("pci_device", "0x%02X")),
+    "pci.device_id": (None, "str", _pci("pci_device_id", "0x%08X")),
+    "pci.sub_device_id": (None, "str", _pci("pci_subsystem_id", "0x%08X")),
+    "index": (None, "str", _key("index")),
+    "minor_number": (None, "str", _key("minor")),
+    "persistence_mode": (None, "enabled", _key("persistence")),
+    "compute_mode": (None, "compute_mode", _key("compute_mode")),
+    "mig.mode.current": (None, "enabled", _key("mig_current")),
+    "mig.mode.pending": (None, "enabled", _key("mig_pending")),
+    "memory.total": ("MiB", "mib", _mem("total")),
+    "memory.reserved": ("MiB", "mib", _mem("reserved")),
+    "memory.used": ("MiB", "mib", _mem("used")),
+    "memory.free": ("MiB", "mib", _mem("free")),
+    "utilization.gpu": ("%", "pct", _key("util_gpu")),
+    "utilization.memory": ("%", "pct", _key("util_mem")),
+    "temperature.gpu": (None, "str", _key("temperature")),
+    "fan.speed": ("%", "pct", _key("fan")),
+    "pstate": (None, "pstate", _key("pstate")),
+    "power.draw": ("W", "watt", _key("power_mw")),
+    "power.draw.instant": ("W", "watt", _key("power_mw")),
+    "power.limit": ("W", "watt", _key("power_limit_mw")),
+    "enforced.power.limit": ("W", "watt", _key("power_limit_mw")),
+}
+
+GPU_ALIASES = {
+    "gpu_name": "name",
+    "gpu_serial": "serial",
+    "gpu_uuid": "uuid",
+    "gpu_bus_id": "pci.bus_id",
+    "pci.bus_id": "pci.bus_id",
+    "fan": "fan.speed",
+    "power.draw": "power.draw",
+    "persistence.mode": "persistence_mode",
+    "compute.mode": "compute_mode",
+    "performance_state": "pstate",
+    "temperature": "temperature.gpu",
+    "driver.version": "driver_version",
+}
+
+APP_FIELDS: Dict[str, Tuple[Optional[str], str, Callable[[Dict, Dict], object]]] = {
+    "timestamp": (None, "str", lambda p, snap: format_timestamp(snap.get("timestamp") or _dt.datetime.now())),
+    "gpu_name": (None, "str", lambda p, snap: p["gpu"].get("name", NA)),
+    "gpu_bus_id": (None, "str", lambda p, snap: p["gpu"].get("bus_id", NA)),
+    "gpu_serial": (None, "str", lambda p, snap: p["gpu"].get("serial", NA)),
+    "gpu_uuid": (None, "str", lambda p, snap: p["gpu"].get("uuid", NA)),
+    "pid": (None, "str", lambda p, snap: p["pid"]),
+    "process_name": (None, "str", lambda p, snap: p.get("name", NA)),
+    "used_gpu_memory": ("MiB", "mib", lambda p, snap: p.get("used_bytes", NA)),
+}
+
+APP_ALIASES = {"name": "process_name", "used_memory": "used_gpu_memory"}
+
+
+def resolve_fields(spec: str, kind: str) -> Tuple[List[str], Optional[str]]:
+    """``"index,gpu_name"`` -> (["index", "name"], None), or ([], bad_field)."""
+    table, aliases = (GPU_FIELDS, GPU_ALIASES) if kind == "gpu" else (APP_FIELDS, APP_ALIASES)
+    out = []
+    for raw in spec.split(","):
+        name = raw.strip()
+        canon = aliases.get(name.lower(), name.lower())
+        if canon not in table:
+            return [], name
+        out.append(canon)
+    return out, None
+
+
+def error_value(err: Err) -> str:
+    """How a CSV field shows an NVML error: ``[N/A]``, ``[Unknown Error]``, ..."""
+    if err is None or err.code == ERROR_NOT_SUPPORTED:
+        return "[N/A]"
+    return f"[{err.text}]"
+
+
+def format_value(kind: str, raw, unit: Optional[str], units: bool = True) -> str:
+    """One CSV value. ``kind``: see GPU_FIELDS; ``unit``: the field's unit; ``units``: False for nounits."""
+    if is_err(raw):
+        return error_value(raw)
+    if kind == "mib":
+        if raw == VALUE_NOT_AVAILABLE:
+            return "[N/A]"
+        text = str(int(raw) // MIB)
+    elif kind == "pct":
+        text = str(int(raw))
+    elif kind == "watt":
+        text = f"{int(raw) / 1000.0:.2f}"
+    elif kind == "enabled":
+        return _enabled(raw)
+    elif kind == "compute_mode":
+        return COMPUTE_MODE_CSV.get(int(raw), "Unknown")
+    elif kind == "pstate":
+        return "P%d" % int(raw) if 0 <= int(raw) <= 15 else "Unknown"
+    else:
+        return str(raw)
+    if units and unit:
+        return f"{text} {unit}"
+    return text
+
+
+def field_header(name: str, unit: Optional[str], units: bool = True) -> str:
+    # The real tool keeps the unit in the header even with nounits.
+    return f"{name} [{unit}]" if unit else name
+
+
+def render_csv(fields: Sequence[str], records: Sequence[Dict], snap: Dict, kind: str,
+               header: bool = True, units: bool = True) -> str:
+    """The CSV body (one record per GPU for kind "gpu", per process for kind "app")."""
+    table = GPU_FIELDS if kind == "gpu" else APP_FIELDS
+    lines = []
+    if header:
+        lines.append(", ".join(field_header(f, table[f][0], units) for f in fields))
+    for rec in records:
+        vals = []
+        for f in fields:
+            unit, fkind, get = table[f]
+            vals.append(format_value(fkind, get(rec, snap), unit, units))
+        lines.append(", ".join(vals))
+    return "".join(line + "\n" for line in lines)
+
+
+# --- the default table -----------------------------------------------------------
+
+WIDTH = 91  # every line of the R5xx table is 91 characters
+
+
+def cuda_version_text(v) -> str:
+    if is_err(v):
+        return "N/A"
+    return f"{int(v) // 1000}.{(int(v) % 1000) // 10}"
+
+
+def _table_name(name: str) -> str:
+    return name if len(name) <= 27 else name[:24] + "..."
+
+
+def _table_proc_name(name: str) -> str:
+    return name if len(name) <= 32 else "..." + name[-29:]
+
+
+def _cell(v, fmt: Callable[[object], str], na: str = "N/A") -> str:
+    if isinstance(v, Err) and v.code not in (ERROR_NOT_SUPPORTED,):
+        return "ERR!"
+    if is_err(v):
+        return na
+    return fmt(v)
+
+
+def _mib(v) -> int:
+    return int(v) // MIB
+
+
+def gpu_rows(g: Dict) -> List[str]:
+    """The three lines of one GPU in the table (without the separator)."""
+    pm = _cell(g.get("persistence", NA), lambda v: "On" if v else "Off")
+    name = _table_name(g.get("name") if not is_err(g.get("name")) else "N/A")
+    disp = _cell(g.get("display_active", 0), lambda v: "On" if v else "Off")
+    ecc = _cell(g.get("ecc_uncorrected", 0), str)
+    bus = _cell(g.get("bus_id", NA), str)
+    line1 = f"|{g['index']:>4}  {name:<27}    {pm:<3} |   {bus:<16} {disp:>3} |{ecc:>21} |"
+
+    fan = _cell(g.get("fan", NA), lambda v: f"{int(v)}%")
+    temp = _cell(g.get("temperature", NA), lambda v: f"{int(v)}C")
+    perf = _cell(g.get("pstate", 0), lambda v: f"P{int(v)}")
+    draw = _cell(g.get("power_mw", NA), lambda v: f"{int(round(int(v) / 1000.0))}W")
+    cap = _cell(g.get("power_limit_mw", NA), lambda v: f"{int(round(int(v) / 1000.0))}W")
+    power = f"{draw} / {cap:>5}"
+    mem = g.get("memory") or {}
+    used = _cell(mem.get("used", NA), lambda v: f"{_mib(v)}MiB")
+    total = _cell(mem.get("total", NA), lambda v: f"{_mib(v)}MiB")
+    util = _cell(g.get("util_gpu", NA), lambda v: f"{int(v)}%")
+    cmode = _cell(g.get("compute_mode", NA), lambda v: COMPUTE_MODE_TABLE.get(int(v), "Unknown"))
+    line2 = f"|{fan:>4}  {temp:>4}    {perf:>2}{power:>24} |{used:>11} / {total:>9} |{util:>8}{cmode:>13} |"
+
+    mig = _cell(g.get("mig_current", NA), _enabled)
+    line3 = f"|{'':41}|{'':24}|{mig:>21} |"
+    return [line1, line2, line3]
+
+
+SEP_FULL = "+" + "-" * 89 + "+"
+SEP_GPU = "+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+"
+HDR_GPU = [
+    "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
+    "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
+    "|                                         |                        |               MIG M. |",
+    "|" + "=" * 41 + "+" + "=" * 24 + "+" + "=" * 22 + "|",
+]
+HDR_PROC = [
+    "| Processes:" + " " * 78 + "|",
+    "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |",
+    "|        ID   ID                                                               Usage      |",
+    "|" + "=" * 89 + "|",
+]
+
+
+def proc_row(p: Dict) -> str:
+    gi = "N/A" if p.get("gi") in (None, NO_INSTANCE_ID) else str(p["gi"])
+    ci = "N/A" if p.get("ci") in (None, NO_INSTANCE_ID) else str(p["ci"])
+    used = p.get("used_bytes")
+    name = _table_proc_name(str(p.get("name", "")))
+    gpu = p["gpu"]["index"] if isinstance(p["gpu"], dict) else p["gpu"]
+    head = f"|{gpu:>5}   {gi:>3}  {ci:>3}{p['pid']:>16}{p['types']:>7}   {name:<32}"
+    if is_err(used) or used == VALUE_NOT_AVAILABLE:
+        return head + "      N/A      |"
+    return head + f"{str(_mib(used)) + 'MiB':>14} |"
+
+
+def render_table(snap: Dict) -> str:
+    """The default ``nvidia-smi`` output for the GPUs in ``snap["gpus"]``.
+
+    ``snap``: timestamp (datetime), driver_version, cuda_version (int, e.g. 13000), gpus (dicts,
+    see gpu_rows), processes (dicts: gpu, pid, types, name, used_bytes, gi, ci; rows whose name is
+    an Err are not shown), procs_reported (bool: NVML reported at least one process).
+    """
+    ts = snap.get("timestamp") or _dt.datetime.now()
+    drv = snap.get("driver_version", "N/A")
+    out = [ts.strftime("%a %b ") + f"{ts.day:>2}" + ts.strftime(" %H:%M:%S %Y") + "       "]
+    out.append(SEP_FULL)
+    cuda = cuda_version_text(snap.get("cuda_version"))
+    out.append(f"| NVIDIA-SMI {drv:<22} Driver Version: {drv:<14} CUDA Version: {cuda:<9}|")
+    out.append(SEP_GPU)
+    out.extend(HDR_GPU)
+    for g in snap.get("gpus", []):
+        out.extend(gpu_rows(g))
+        out.append(SEP_GPU)
+    out.append("")
+    out.append(SEP_FULL)
+    out.extend(HDR_PROC)
+    rows = [proc_row(p) for p in snap.get("processes", []) if not is_err(p.get("name"))]
+    out.extend(rows)
+    if not rows and not snap.get("procs_reported") and not _memory_in_use(snap.get("gpus", [])):
+        out.append("|  No running processes found" + " " * 61 + "|")
+    out.append(SEP_FULL)
+    return "".join(line + "\n" for line in out)
+
+
+def _memory_in_use(gpus: Sequence[Dict]) -> bool:
+    """Memory used with no process reported: the real tool then prints no "No running processes"
+    line (what users see inside containers)."""
+    for g in gpus:
+        used = (g.get("memory") or {}).get("used")
+        if not is_err(used) and _mib(used) > 0:
+            return True
+    return False
+
+
+def render_list(gpus: Sequence[Dict]) -> str:
+    return "".join(f"GPU {g['index']}: {g.get('name')} (UUID: {g.get('uuid')})\n" for g in gpus)
+
+
+# --- argument parsing ----------------------------------------------------------------
+
+
+class UsageError(Exception):
+    """Bad command line: message for stdout, exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_BAD_ARGS):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+class Args:
+    def __init__(self):
+        self.help = False
+        self.version = False
+        self.list = False
+        self.ids: Optional[List[str]] = None
+        self.query_gpu: Optional[str] = None
+        self.query_apps: Optional[str] = None
+        self.format: Optional[str] = None
+        self.help_query: Optional[str] = None
+
+
+_VALUE_OPTS = {
+    "-i": "ids", "--id": "ids",
+    "--query-gpu": "query_gpu", "--query-compute-apps": "query_apps",
+    "--format": "format",
+}
+_FLAG_OPTS = {
+    "-h": "help", "--help": "help", "--version": "version",
+    "-L": "list", "--list-gpus": "list",
+}
+
+
+def parse_args(argv: Sequence[str]) -> Args:
+    """Parse as the real tool does (``--opt=value``, ``--opt value``, ``-i0``, ``-i 0``)."""
+    a = Args()
+    i = 0
+    argv = list(argv)
+    while i < len(argv):
+        tok = argv[i]
+        i += 1
+        if tok in ("--help-query-gpu", "--help-query-compute-apps"):
+            a.help_query = "gpu" if tok.endswith("gpu") else "app"
+            continue
+        if tok in _FLAG_OPTS:
+            setattr(a, _FLAG_OPTS[tok], True)
+            continue
+        name, value = tok, None
+        if tok.startswith("--") and "=" in tok:
+            name, value = tok.split("=", 1)
+        elif tok.startswith("-i") and not tok.startswith("--") and len(tok) > 2:
+            name, value = "-i", tok[2:].lstrip("=")
+        if name not in _VALUE_OPTS:
+            raise UsageError(f"ERROR: Option {tok} is not recognized. {HELP_HINT}\n")
+        if value is None:
+            if i >= len(argv):
+                raise UsageError(f"ERROR: Option {name} is missing its value. {HELP_HINT}\n")
+            value = argv[i]
+            i += 1
+        dest = _VALUE_OPTS[name]
+        if dest == "ids":
+            a.ids = [s.strip() for s in value.split(",") if s.strip()]
+            if not a.ids:
+                raise UsageError(f"ERROR: Option {name} is missing its value. {HELP_HINT}\n")
+        else:
+            setattr(a, dest, value)
+    if a.help or a.version or a.help_query:
+        return a
+    if a.query_gpu is not None and a.query_apps is not None:
+        raise UsageError("Only one --query-* switch can be used at a time.\n")
+    query = a.query_gpu is not None or a.query_apps is not None
+    if query and a.format is None:
+        raise UsageError(f'"--format=" switch is missing. {HELP_HINT}\n')
+    if (a.format is not None and not query) or (a.list and query):
+        raise UsageError(f"Invalid combination of input arguments. {HELP_HINT}\n")
+    return a
+
+
+def parse_format(spec: str) -> Tuple[bool, bool]:
+    """``csv,noheader,nounits`` -> (header, units)."""
+    opts = [s.strip() for s in spec.split(",") if s.strip()]
+    if "csv" not in opts:
+        raise UsageError(f'"--format=" switch is missing the mandatory "csv" option. {HELP_HINT}\n')
+    bad = [o for o in opts if o not in ("csv", "noheader", "nounits")]
+    if bad:
+        raise UsageError(f'"--format=" switch has an invalid option "{bad[0]}". {HELP_HINT}\n')
+    return "noheader" not in opts, "nounits" not in opts
+
+
+def _norm_bus(text: str) -> Optional[Tuple[int, int, int]]:
+    """``00000000:18:00.0`` / ``0000:18:00.0`` / ``18:00.0`` -> (domain, bus, device)."""
+    parts = text.strip().split(":")
+    try:
+        if len(parts) == 3:
+            dom, bus, rest = int(parts[0], 16), int(parts[1], 16), parts[2]
+        elif len(parts) == 2:
+            dom, bus, rest = 0, int(parts[0], 16), parts[1]
+        else:
+            return None
+        dev = int(rest.split(".")[0], 16)
+    except ValueError:
+        return None
+    return dom, bus, dev
+
+
+def _is_index(tok: str) -> bool:
+    """A GPU index (a serial number is digits too, but 13 of them)."""
+    return tok.isdigit() and len(tok) < 6
+
+
+def match_ids(ids: Sequence[str], idents: Sequence[Dict]) -> Optional[List[int]]:
+    """Indexes selected by ``-i`` tokens (index, UUID, PCI bus id, serial), in index order;
+    None when a token matches nothing. ``idents``: per GPU index, dict with uuid, bus_id, serial."""
+    chosen = set()
+    for tok in ids:
+        found = None
+        if _is_index(tok):
+            found = int(tok) if int(tok) < len(idents) else None
+        elif tok.upper().startswith(("GPU-", "MIG-")):
+            for i, d in enumerate(idents):
+                if isinstance(d.get("uuid"), str) and d["uuid"].lower() == tok.lower():
+                    found = i
+        elif ":" in tok:
+            want = _norm_bus(tok)
+            for i, d in enumerate(idents):
+                if want is not None and isinstance(d.get("bus_id"), str) and _norm_bus(d["bus_id"]) == want:
+                    found = i
+        else:
+            for i, d in enumerate(idents):
+                if isinstance(d.get("serial"), str) and d["serial"] == tok:
+                    found = i
+        if found is None:
+            return None
+        chosen.add(found)
+    return sorted(chosen)
+
+
+# --- the library --------------------------------------------------------------------
+
+
+class c_nvmlMemory_t(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+class c_nvmlMemory_v2_t(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("total", ctypes.c_ulonglong),
+        ("reserved", ctypes.c_ulonglong),
+        ("free", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+    ]
+
+
+class c_nvmlProcessInfo_v1_t(ctypes.Structure):
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+class c_nvmlProcessInfo_t(ctypes.Structure):  # _v2 and _v3 take this one
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
+
+
+class nvmlPciInfo_t(ctypes.Structure):
+    _fields_ = [
+        ("busIdLegacy", ctypes.c_char * 16),
+        ("domain", ctypes.c_uint),
+        ("bus", ctypes.c_uint),
+        ("device", ctypes.c_uint),
+        ("pciDeviceId", ctypes.c_uint),
+        ("pciSubSystemId", ctypes.c_uint),
+        ("busId", ctypes.c_char * 32),
+    ]
+
+
+class c_nvmlUtilization_t(ctypes.Structure):
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+assert ctypes.sizeof(c_nvmlMemory_t) == 24 and ctypes.sizeof(c_nvmlMemory_v2_t) == 40
+assert ctypes.sizeof(c_nvmlProcessInfo_t) == 24 and ctypes.sizeof(nvmlPciInfo_t) == 68
+
+
+class Missing(Exception):
+    """The library does not export a symbol."""
+
+
+class Nvml:
+    """A thin ctypes view of the NVML C API (return codes, no exceptions)."""
+
+    def __init__(self, path: str):
+        self.lib = ctypes.CDLL(path)
+        self._fn: Dict[str, object] = {}
+        try:
+            es = self.lib.nvmlErrorString
+            es.restype = ctypes.c_char_p
+            es.argtypes = [ctypes.c_int]
+            self._errstr = es
+        except AttributeError:
+            self._errstr = None
+
+    def has(self, name: str) -> bool:
+        try:
+            self.fn(name)
+            return True
+        except Missing:
+            return False
+
+    def fn(self, name: str):
+        f = self._fn.get(name)
+        if f is None:
+            try:
+                f = getattr(self.lib, name)
+            except AttributeError:
+                raise Missing(name) from None
+            self._fn[name] = f
+        return f
+
+    def call(self, name: str, *args) -> int:
+        try:
+            return int(self.fn(name)(*args))
+        except Missing:
+            return ERROR_FUNCTION_NOT_FOUND
+
+    def error_string(self, code: int) -> str:
+        if code in ERROR_TEXT:
+            return ERROR_TEXT[code]
+        if self._errstr is not None:
+            s = self._errstr(code)
+            if s:
+                return s.decode("utf-8", "replace")
+        return f"Unknown Error ({code})"
+
+    def err(self, code: int) -> Err:
+        return Err(code, self.error_string(code))
+
+    # -- helpers returning a value or an Err
+    def string(self, name: str, *args, size: int = 96):
+        buf = ctypes.create_string_buffer(size)
+        ret = self.call(name, *args, buf, ctypes.c_uint(size))
+        if ret != SUCCESS:
+            return self.err(ret)
+        return buf.value.decode("utf-8", "replace")
+
+    def uint(self, name: str, *args):
+        v = ctypes.c_uint(0)
+        ret = self.call(name, *args, ctypes.byref(v))
+        return v.value if ret == SUCCESS else self.err(ret)
+
+    def uint2(self, name: str, *args):
+        a, b = ctypes.c_uint(0), ctypes.c_uint(0)
+        ret = self.call(name, *args, ctypes.byref(a), ctypes.byref(b))
+        return (a.value, b.value) if ret == SUCCESS else self.err(ret)
+
+    def processes(self, h, kind: str):
+        """Running processes of a kind ("Compute", "Graphics", "MPSCompute"): a list of
+        (pid, used_bytes, gi, ci), or an Err. _v3, then _v2, then the v1 symbol."""
+        base = f"nvmlDeviceGet{kind}RunningProcesses"
+        for sym, struct in ((base + "_v3", c_nvmlProcessInfo_t), (base + "_v2", c_nvmlProcessInfo_t),
+                            (base, c_nvmlProcessInfo_v1_t)):
+            if not self.has(sym):
+                continue
+            return self._two_call(sym, h, struct)
+        return Err(ERROR_FUNCTION_NOT_FOUND)
+
+    def _two_call(self, sym: str, h, struct):
+        count = ctypes.c_uint(0)
+        ret = self.call(sym, h, ctypes.byref(count), None)
+        if ret == SUCCESS:
+            return []
+        for _attempt in range(5):  # processes may appear between the calls
+            if ret != ERROR_INSUFFICIENT_SIZE:
+                return self.err(ret)
+            n = count.value * 2 + 5
+            arr = (struct * n)()
+            count = ctypes.c_uint(n)
+            ret = self.call(sym, h, ctypes.byref(count), arr)
+            if ret == SUCCESS:
+                out = []
+                for k in range(min(count.value, n)):
+                    e = arr[k]
+                    gi = getattr(e, "gpuInstanceId", NO_INSTANCE_ID)
+                    ci = getattr(e, "computeInstanceId", NO_INSTANCE_ID)
+                    out.append((int(e.pid), int(e.usedGpuMemory), gi, ci))
+                return out
+        return self.err(ret)
+
+
+class DeviceFailure(Exception):
+    """A GPU the tool cannot open ("Unable to determine the device handle ...")."""
+
+    def __init__(self, index: int, legacy_bus: Optional[str], code: int, text: str):
+        super().__init__(text)
+        self.index, self.legacy_bus, self.code, self.text = index, legacy_bus, code, text
+
+    def message(self) -> str:
+        where = f"GPU{self.index}: {self.legacy_bus}" if self.legacy_bus else f"GPU{self.index}"
+        what = MSG_LOST_SUFFIX if self.code == ERROR_GPU_IS_LOST else self.text
+        return f"Unable to determine the device handle for {where}: {what}\n"
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code_for(self.code)
+
+
+def exit_code_for(code: int) -> int:
+    return code if 0 < code < 256 and code != ERROR_UNKNOWN else 255
+
+
+FATAL = (ERROR_GPU_IS_LOST,)
+
+
+def identify(nv: Nvml, index: int) -> Dict:
+    """Handle and the identity of a GPU (these queries work on a lost GPU too)."""
+    h = ctypes.c_void_p()
+    ret = nv.call("nvmlDeviceGetHandleByIndex_v2", ctypes.c_uint(index), ctypes.byref(h))
+    if ret == ERROR_FUNCTION_NOT_FOUND:
+        ret = nv.call("nvmlDeviceGetHandleByIndex", ctypes.c_uint(index), ctypes.byref(h))
+    g: Dict = {"index": index}
+    if ret != SUCCESS:
+        g["handle_error"] = nv.err(ret)
+        return g
+    g["handle"] = h
+    pci = nvmlPciInfo_t()
+    ret = nv.call("nvmlDeviceGetPciInfo_v3", h, ctypes.byref(pci))
+    if ret == ERROR_FUNCTION_NOT_FOUND:
+        ret = nv.call("nvmlDeviceGetPciInfo", h, ctypes.byref(pci))
+    if ret == SUCCESS:
+        g["bus_id"] = pci.busId.decode("ascii", "replace")
+        g["bus_id_legacy"] = pci.busIdLegacy.decode("ascii", "replace")
+        g["pci_domain"], g["pci_bus"], g["pci_device"] = pci.domain, pci.bus, pci.device
+        g["pci_device_id"], g["pci_subsystem_id"] = pci.pciDeviceId, pci.pciSubSystemId
+    else:
+        g["bus_id"] = nv.err(ret)
+    g["name"] = nv.string("nvmlDeviceGetName", h, size=96)
+    g["uuid"] = nv.string("nvmlDeviceGetUUID", h, size=96)
+    g["serial"] = nv.string("nvmlDeviceGetSerial", h, size=30)
+    g["minor"] = nv.uint("nvmlDeviceGetMinorNumber", h)
+    return g
+
+
+def _legacy_bus(g: Dict) -> Optional[str]:
+    if isinstance(g.get("bus_id_legacy"), str) and g["bus_id_legacy"]:
+        return g["bus_id_legacy"]
+    if isinstance(g.get("bus_id"), str):
+        return g["bus_id"][4:]
+    return None
+
+
+def _check(g: Dict, v):
+    """A query result: GPU_IS_LOST fails the whole GPU, as the real tool does."""
+    if isinstance(v, Err) and v.code in FATAL:
+        raise DeviceFailure(g["index"], _legacy_bus(g), v.code, v.text)
+    return v
+
+
+def read_gpu(nv: Nvml, g: Dict, need_table: bool) -> Dict:
+    """Fill the dynamic values of an identified GPU; raises DeviceFailure if it cannot be used."""
+    if "handle_error" in g:
+        e = g["handle_error"]
+        raise DeviceFailure(g["index"], None, e.code, e.text)
+    for key in ("name", "uuid", "bus_id"):
+        v = g.get(key)
+        if isinstance(v, Err) and v.code != ERROR_NOT_SUPPORTED:
+            raise DeviceFailure(g["index"], _legacy_bus(g), v.code, v.text)
+    h = g["handle"]
+    # The first dynamic query stands for opening the device: on a real host a lost GPU (or one
+    # that answers UNKNOWN) fails already in nvmlDeviceGetHandleByIndex.
+    mem2 = c_nvmlMemory_v2_t(version=NVML_MEMORY_V2)
+    ret = nv.call("nvmlDeviceGetMemoryInfo_v2", h, ctypes.byref(mem2))
+    if ret in (ERROR_FUNCTION_NOT_FOUND, ERROR_ARGUMENT_VERSION_MISMATCH):
+        mem1 = c_nvmlMemory_t()
+        ret = nv.call("nvmlDeviceGetMemoryInfo", h, ctypes.byref(mem1))
+        if ret == SUCCESS:
+            g["memory"] = {"total": mem1.total, "used": mem1.used, "free": mem1.free, "reserved": NA}
+    elif ret == SUCCESS:
+        g["memory"] = {"total": mem2.total, "used": mem2.used, "free": mem2.free, "reserved": mem2.reserved}
+    if ret != SUCCESS:
+        if ret in (ERROR_GPU_IS_LOST, ERROR_UNKNOWN):
+            raise DeviceFailure(g["index"], _legacy_bus(g), ret, nv.error_string(ret))
+        e = nv.err(ret)
+        g["memory"] = {"total": e, "used": e, "free": e, "reserved": e}
+
+    util = c_nvmlUtilization_t()
+    ret = nv.call("nvmlDeviceGetUtilizationRates", h, ctypes.byref(util))
+    if ret == SUCCESS:
+        g["util_gpu"], g["util_mem"] = util.gpu, util.memory
+    else:
+        g["util_gpu"] = g["util_mem"] = _check(g, nv.err(ret))
+    g["temperature"] = _check(g, nv.uint("nvmlDeviceGetTemperature", h, ctypes.c_uint(0)))
+    g["power_mw"] = _check(g, nv.uint("nvmlDeviceGetPowerUsage", h))
+    g["power_limit_mw"] = _check(g, nv.uint("nvmlDeviceGetEnforcedPowerLimit", h))
+    g["persistence"] = _check(g, nv.uint("nvmlDeviceGetPersistenceMode", h))
+    g["compute_mode"] = _check(g, nv.uint("nvmlDeviceGetComputeMode", h))
+    mig = _check(g, nv.uint2("nvmlDeviceGetMigMode", h))
+    g["mig_current"], g["mig_pending"] = (mig if isinstance(mig, tuple) else (mig, mig))
+    fan = nv.uint("nvmlDeviceGetFanSpeed", h)
+    g["fan"] = NA if isinstance(fan, Err) and fan.code == ERROR_FUNCTION_NOT_FOUND else _check(g, fan)
+    ps = nv.uint("nvmlDeviceGetPerformanceState", h)
+    g["pstate"] = 0 if isinstance(ps, Err) and ps.code == ERROR_FUNCTION_NOT_FOUND else _check(g, ps)
+    if need_table:
+        g["ecc_uncorrected"] = _ecc(nv, g, h)
+        da = nv.uint("nvmlDeviceGetDisplayActive", h)
+        g["display_active"] = 0 if isinstance(da, Err) and da.code == ERROR_FUNCTION_NOT_FOUND else _check(g, da)
+    return g
+
+
+def _ecc(nv: Nvml, g: Dict, h):
+    """Volatile uncorrected ECC errors; a library without the ECC calls reads as 0 (an H200)."""
+    if not nv.has("nvmlDeviceGetTotalEccErrors"):
+        return 0
+    mode = nv.uint2("nvmlDeviceGetEccMode", h) if nv.has("nvmlDeviceGetEccMode") else (1, 1)
+    if isinstance(mode, Err):
+        return _check(g, mode)
+    if not mode[0]:
+        return "Off"
+    v = ctypes.c_ulonglong(0)
+    ret = nv.call("nvmlDeviceGetTotalEccErrors", h, ctypes.c_uint(1), ctypes.c_uint(0), ctypes.byref(v))
+    return v.value if ret == SUCCESS else _check(g, nv.err(ret))
+
+
+def read_processes(nv: Nvml, g: Dict, kinds: Sequence[Tuple[str, str]]) -> Tuple[List[Dict], bool]:
+    """Processes on a GPU, merged by pid ("C", "G", "C+G", "M+C"). Returns (rows, reported_any)."""
+    h = g["handle"]
+    merged: Dict[int, Dict] = {}
+    order: List[int] = []
+    for kind, letter in kinds:
+        res = _check(g, nv.processes(h, kind))
+        if isinstance(res, Err):
+            continue
+        for pid, used, gi, ci in res:
+            if pid not in merged:
+                merged[pid] = {"gpu": g, "pid": pid, "types": letter, "used_bytes": used, "gi": gi, "ci": ci}
+                order.append(pid)
+            elif letter not in merged[pid]["types"].split("+"):
+                have = merged[pid]["types"].split("+") + [letter]
+                merged[pid]["types"] = "+".join(t for t in "MCG" if t in have)  # C+G, M+C
+    rows = []
+    for pid in order:
+        p = merged[pid]
+        if p["used_bytes"] == VALUE_NOT_AVAILABLE:
+            p["used_bytes"] = NA
+        p["name"] = nv.string("nvmlSystemGetProcessName", ctypes.c_uint(pid), size=1024)
+        rows.append(p)
+    return rows, bool(order)
+
+
+# --- main ------------------------------------------------------------------------------
+
+
+def library_path(simdir: str) -> str:
+    return os.path.join(os.path.abspath(simdir), "lib", "libnvidia-ml.so.1")
+
+
+def init_failure(ret: int, library_version: str = "N/A", text: str = "") -> Tuple[str, int]:
+    """The message (stdout) and exit code of a failed nvmlInit."""
+    if ret == ERROR_DRIVER_NOT_LOADED:
+        return MSG_DRIVER_NOT_LOADED + "\n", 9
+    if ret == ERROR_LIB_RM_VERSION_MISMATCH:
+        return ("Failed to initialize NVML: Driver/library version mismatch\n"
+                f"NVML library version: {library_version}\n"), 18
+    text = text or ERROR_TEXT.get(ret, "Unknown Error")
+    return f"Failed to initialize NVML: {text}\n", exit_code_for(ret)
+
+
+def short_nvml_version(v: str) -> str:
+    """``580.159`` from an NVML version (``13.580.159.03``; older libraries: ``12.535.161.07``)."""
+    parts = v.split(".")
+    return f"{parts[1]}.{parts[2]}" if len(parts) >= 3 else v
+
+
+def _library_version(nv: Nvml, simdir: str) -> str:
+    """The library's own version. A real nvidia-smi knows it without nvmlInit; here the simulated
+    library has it in its scenario (``nvml_version``), readable only after init, so when init
+    fails it is read from the same scenario file the library reads."""
+    v = nv.string("nvmlSystemGetNVMLVersion", size=80)
+    if isinstance(v, str) and v:
+        return short_nvml_version(v)
+    try:
+        with open(os.path.join(simdir, "scenario"), encoding="utf-8") as f:
+            for line in f:
+                key, _sep, val = line.strip().partition(" ")
+                if key == "nvml_version" and val.strip():
+                    return short_nvml_version(val.strip())
+    except OSError:
+        pass
+    return "N/A"
+
+
+class Io:
+    def __init__(self, out=None, err=None):
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+
+    def o(self, s: str):
+        self.out.write(s)
+
+    def e(self, s: str):
+        self.err.write(s)
+
+
+def help_query_text(kind: str) -> str:
+    table, aliases = (GPU_FIELDS, GPU_ALIASES) if kind == "gpu" else (APP_FIELDS, APP_ALIASES)
+    lines = ["List of valid properties to query for the switch \"--query-%s\":" %
+             ("gpu" if kind == "gpu" else "compute-apps"), ""]
+    for name in table:
+        alias = [a for a, c in aliases.items() if c == name and a != name]
+        label = " or ".join(f'"{n}"' for n in [name] + alias)
+        lines.append(label)
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str], simdir: str, out=None, err=None) -> int:
+    """Run ``nvidia-smi argv`` against the simulated host in ``simdir``; returns the exit code."""
+    io = Io(out, err)
+    try:
+        code = _main(argv, simdir, io)
+        io.out.flush()
+        return code
+    except BrokenPipeError:
+        # `nvidia-smi | head -1`: the reader went away; say nothing more (as a tool killed by
+        # SIGPIPE would) and keep the interpreter's final flush from failing too.
+        if io.out is sys.stdout:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        return 141
+
+
+def _main(argv: Sequence[str], simdir: str, io: Io) -> int:
+    try:
+        args = parse_args(argv)
+        header = units = True
+        fields: List[str] = []
+        if args.query_gpu is not None or args.query_apps is not None:
+            header, units = parse_format(args.format or "")
+            kind = "gpu" if args.query_gpu is not None else "app"
+            fields, bad = resolve_fields(args.query_gpu if kind == "gpu" else args.query_apps, kind)
+            if bad is not None:
+                raise UsageError(f'Field "{bad}" is not a valid field to query.\n\n')
+    except UsageError as e:
+        io.o(e.message)
+        return e.code
+    if args.help:
+        io.o(USAGE.format(version="580.159.03"))
+        return EXIT_OK
+    if args.help_query:
+        io.o(help_query_text(args.help_query))
+        return EXIT_OK
+
+    path = library_path(simdir)
+    if not os.path.isfile(path):
+        io.o(MSG_LIB_NOT_FOUND + "\n")
+        return ERROR_LIBRARY_NOT_FOUND
+    try:
+        nv = Nvml(path)
+    except OSError:
+        io.o(MSG_LIB_NOT_FOUND + "\n")
+        return ERROR_LIBRARY_NOT_FOUND
+    ret = nv.call("nvmlInitWithFlags", ctypes.c_uint(0))
+    if ret == ERROR_FUNCTION_NOT_FOUND:
+        ret = nv.call("nvmlInit_v2")
+    if ret != SUCCESS:
+        libver = _library_version(nv, simdir) if ret == ERROR_LIB_RM_VERSION_MISMATCH else "N/A"
+        text, code = init_failure(ret, libver, nv.error_string(ret))
+        io.o(text)
+        return code
+    try:
+        return _run(nv, args, fields, header, units, io)
+    finally:
+        nv.call("nvmlShutdown")
+
+
+def _run(nv: Nvml, args: Args, fields: List[str], header: bool, units: bool, io: Io) -> int:
+    now = _dt.datetime.now()
+    drv = nv.string("nvmlSystemGetDriverVersion", size=80)
+    if args.version:
+        cuda = nv.uint("nvmlSystemGetCudaDriverVersion")
+        io.o(f"NVIDIA-SMI version  : {drv}\nNVML version        : {_library_version(nv, '')}\n"
+             f"DRIVER version      : {drv}\nCUDA Version        : {cuda_version_text(cuda)}\n")
+        return EXIT_OK
+    count = nv.uint("nvmlDeviceGetCount_v2")
+    if isinstance(count, Err) and count.code == ERROR_FUNCTION_NOT_FOUND:
+        count = nv.uint("nvmlDeviceGetCount")
+    if isinstance(count, Err):
+        io.o(f"Unable to determine the number of GPUs: {count.text}\n")
+        return exit_code_for(count.code)
+    if count == 0:
+        io.o(MSG_NO_DEVICES)
+        return EXIT_NOT_FOUND
+
+    idents: Dict[int, Dict] = {}
+    if args.ids and not all(_is_index(t) for t in args.ids):
+        # UUID, PCI bus id or serial: look at every GPU's identity
+        idents = {i: identify(nv, i) for i in range(count)}
+        sel = match_ids(args.ids, [idents[i] for i in range(count)])
+    elif args.ids:
+        sel = sorted({int(t) for t in args.ids})
+        if any(i >= count for i in sel):
+            sel = None
+    else:
+        sel = list(range(count))
+    if sel is None:
+        io.o(MSG_NO_DEVICES)
+        return EXIT_NOT_FOUND
+
+    mode = "list" if args.list else ("gpu" if args.query_gpu is not None else
+                                     "app" if args.query_apps is not None else "table")
+    gpus: List[Dict] = []
+    procs: List[Dict] = []
+    reported = False
+    failures: List[DeviceFailure] = []
+    for i in sel:
+        g = idents.get(i) or identify(nv, i)
+        try:
+            read_gpu(nv, g, need_table=(mode == "table"))
+            if mode == "table":
+                rows, rep = read_processes(nv, g, [("Compute", "C"), ("Graphics", "G"), ("MPSCompute", "M")])
+            elif mode == "app":
+                rows, rep = read_processes(nv, g, [("Compute", "C")])
+            else:
+                rows, rep = [], False
+        except DeviceFailure as f:
+            failures.append(f)
+            continue
+        gpus.append(g)
+        procs.extend(rows)
+        reported = reported or rep
+
+    for f in failures:
+        io.e(f.message())
+    snap = {"timestamp": now, "driver_version": drv, "count": count, "gpus": gpus,
+            "processes": procs, "procs_reported": reported}
+    if mode == "list":
+        io.o(render_list(gpus))
+    elif mode == "gpu":
+        io.o(render_csv(fields, gpus, snap, "gpu", header, units))
+    elif mode == "app":
+        io.o(render_csv(fields, procs, snap, "app", header, units))
+    else:
+        if gpus:
+            snap["cuda_version"] = nv.uint("nvmlSystemGetCudaDriverVersion")
+            io.o(render_table(snap))
+        else:
+            io.o(MSG_NO_DEVICES)
+    if failures:
+        codes = [f.code for f in failures]
+        return exit_code_for(ERROR_GPU_IS_LOST if ERROR_GPU_IS_LOST in codes else codes[0])
+    return EXIT_OK
+
+
+def _cli() -> int:  # pragma: no cover - `GPUSIM_DIR=DIR python -m gpusimkit.smi ...`
+    # Without a scenario directory there is no library: the tool says so (exit 12).
+    return main(sys.argv[1:], os.environ.get("GPUSIM_DIR") or os.path.join(os.sep, "nonexistent"))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(_cli())

@@ -1,0 +1,286 @@
+"""A simulated GPU workload: a real process that holds simulated GPU memory and device files.
+
+    python -m gpusimkit.workload --dir DIR --gpus 0,1 --mib 40960 [--type C|G|M|CG]
+        [--name NAME] [--ignore-term] [--exit-delay S] [--tree] [--device-only]
+        [--ready-fd N | --ready-file PATH]
+
+It opens DIR/dev/nvidia<minor> for each of its GPUs plus nvidiactl and nvidia-uvm and keeps them
+open, registers its memory with the driver daemon (``alloc``), reports readiness by writing its
+host pid (as the daemon sees it) and a newline to the ready fd or file (``error <message>`` if it
+could not start), and then waits for signals.
+
+--tree: an inference-server tree: this process (the API parent) opens only nvidiactl and holds
+no memory; it starts one worker per GPU (a workload holding that GPU's memory and device file),
+and reports readiness once all workers are ready.  Killing only the parent leaves the workers
+holding; SIGTERM to the parent is forwarded to the workers and the parent exits.
+
+--device-only: hold device files but no memory (nvidiactl plus the nodes of --gpus, no
+nvidia-uvm), like nvidia-persistenced (``--gpus none --device-only --name nvidia-persistenced``).
+
+--name NAME: the process's command line becomes NAME (via a re-exec of the interpreter that reads
+the program from a pipe): argv is ``[NAME]`` for one word, ``[word0, "-", word1, ...]`` for more
+(e.g. ``python3 - -m vllm.entrypoints.openai.api_server``: the "-" is what lets Python take the
+program from the pipe); comm is the basename of the first word (15 bytes at most).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import sys
+import time
+from typing import Dict, List, Optional
+
+from . import proctools
+from . import scenario as scn
+
+BOOTSTRAP = """\
+import json, os, sys
+sys.path.insert(0, {kit!r})
+argv = json.loads(os.environ.pop("GPUSIM_WORKLOAD_ARGV"))
+if os.environ.pop("GPUSIM_UNSET_PYTHONHOME", None):
+    os.environ.pop("PYTHONHOME", None)
+from gpusimkit.workload import main
+sys.exit(main(argv, named=True))
+"""
+READY_TIMEOUT_S = 30.0
+
+
+def parse_args(argv: List[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="gpusimkit.workload", description="a simulated GPU workload")
+    ap.add_argument("--dir", default=os.environ.get("GPUSIM_DIR"), help="the scenario directory (default $GPUSIM_DIR)")
+    ap.add_argument("--gpus", default="none", help="GPU indexes: 0,1 or 0-3 or all or none (default none)")
+    ap.add_argument("--mib", type=int, default=1024, help="MiB held on each GPU (-1: not available)")
+    ap.add_argument("--type", default="C", help="context types: any of C, G, M (default C)")
+    ap.add_argument("--name", help="argv[0] and comm of the process")
+    ap.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM")
+    ap.add_argument("--exit-delay", type=float, help="exit this many seconds after SIGTERM")
+    ap.add_argument("--tree", action="store_true", help="API parent + one worker per GPU")
+    ap.add_argument("--device-only", action="store_true", help="hold device files, no memory")
+    ap.add_argument("--ready-fd", type=int, help="write the host pid here once ready")
+    ap.add_argument("--ready-file", help="write the host pid to this file once ready")
+    args = ap.parse_args(argv)
+    if not args.dir:
+        ap.error("--dir is required (or $GPUSIM_DIR)")
+    return args
+
+
+def validate(args: argparse.Namespace, sc: scn.Scenario) -> List[int]:
+    """The GPU indexes; raises ScenarioError naming the bad field."""
+    gpus = [] if args.gpus.strip() == "none" else scn.parse_gpu_list(args.gpus, sc.gpu_count)
+    t = args.type
+    if not t or any(c not in "CGM" for c in t) or len(set(t)) != len(t):
+        raise scn.ScenarioError(f"invalid type={t!r}: must be any of C, G, M, e.g. C or CG")
+    if args.mib < -1:
+        raise scn.ScenarioError(f"invalid mib={args.mib!r}: must be >= 0 (or -1: not available)")
+    if args.exit_delay is not None and args.exit_delay < 0:
+        raise scn.ScenarioError(f"invalid exit_delay={args.exit_delay!r}: must be >= 0")
+    if args.tree and args.device_only:
+        raise scn.ScenarioError("invalid tree=True: cannot be combined with device_only")
+    if args.tree and not gpus:
+        raise scn.ScenarioError("invalid gpus='none': a tree needs at least one GPU")
+    if args.name is not None and (not args.name.strip() or "\0" in args.name or "\n" in args.name):
+        raise scn.ScenarioError(f"invalid name={args.name!r}: must be a non-empty single line")
+    return gpus
+
+
+def _python() -> str:
+    return os.environ.get("GPUSIM_WORKLOAD_PYTHON") or sys.executable or os.readlink("/proc/self/exe")
+
+
+def reexec_named(name: str, argv: List[str]) -> None:
+    """exec the interpreter again with argv == [name], the program coming from a pipe on stdin."""
+    python = _python()
+    r, w = os.pipe()
+    os.write(w, BOOTSTRAP.format(kit=proctools.KIT_ROOT).encode())
+    os.close(w)
+    os.dup2(r, 0)
+    os.close(r)
+    env = dict(os.environ, GPUSIM_WORKLOAD_ARGV=json.dumps(argv), GPUSIM_WORKLOAD_PYTHON=python)
+    if "PYTHONHOME" not in env:
+        # With argv[0] not naming the interpreter, Python cannot find its own prefix from it.
+        env["PYTHONHOME"] = os.pathsep.join([sys.base_prefix, sys.base_exec_prefix])
+        env["GPUSIM_UNSET_PYTHONHOME"] = "1"
+    words = _name_words(name)
+    # Python reads the program from stdin when argv is [argv0] or [argv0, "-", args...].
+    os.execve(python, [words[0], "-", *words[1:]] if len(words) > 1 else words, env)
+
+
+def _name_words(name: str) -> List[str]:
+    try:
+        words = shlex.split(name)
+    except ValueError:
+        words = name.split()
+    return words or [name]
+
+
+class Workload:
+    def __init__(self, args: argparse.Namespace, simdir: str, gpus: List[int], sc: scn.Scenario):
+        self.args = args
+        self.simdir = simdir
+        self.gpus = gpus
+        self.sc = sc
+        self.fds: List[int] = []
+        self.workers: Dict[int, int] = {}  # pid (our namespace) -> host pid
+        self.hostpid = 0
+        self._term_at: Optional[float] = None
+
+    # --- device files -----------------------------------------------------------------------
+    def open_devices(self) -> None:
+        dev = os.path.join(self.simdir, "dev")
+        names = []
+        if not self.args.tree:
+            names += [f"nvidia{self.sc.gpus[g].minor}" for g in self.gpus]
+        names.append("nvidiactl")
+        if not self.args.tree and not self.args.device_only:
+            names.append("nvidia-uvm")
+        for n in names:
+            self.fds.append(os.open(os.path.join(dev, n), os.O_RDWR | os.O_CLOEXEC))
+
+    # --- registration -----------------------------------------------------------------------
+    def register(self) -> int:
+        if self.gpus and not self.args.tree and not self.args.device_only:
+            spec = ",".join(f"{g}:{self.args.mib}" for g in self.gpus)
+            return int(proctools.driver_request(self.simdir, f"alloc {self.args.type} {spec}"))
+        return int(proctools.driver_request(self.simdir, "whoami"))
+
+    # --- tree -------------------------------------------------------------------------------
+    def start_workers(self) -> None:
+        env = proctools.kit_env()
+        env.pop("GPUSIM_WORKLOAD_ARGV", None)
+        logpath = os.path.join(self.simdir, "run", "workloads.log")
+        pending = []
+        for g in self.gpus:
+            wargs = [f"--dir={self.simdir}", f"--gpus={g}", f"--mib={self.args.mib}", f"--type={self.args.type}",
+                     "--ready-fd=3"]
+            if self.args.name:
+                wargs.append(f"--name={self.args.name}")
+            if self.args.ignore_term:
+                wargs.append("--ignore-term")
+            if self.args.exit_delay is not None:
+                wargs.append(f"--exit-delay={self.args.exit_delay!r}")
+            r, w = os.pipe2(os.O_CLOEXEC)
+            try:
+                # Same session and process group as the parent: a supervisor's killpg reaches all.
+                pid = proctools.spawn(proctools.python_argv("gpusimkit.workload", wargs, _python()), env, [w],
+                                      logpath, new_session=False)
+            finally:
+                os.close(w)
+            pending.append((pid, r))
+        errors = []
+        for pid, r in pending:
+            try:
+                line = proctools.read_line(r, READY_TIMEOUT_S)
+            except TimeoutError as e:
+                line = f"error {e}"
+            finally:
+                os.close(r)
+            if line.strip().isdigit():
+                self.workers[pid] = int(line)
+            else:
+                errors.append(f"worker {pid}: {line or 'exited before it was ready'}")
+        if errors:
+            for pid in pending:
+                self._kill(pid[0], signal.SIGKILL)
+            raise RuntimeError("; ".join(errors))
+
+    def _kill(self, pid: int, sig: int) -> None:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    # --- signals ----------------------------------------------------------------------------
+    def on_term(self, _signum, _frame) -> None:
+        for pid in list(self.workers):
+            self._kill(pid, signal.SIGTERM)
+        if self.args.exit_delay:
+            if self._term_at is None:
+                self._term_at = time.monotonic()
+                signal.setitimer(signal.ITIMER_REAL, self.args.exit_delay)
+            return
+        os._exit(0)
+
+    def on_alarm(self, _signum, _frame) -> None:
+        os._exit(0)
+
+    def on_child(self, _signum, _frame) -> None:
+        for pid, _status in proctools.reap_all():
+            self.workers.pop(pid, None)
+
+    def install_signals(self) -> None:
+        if self.args.ignore_term:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        elif self.args.tree or self.args.exit_delay is not None:
+            signal.signal(signal.SIGTERM, self.on_term)
+            signal.signal(signal.SIGALRM, self.on_alarm)
+        else:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        if self.args.tree:
+            signal.signal(signal.SIGCHLD, self.on_child)
+
+    def run(self) -> None:
+        self.install_signals()
+        self.open_devices()
+        if self.args.tree:
+            self.start_workers()
+        self.hostpid = self.register()
+        proctools.append_owned(self.simdir, self.hostpid, proctools.starttime())
+
+
+def report(args: argparse.Namespace, text: str) -> None:
+    if args.ready_fd is not None:
+        try:
+            proctools.write_line(args.ready_fd, text)
+        except OSError:
+            pass
+        try:
+            os.close(args.ready_fd)
+        except OSError:
+            pass
+        args.ready_fd = None
+    if args.ready_file:
+        tmp = f"{args.ready_file}.tmp.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        os.replace(tmp, args.ready_file)
+        args.ready_file = None
+
+
+def main(argv: Optional[List[str]] = None, named: bool = False) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.name and not named:
+        reexec_named(args.name, argv)  # does not return
+    if args.name:
+        first = _name_words(args.name)[0]
+        try:
+            proctools.set_comm(os.path.basename(first) or first)
+        except OSError:
+            pass
+    # stdin: /dev/null (it was the bootstrap pipe after a re-exec).
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    simdir = os.path.abspath(args.dir)
+    try:
+        sc = scn.load(simdir)
+        gpus = validate(args, sc)
+        w = Workload(args, simdir, gpus, sc)
+        w.run()
+    except Exception as e:  # noqa: BLE001 (any failure before readiness goes to the caller)
+        report(args, f"error {e}")
+        print(f"gpusimkit.workload: {e}", file=sys.stderr)
+        return 1
+    report(args, str(w.hostpid))
+    while True:
+        signal.pause()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
