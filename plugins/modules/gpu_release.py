@@ -40,7 +40,7 @@ attributes:
 options:
   containers:
     description:
-      - Only processes inside these Proxmox VE containers (vmids). Others are reported as C(skipped).
+      - Only processes inside these Proxmox VE containers (vmids). Others are reported in RV(skipped_processes).
       - Run the module on the Proxmox node to see the containers' processes.
     type: list
     elements: int
@@ -146,8 +146,10 @@ protected:
   returned: always
   type: list
   elements: dict
-skipped:
-  description: Holders outside the filters, with C(reason). Never signalled.
+skipped_processes:
+  description:
+    - Holders outside the filters (or not reachable from here), with C(reason). Never signalled.
+    - Named so, not C(skipped), because Ansible reserves C(skipped) in task results.
   returned: always
   type: list
   elements: dict
@@ -260,7 +262,7 @@ def main() -> None:
         containers = _policy.validate_vmids(p["containers"])
         for name in ("grace_period", "kill_timeout"):
             if p[name] < 0:
-                raise ValueError(f"{name} must be >= 0, got {p[name]}")
+                raise ValueError(f"{name} must be >= 0, got {p[name]:g}")
         for pid in p["pids"] or []:
             if pid <= 0:
                 raise ValueError(f"pids: {pid} is not a process id")
@@ -299,7 +301,7 @@ def main() -> None:
 
     result = dict(changed=bool(targets), released=[], survivors=[], respawned=[],
                   protected=[report(x, reason=x["reason"]) for x in protected],
-                  skipped=[report(x, reason=x["reason"]) for x in skipped])
+                  skipped_processes=[report(x, reason=x["reason"]) for x in skipped])
 
     if module.check_mode:
         result["released"] = [report(t, signals=[], seconds=None) for t in targets]
@@ -317,7 +319,7 @@ def main() -> None:
         if target.open():
             pinned.append(target)
         elif target.recycled:
-            result["skipped"].append(report(t, reason="the pid now belongs to another process (recycled); not signalled"))
+            result["skipped_processes"].append(report(t, reason="the pid now belongs to another process (recycled); not signalled"))
     t0 = time.monotonic()
     sent_any = False
     for target in pinned:  # children and parents together: every target gets the signal now

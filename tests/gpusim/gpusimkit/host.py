@@ -253,6 +253,15 @@ class SimHost:
     def scenario(self) -> scn.Scenario:
         return scn.load(self.dir)
 
+    def ct_create(self, vmid: int, hostname: Optional[str] = None, gpus="all") -> None:
+        """Create Proxmox container ``vmid`` with the GPUs passed through (gpusimkit.container)."""
+        from . import container  # noqa: PLC0415
+        container.create(self.dir, int(vmid), hostname, gpus)
+
+    def ct_start(self, vmid: int) -> None:
+        from . import container  # noqa: PLC0415
+        container.start(self.dir, int(vmid))
+
     def hold(self, gpus: Union[str, int, Iterable[int], None], mib: int = 1024, ct: Optional[Union[int, str]] = None,
              tree: bool = False, ignore_term: bool = False, exit_delay: Optional[float] = None,
              respawn: bool = False, service: Optional[str] = None, name: Optional[str] = None,
