@@ -104,7 +104,10 @@ ansible_facts:
         name: {description: Product name., type: str, returned: always, sample: NVIDIA H200}
         serial: {description: Board serial number., type: str, returned: always}
         pci_bus_id: {description: PCI bus id., type: str, returned: always, sample: "00000000:18:00.0"}
-        minor_number: {description: Device minor number (C(/dev/nvidiaN)); null with O(backend=nvidia-smi)., type: int, returned: always}
+        minor_number:
+          description: Device minor number (C(/dev/nvidiaN)); with O(backend=nvidia-smi) it comes from C(nvidia-smi -q -x).
+          type: int
+          returned: always
         memory:
           description: Memory in MiB - C(total), C(used), C(free), C(reserved).
           type: dict

@@ -11,6 +11,8 @@ Formats follow the R580 driver (580.159.03):
   (``81920 MiB``); ``[N/A]`` for values the library does not support.
 - ``-L``, ``-i``/``--id`` (index, comma list, UUID, PCI bus id or serial).
 - the default table, including the Processes section.
+- ``-q``/``--query`` with ``-x``/``--xml-format``: the XML log (``nvsmi_device_v12.dtd``), a subset
+  of the real elements in the real order; without ``-x`` the same subset as the real text layout.
 - the real tool's messages and exit codes for init failures (9, 12, 18, 4), GPUs that cannot be
   opened (15 lost, 255 unknown error), and no devices (6).
 
@@ -26,7 +28,9 @@ import ctypes
 import datetime as _dt
 import os
 import sys
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from xml.sax.saxutils import escape as _xml_escape
+from xml.sax.saxutils import quoteattr as _xml_quoteattr
 
 # --- NVML constants ---------------------------------------------------------
 
@@ -123,6 +127,15 @@ nvidia-smi [OPTION1 [ARG1]] [OPTION2 [ARG2]] ...
                                   csv - comma separated values (MANDATORY)
                                   noheader - skip the first line with column headers
                                   nounits - don't print units for numerical values
+
+  QUERY OPTIONS:
+
+    -q,   --query               Display GPU info.
+
+    [plus any of]
+
+    -i,   --id=                 Target a specific GPU.
+    -x,   --xml-format          Produce XML output.
 """
 
 
@@ -450,6 +463,207 @@ def render_list(gpus: Sequence[Dict]) -> str:
     return "".join(f"GPU {g['index']}: {g.get('name')} (UUID: {g.get('uuid')})\n" for g in gpus)
 
 
+# --- -q / -q -x: the query log -------------------------------------------------------
+#
+# One tree per GPU, rendered either as the XML log or as the text layout. A node is
+# (xml tag, text label, value): value is a str (the same in both), a (xml, text) pair, or a list of
+# child nodes (a plain str among the children is a line of text of its own, as in
+# "<mig_devices>\n\t\t\tNone\n\t\t</mig_devices>"). A label None: the node is XML only.
+
+QueryNode = Tuple[str, Optional[str], Union[str, Tuple[str, str], list]]
+
+XML_HEADER = '<?xml version="1.0" ?>\n<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">\n'
+TEXT_LABEL_WIDTH = 42  # "    Product Name                          : " (indent included)
+
+# nvmlBrandType_t -> "Product Brand"
+BRANDS = {
+    0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan",
+    7: "NVIDIA Virtual Applications", 8: "NVIDIA Virtual PC", 9: "NVIDIA Virtual Compute Server",
+    10: "NVIDIA RTX Virtual Workstation", 11: "NVIDIA Cloud Gaming", 12: "Quadro RTX", 13: "NVIDIA RTX",
+    14: "NVIDIA", 15: "GeForce RTX", 16: "Titan RTX",
+}
+
+
+def query_value(v, fmt: Callable[[object], str] = str) -> str:
+    """A -q value: ``N/A`` where the library cannot give it (not supported, no such function),
+    the error's text for any other error (``Unknown Error``), else ``fmt(v)``."""
+    if v is None or (isinstance(v, Err) and v.code in (ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND)):
+        return "N/A"
+    if isinstance(v, Err):
+        return v.text
+    return fmt(v)
+
+
+def _q_mib(v) -> str:
+    return "N/A" if v == VALUE_NOT_AVAILABLE else f"{_mib(v)} MiB"
+
+
+def _q_watt(v) -> str:
+    return f"{int(v) / 1000.0:.2f} W"
+
+
+def _q_hex(width: int, prefix: str) -> Callable[[object], str]:
+    return lambda v: prefix + "%0*X" % (width, int(v))
+
+
+def _q_pair(v, width: int) -> Tuple[str, str]:
+    """A PCI number: ``18`` in the XML, ``0x18`` in the text."""
+    return query_value(v, _q_hex(width, "")), query_value(v, _q_hex(width, "0x"))
+
+
+def _q_instance(v) -> str:
+    return "N/A" if v is None or v == NO_INSTANCE_ID else str(v)
+
+
+def query_process_node(p: Dict) -> QueryNode:
+    return ("process_info", None, [
+        ("gpu_instance_id", "GPU instance ID", _q_instance(p.get("gi"))),
+        ("compute_instance_id", "Compute instance ID", _q_instance(p.get("ci"))),
+        ("pid", "Process ID", str(p["pid"])),
+        ("type", "Type", p["types"]),
+        ("process_name", "Name", query_value(p.get("name"))),
+        ("used_memory", "Used GPU Memory", query_value(p.get("used_bytes"), _q_mib)),
+    ])
+
+
+def query_gpu_nodes(g: Dict, processes: Sequence[Dict]) -> List[QueryNode]:
+    """The elements of one ``<gpu>`` (``g``: see gpu_rows, plus brand, util_enc, util_dec,
+    power_requested_mw; ``processes``: this GPU's, as read_processes returns them; those whose
+    name cannot be read are left out, as in the table)."""
+    mem = g.get("memory") or {}
+    pstate = query_value(g.get("pstate", NA), lambda v: "P%d" % int(v) if 0 <= int(v) <= 15 else "Unknown")
+    procs = [query_process_node(p) for p in processes if not is_err(p.get("name"))]
+    return [
+        ("product_name", "Product Name", query_value(g.get("name"))),
+        ("product_brand", "Product Brand", query_value(g.get("brand", NA), lambda v: BRANDS.get(int(v), "Unknown"))),
+        ("persistence_mode", "Persistence Mode", query_value(g.get("persistence", NA), _enabled)),
+        ("mig_mode", "MIG Mode", [
+            ("current_mig", "Current", query_value(g.get("mig_current", NA), _enabled)),
+            ("pending_mig", "Pending", query_value(g.get("mig_pending", NA), _enabled)),
+        ]),
+        ("mig_devices", None, ["None"]),
+        ("serial", "Serial Number", query_value(g.get("serial"))),
+        ("uuid", "GPU UUID", query_value(g.get("uuid"))),
+        ("minor_number", "Minor Number", query_value(g.get("minor"))),
+        ("pci", "PCI", [
+            ("pci_bus", "Bus", _q_pair(g.get("pci_bus"), 2)),
+            ("pci_device", "Device", _q_pair(g.get("pci_device"), 2)),
+            ("pci_domain", "Domain", _q_pair(g.get("pci_domain"), 4)),
+            ("pci_device_id", "Device Id", _q_pair(g.get("pci_device_id"), 8)),
+            ("pci_bus_id", "Bus Id", query_value(g.get("bus_id"))),
+            ("pci_sub_system_id", "Sub System Id", _q_pair(g.get("pci_subsystem_id"), 8)),
+        ]),
+        ("fan_speed", "Fan Speed", query_value(g.get("fan", NA), lambda v: f"{int(v)} %")),
+        ("performance_state", "Performance State", pstate),
+        ("fb_memory_usage", "FB Memory Usage", [
+            ("total", "Total", query_value(mem.get("total", NA), _q_mib)),
+            ("reserved", "Reserved", query_value(mem.get("reserved", NA), _q_mib)),
+            ("used", "Used", query_value(mem.get("used", NA), _q_mib)),
+            ("free", "Free", query_value(mem.get("free", NA), _q_mib)),
+        ]),
+        ("compute_mode", "Compute Mode", query_value(g.get("compute_mode", NA), lambda v: COMPUTE_MODE_CSV.get(int(v), "Unknown"))),
+        ("utilization", "Utilization", [
+            ("gpu_util", "GPU", query_value(g.get("util_gpu", NA), lambda v: f"{int(v)} %")),
+            ("memory_util", "Memory", query_value(g.get("util_mem", NA), lambda v: f"{int(v)} %")),
+            ("encoder_util", "Encoder", query_value(g.get("util_enc", NA), lambda v: f"{int(v)} %")),
+            ("decoder_util", "Decoder", query_value(g.get("util_dec", NA), lambda v: f"{int(v)} %")),
+        ]),
+        ("temperature", "Temperature", [
+            ("gpu_temp", "GPU Current Temp", query_value(g.get("temperature", NA), lambda v: f"{int(v)} C")),
+        ]),
+        ("gpu_power_readings", "GPU Power Readings", [
+            ("power_state", None, pstate),
+            ("average_power_draw", "Average Power Draw", query_value(g.get("power_mw", NA), _q_watt)),
+            ("instant_power_draw", "Instantaneous Power Draw", query_value(g.get("power_mw", NA), _q_watt)),
+            ("current_power_limit", "Current Power Limit", query_value(g.get("power_limit_mw", NA), _q_watt)),
+            ("requested_power_limit", "Requested Power Limit", query_value(g.get("power_requested_mw", NA), _q_watt)),
+        ]),
+        ("processes", "Processes", procs),
+    ]
+
+
+def _query_snapshot_head(snap: Dict) -> Tuple[str, str, str, str]:
+    ts = snap.get("timestamp") or _dt.datetime.now()
+    when = ts.strftime("%a %b ") + f"{ts.day:>2}" + ts.strftime(" %H:%M:%S %Y")
+    return (when, query_value(snap.get("driver_version", NA)), cuda_version_text(snap.get("cuda_version")),
+            query_value(snap.get("count", NA)))
+
+
+def _procs_of(snap: Dict, g: Dict) -> List[Dict]:
+    return [p for p in snap.get("processes", []) if p["gpu"] is g]
+
+
+def _xml_lines(nodes: Sequence, depth: int, out: List[str]) -> None:
+    ind = "\t" * depth
+    for node in nodes:
+        if isinstance(node, str):
+            out.append(ind + _xml_escape(node))
+            continue
+        tag, _label, value = node
+        if isinstance(value, list):
+            out.append(f"{ind}<{tag}>")
+            _xml_lines(value, depth + 1, out)
+            out.append(f"{ind}</{tag}>")
+        else:
+            text = value[0] if isinstance(value, tuple) else value
+            out.append(f"{ind}<{tag}>{_xml_escape(text)}</{tag}>")
+
+
+def render_query_xml(snap: Dict) -> str:
+    """``nvidia-smi -q -x`` for the GPUs in ``snap["gpus"]`` (``snap``: as render_table's, plus
+    count, the number of GPUs attached, selected or not)."""
+    when, drv, cuda, count = _query_snapshot_head(snap)
+    out = ["<nvidia_smi_log>", f"\t<timestamp>{when}</timestamp>", f"\t<driver_version>{_xml_escape(drv)}</driver_version>",
+           f"\t<cuda_version>{cuda}</cuda_version>", f"\t<attached_gpus>{count}</attached_gpus>"]
+    for g in snap.get("gpus", []):
+        out.append(f"\t<gpu id={_xml_quoteattr(query_value(g.get('bus_id')))}>")
+        _xml_lines(query_gpu_nodes(g, _procs_of(snap, g)), 2, out)
+        out.append("\t</gpu>")
+    out.append("</nvidia_smi_log>")
+    return XML_HEADER + "".join(line + "\n" for line in out)
+
+
+def _text_kv(ind: str, label: str, value: str) -> str:
+    return f"{ind + label:<{TEXT_LABEL_WIDTH}}: {value}"
+
+
+def _text_lines(nodes: Sequence, depth: int, out: List[str]) -> None:
+    ind = "    " * depth
+    for node in nodes:
+        if isinstance(node, str):
+            continue
+        tag, label, value = node
+        if label is None:
+            continue
+        if tag == "processes":
+            if not value:
+                out.append(_text_kv(ind, label, "None"))
+                continue
+            out.append(ind + label)
+            for proc in value:
+                # GPU instance ID, Compute instance ID, Process ID; then, one level in, the rest
+                for k, (_tag, plabel, pvalue) in enumerate(proc[2]):
+                    out.append(_text_kv(ind + "    " * (1 if k < 3 else 2), plabel, pvalue))
+        elif isinstance(value, list):
+            out.append(ind + label)
+            _text_lines(value, depth + 1, out)
+        else:
+            out.append(_text_kv(ind, label, value[1] if isinstance(value, tuple) else value))
+
+
+def render_query_text(snap: Dict) -> str:
+    """``nvidia-smi -q``: the same subset as render_query_xml, in the real text layout."""
+    when, drv, cuda, count = _query_snapshot_head(snap)
+    out = ["", "==============NVSMI LOG==============", "", _text_kv("", "Timestamp", when),
+           _text_kv("", "Driver Version", drv), _text_kv("", "CUDA Version", cuda), "",
+           _text_kv("", "Attached GPUs", count)]
+    for g in snap.get("gpus", []):
+        out.append(f"GPU {query_value(g.get('bus_id'))}")
+        _text_lines(query_gpu_nodes(g, _procs_of(snap, g)), 1, out)
+        out.append("")
+    return "".join(line + "\n" for line in out)
+
+
 # --- argument parsing ----------------------------------------------------------------
 
 
@@ -472,6 +686,8 @@ class Args:
         self.query_apps: Optional[str] = None
         self.format: Optional[str] = None
         self.help_query: Optional[str] = None
+        self.query = False  # -q
+        self.xml = False  # -x
 
 
 _VALUE_OPTS = {
@@ -482,6 +698,8 @@ _VALUE_OPTS = {
 _FLAG_OPTS = {
     "-h": "help", "--help": "help", "--version": "version",
     "-L": "list", "--list-gpus": "list",
+    "-q": "query", "--query": "query",
+    "-x": "xml", "--xml-format": "xml",
 }
 
 
@@ -526,6 +744,9 @@ def parse_args(argv: Sequence[str]) -> Args:
     if query and a.format is None:
         raise UsageError(f'"--format=" switch is missing. {HELP_HINT}\n')
     if (a.format is not None and not query) or (a.list and query):
+        raise UsageError(f"Invalid combination of input arguments. {HELP_HINT}\n")
+    # -x only qualifies -q; -q shows everything, so it takes no other view
+    if (a.xml and not a.query) or (a.query and (a.list or query)):
         raise UsageError(f"Invalid combination of input arguments. {HELP_HINT}\n")
     return a
 
@@ -863,6 +1084,18 @@ def read_gpu(nv: Nvml, g: Dict, need_table: bool) -> Dict:
     return g
 
 
+def read_query_extras(nv: Nvml, g: Dict) -> Dict:
+    """The values only ``-q`` shows (after read_gpu): brand, encoder/decoder utilization, the
+    requested power limit. A lost GPU raises DeviceFailure, as in read_gpu."""
+    h = g["handle"]
+    g["brand"] = _check(g, nv.uint("nvmlDeviceGetBrand", h))
+    for key, sym in (("util_enc", "nvmlDeviceGetEncoderUtilization"), ("util_dec", "nvmlDeviceGetDecoderUtilization")):
+        v = _check(g, nv.uint2(sym, h))  # (utilization, sampling period in us)
+        g[key] = v[0] if isinstance(v, tuple) else v
+    g["power_requested_mw"] = _check(g, nv.uint("nvmlDeviceGetPowerManagementLimit", h))
+    return g
+
+
 def _ecc(nv: Nvml, g: Dict, h):
     """Volatile uncorrected ECC errors; a library without the ECC calls reads as 0 (an H200)."""
     if not nv.has("nvmlDeviceGetTotalEccErrors"):
@@ -1062,8 +1295,11 @@ def _run(nv: Nvml, args: Args, fields: List[str], header: bool, units: bool, io:
         io.o(MSG_NO_DEVICES)
         return EXIT_NOT_FOUND
 
-    mode = "list" if args.list else ("gpu" if args.query_gpu is not None else
-                                     "app" if args.query_apps is not None else "table")
+    if args.query:
+        mode = "xml" if args.xml else "text"
+    else:
+        mode = "list" if args.list else ("gpu" if args.query_gpu is not None else
+                                         "app" if args.query_apps is not None else "table")
     gpus: List[Dict] = []
     procs: List[Dict] = []
     reported = False
@@ -1072,7 +1308,9 @@ def _run(nv: Nvml, args: Args, fields: List[str], header: bool, units: bool, io:
         g = idents.get(i) or identify(nv, i)
         try:
             read_gpu(nv, g, need_table=(mode == "table"))
-            if mode == "table":
+            if mode in ("xml", "text"):
+                read_query_extras(nv, g)
+            if mode in ("table", "xml", "text"):
                 rows, rep = read_processes(nv, g, [("Compute", "C"), ("Graphics", "G"), ("MPSCompute", "M")])
             elif mode == "app":
                 rows, rep = read_processes(nv, g, [("Compute", "C")])
@@ -1095,6 +1333,10 @@ def _run(nv: Nvml, args: Args, fields: List[str], header: bool, units: bool, io:
         io.o(render_csv(fields, gpus, snap, "gpu", header, units))
     elif mode == "app":
         io.o(render_csv(fields, procs, snap, "app", header, units))
+    elif mode in ("xml", "text"):
+        # every selected GPU failed: the log is still printed, with no GPU in it
+        snap["cuda_version"] = nv.uint("nvmlSystemGetCudaDriverVersion")
+        io.o(render_query_xml(snap) if mode == "xml" else render_query_text(snap))
     else:
         if gpus:
             snap["cuda_version"] = nv.uint("nvmlSystemGetCudaDriverVersion")

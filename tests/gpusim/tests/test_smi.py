@@ -20,6 +20,7 @@ import re
 import signal
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -211,6 +212,10 @@ def test_render_csv_apps():
     (["--query-compute-apps=pid", "--format=csv"], {"query_apps": "pid"}),
     (["-h"], {"help": True}),
     (["--help"], {"help": True}),
+    (["-q"], {"query": True, "xml": False}),
+    (["-q", "-x"], {"query": True, "xml": True, "ids": None}),
+    (["-x", "-q", "-i", "0,1"], {"query": True, "xml": True, "ids": ["0", "1"]}),
+    (["--query", "--xml-format", "--id=GPU-abc"], {"query": True, "xml": True, "ids": ["GPU-abc"]}),
 ])
 def test_parse_args(argv, attrs):
     a = smi.parse_args(argv)
@@ -220,7 +225,12 @@ def test_parse_args(argv, attrs):
 
 @pytest.mark.parametrize("argv, message", [
     (["--bogus"], "ERROR: Option --bogus is not recognized. Please run 'nvidia-smi -h' for help."),
-    (["-x"], "ERROR: Option -x is not recognized."),
+    (["-d"], "ERROR: Option -d is not recognized."),
+    (["-x"], "Invalid combination of input arguments."),
+    (["--xml-format", "-L"], "Invalid combination of input arguments."),
+    (["-q", "-L"], "Invalid combination of input arguments."),
+    (["-q", "-x", "--query-gpu=index", "--format=csv"], "Invalid combination of input arguments."),
+    (["-q", "--format=csv"], "Invalid combination of input arguments."),
     (["-i"], "ERROR: Option -i is missing its value."),
     (["--query-gpu=index"], '"--format=" switch is missing.'),
     (["--format=csv"], "Invalid combination of input arguments."),
@@ -397,6 +407,149 @@ def test_usage_errors_through_main_need_no_library(tmp_path):
     out = io.StringIO()
     assert smi.main(["--help-query-gpu"], str(tmp_path), out, err) == 0
     assert '"name" or "gpu_name"' in out.getvalue()
+
+
+# --- -q -x / -q, pure ------------------------------------------------------------------------
+
+H200_IDLE_XML = """<?xml version="1.0" ?>
+<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">
+<nvidia_smi_log>
+\t<timestamp>Sun Jul  5 14:53:15 2026</timestamp>
+\t<driver_version>580.159.03</driver_version>
+\t<cuda_version>13.0</cuda_version>
+\t<attached_gpus>1</attached_gpus>
+\t<gpu id="00000000:18:00.0">
+\t\t<product_name>NVIDIA H200</product_name>
+\t\t<product_brand>NVIDIA</product_brand>
+\t\t<persistence_mode>Enabled</persistence_mode>
+\t\t<mig_mode>
+\t\t\t<current_mig>Disabled</current_mig>
+\t\t\t<pending_mig>Disabled</pending_mig>
+\t\t</mig_mode>
+\t\t<mig_devices>
+\t\t\tNone
+\t\t</mig_devices>
+\t\t<serial>1654000000000</serial>
+\t\t<uuid>GPU-00000000-0000-0000-0000-000000000000</uuid>
+\t\t<minor_number>0</minor_number>
+\t\t<pci>
+\t\t\t<pci_bus>18</pci_bus>
+\t\t\t<pci_device>00</pci_device>
+\t\t\t<pci_domain>0000</pci_domain>
+\t\t\t<pci_device_id>233510DE</pci_device_id>
+\t\t\t<pci_bus_id>00000000:18:00.0</pci_bus_id>
+\t\t\t<pci_sub_system_id>18BE10DE</pci_sub_system_id>
+\t\t</pci>
+\t\t<fan_speed>N/A</fan_speed>
+\t\t<performance_state>P0</performance_state>
+\t\t<fb_memory_usage>
+\t\t\t<total>143771 MiB</total>
+\t\t\t<reserved>0 MiB</reserved>
+\t\t\t<used>0 MiB</used>
+\t\t\t<free>143771 MiB</free>
+\t\t</fb_memory_usage>
+\t\t<compute_mode>Default</compute_mode>
+\t\t<utilization>
+\t\t\t<gpu_util>0 %</gpu_util>
+\t\t\t<memory_util>0 %</memory_util>
+\t\t\t<encoder_util>0 %</encoder_util>
+\t\t\t<decoder_util>0 %</decoder_util>
+\t\t</utilization>
+\t\t<temperature>
+\t\t\t<gpu_temp>31 C</gpu_temp>
+\t\t</temperature>
+\t\t<gpu_power_readings>
+\t\t\t<power_state>P0</power_state>
+\t\t\t<average_power_draw>76.00 W</average_power_draw>
+\t\t\t<instant_power_draw>76.00 W</instant_power_draw>
+\t\t\t<current_power_limit>700.00 W</current_power_limit>
+\t\t\t<requested_power_limit>700.00 W</requested_power_limit>
+\t\t</gpu_power_readings>
+\t\t<processes>
+\t\t</processes>
+\t</gpu>
+</nvidia_smi_log>
+"""
+
+
+def h200q(index=0, used_mib=0, **kw):
+    """h200() plus the values only -q shows."""
+    g = h200(index, used_mib, pci_domain=0, pci_bus=scenario.HGX_BUSES[index], pci_device=0,
+             pci_device_id=scenario.H200_PCI_DEVICE_ID, pci_subsystem_id=scenario.H200_PCI_SUBSYSTEM_ID,
+             brand=14, util_enc=0, util_dec=0, power_requested_mw=700000)
+    g["uuid"] = "GPU-00000000-0000-0000-0000-00000000000%d" % index
+    g.update(kw)
+    return g
+
+
+def test_query_xml_idle_h200_is_the_real_layout():
+    """Element names, order and value formats of the R580 log (tab indents, units after a space)."""
+    assert smi.render_query_xml(snap([h200q(0)])) == H200_IDLE_XML
+    root = ET.fromstring(H200_IDLE_XML)
+    assert root.tag == "nvidia_smi_log" and root.find("gpu").get("id") == "00000000:18:00.0"
+
+
+def test_query_xml_processes_and_na():
+    g0 = h200q(0, 82944, memory={"total": 143771 * MIB, "used": 82944 * MIB, "free": 60827 * MIB, "reserved": smi.NA})
+    g1 = h200q(1, mig_current=smi.NA, mig_pending=smi.NA, minor=smi.NA, serial=smi.Err(smi.ERROR_UNKNOWN),
+               power_mw=smi.NA, util_gpu=smi.NA, util_mem=smi.NA, brand=smi.Err(smi.ERROR_FUNCTION_NOT_FOUND), fan=44)
+    procs = [{"gpu": g0, "pid": 4242, "types": "C", "name": "/usr/bin/python3", "used_bytes": 81920 * MIB,
+              "gi": smi.NO_INSTANCE_ID, "ci": smi.NO_INSTANCE_ID},
+             {"gpu": g0, "pid": 4243, "types": "C+G", "name": "a<b>&c", "used_bytes": smi.NA},
+             {"gpu": g0, "pid": 4244, "types": "C", "name": smi.Err(smi.ERROR_NOT_FOUND), "used_bytes": MIB}]
+    text = smi.render_query_xml(snap([g0, g1], procs))
+    assert "\t\t\t\t<process_name>a&lt;b&gt;&amp;c</process_name>\n" in text
+    root = ET.fromstring(text)
+    assert root.findtext("attached_gpus") == "2"
+    x0, x1 = root.findall("gpu")
+    assert [(p.findtext("gpu_instance_id"), p.findtext("compute_instance_id"), p.findtext("pid"), p.findtext("type"),
+             p.findtext("process_name"), p.findtext("used_memory")) for p in x0.find("processes")] == [
+        ("N/A", "N/A", "4242", "C", "/usr/bin/python3", "81920 MiB"),
+        ("N/A", "N/A", "4243", "C+G", "a<b>&c", "N/A"),  # 4244: its name cannot be read, not shown (as in the table)
+    ]
+    assert [e.text for e in x0.find("fb_memory_usage")] == ["143771 MiB", "N/A", "82944 MiB", "60827 MiB"]
+    assert list(x1.find("processes")) == []
+    assert x1.findtext("mig_mode/current_mig") == x1.findtext("mig_mode/pending_mig") == "N/A"
+    assert (x1.findtext("minor_number"), x1.findtext("serial"), x1.findtext("product_brand")) == ("N/A", "Unknown Error", "N/A")
+    assert x1.findtext("gpu_power_readings/average_power_draw") == "N/A"
+    assert x1.findtext("gpu_power_readings/current_power_limit") == "700.00 W"
+    assert (x1.findtext("utilization/gpu_util"), x1.findtext("fan_speed")) == ("N/A", "44 %")
+
+
+def test_query_text_layout():
+    g0 = h200q(0, 81920)
+    procs = [{"gpu": g0, "pid": 4242, "types": "C", "name": "/usr/bin/python3", "used_bytes": 81920 * MIB}]
+    lines = smi.render_query_text(snap([g0, h200q(1, minor=smi.NA)], procs)).splitlines()
+    assert lines[:9] == [
+        "",
+        "==============NVSMI LOG==============",
+        "",
+        "Timestamp                                 : Sun Jul  5 14:53:15 2026",
+        "Driver Version                            : 580.159.03",
+        "CUDA Version                              : 13.0",
+        "",
+        "Attached GPUs                             : 2",
+        "GPU 00000000:18:00.0",
+    ]
+    assert "    Minor Number                          : 0" in lines
+    assert "    Minor Number                          : N/A" in lines
+    assert lines.index("GPU 00000000:2A:00.0") > lines.index("GPU 00000000:18:00.0")
+    i = lines.index("    MIG Mode")
+    assert lines[i + 1:i + 3] == ["        Current                           : Disabled",
+                                  "        Pending                           : Disabled"]
+    i = lines.index("    PCI")
+    assert lines[i + 1] == "        Bus                               : 0x18"
+    assert lines[i + 4] == "        Device Id                         : 0x233510DE"
+    i = lines.index("    Processes")
+    assert lines[i + 1:i + 7] == [
+        "        GPU instance ID                   : N/A",
+        "        Compute instance ID               : N/A",
+        "        Process ID                        : 4242",
+        "            Type                          : C",
+        "            Name                          : /usr/bin/python3",
+        "            Used GPU Memory               : 81920 MiB",
+    ]
+    assert lines[-2:] == ["    Processes                             : None", ""]
 
 
 # --- the process protocol against a fake library written in Python --------------------------
@@ -810,3 +963,172 @@ def test_e2e_usage_errors(simdir):
     assert p.returncode == 2 and "is not recognized" in p.stdout
     p = run_smi(simdir, "-h")
     assert p.returncode == 0 and "nvidia-smi [OPTION1 [ARG1]]" in p.stdout
+
+
+# --- -q -x end to end -----------------------------------------------------------------------
+
+
+def smi_xml(simdir, *extra, code=0):
+    p = run_smi(simdir, "-q", "-x", *extra)
+    assert p.returncode == code, p.stdout + p.stderr
+    return ET.fromstring(p.stdout), p
+
+
+def test_e2e_query_xml_matches_the_scenario(simdir, procs):
+    with scenario.edit(simdir) as s:
+        for g in s.gpus:
+            g.minor = 7 - g.index  # minor numbers that are not the indexes: read, not guessed
+        s.gpus[2].memory_reserved_mib = 512
+        s.gpus[3].persistence, s.gpus[3].compute_mode, s.gpus[3].mig_current, s.gpus[3].mig_pending = 0, 3, 1, 1
+        s.gpus[4].temperature, s.gpus[4].power_mw, s.gpus[4].util_gpu = 47, 123456, 55
+    sc = scenario.load(simdir)
+    a = procs.start([(0, "C", 81920), (1, "C", 40960)])
+    b = procs.start([(1, "CG", 1024)])
+    c = procs.start([(2, "G", 512)])
+    d = procs.start([(3, "C", -1)])
+
+    root, p = smi_xml(simdir)
+    assert p.stdout.startswith('<?xml version="1.0" ?>\n<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">\n<nvidia_smi_log>\n')
+    assert p.stderr == ""
+    assert re.fullmatch(r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}", root.findtext("timestamp"))
+    assert (root.findtext("driver_version"), root.findtext("cuda_version"), root.findtext("attached_gpus")) == ("580.159.03", "13.0", "8")
+    gpus = root.findall("gpu")
+    assert [x.get("id") for x in gpus] == [g.pci_bus_id for g in sc.gpus]
+    used = [81920, 40960 + 1024, 512, 0, 0, 0, 0, 0]
+    for x, g in zip(gpus, sc.gpus):
+        assert x.findtext("product_name") == "NVIDIA H200" and x.findtext("product_brand") == "NVIDIA"
+        assert (x.findtext("uuid"), x.findtext("serial"), x.findtext("minor_number")) == (g.uuid, g.serial, str(7 - g.index))
+        assert x.findtext("pci/pci_bus_id") == g.pci_bus_id
+        assert x.findtext("pci/pci_bus") == g.pci_bus_id[9:11]
+        assert x.findtext("pci/pci_device_id") == "233510DE"
+        reserved = g.memory_reserved_mib
+        assert [e.text for e in x.find("fb_memory_usage")] == [
+            "143771 MiB", f"{reserved} MiB", f"{used[g.index]} MiB", f"{143771 - reserved - used[g.index]} MiB"]
+        assert x.findtext("gpu_power_readings/current_power_limit") == "700.00 W"
+    assert [gpus[3].findtext(k) for k in ("persistence_mode", "compute_mode", "mig_mode/current_mig", "mig_mode/pending_mig")] == [
+        "Disabled", "Exclusive_Process", "Enabled", "Enabled"]
+    assert [gpus[0].findtext(k) for k in ("persistence_mode", "compute_mode", "mig_mode/current_mig")] == ["Enabled", "Default", "Disabled"]
+    assert gpus[4].findtext("temperature/gpu_temp") == "47 C"
+    assert gpus[4].findtext("gpu_power_readings/average_power_draw") == "123.46 W"
+    assert gpus[4].findtext("utilization/gpu_util") == "55 %"
+
+    def rows(x):
+        return [(int(e.findtext("pid")), e.findtext("type"), e.findtext("process_name"), e.findtext("used_memory"),
+                 e.findtext("gpu_instance_id"), e.findtext("compute_instance_id")) for e in x.find("processes")]
+    assert rows(gpus[0]) == [(a.pid, "C", "sleep", "81920 MiB", "N/A", "N/A")]
+    assert rows(gpus[1]) == [(a.pid, "C", "sleep", "40960 MiB", "N/A", "N/A"), (b.pid, "C+G", "sleep", "1024 MiB", "N/A", "N/A")]
+    assert rows(gpus[2]) == [(c.pid, "G", "sleep", "512 MiB", "N/A", "N/A")]
+    assert rows(gpus[3]) == [(d.pid, "C", "sleep", "N/A", "N/A", "N/A")]
+    assert all(rows(x) == [] for x in gpus[4:])
+
+    # the long spelling and -i: by index, a comma list, a UUID; attached_gpus stays the machine's count
+    p = run_smi(simdir, "--query", "--xml-format", "--id=1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    one = ET.fromstring(p.stdout)
+    assert one.findtext("attached_gpus") == "8"
+    assert [x.findtext("uuid") for x in one.findall("gpu")] == [sc.gpus[1].uuid]
+    assert rows(one.find("gpu")) == rows(gpus[1])
+    root, p = smi_xml(simdir, "-i", "5,2")
+    assert [x.findtext("uuid") for x in root.findall("gpu")] == [sc.gpus[2].uuid, sc.gpus[5].uuid]
+    root, p = smi_xml(simdir, "-i", sc.gpus[6].uuid)
+    assert [x.findtext("minor_number") for x in root.findall("gpu")] == ["1"]
+    p = run_smi(simdir, "-q", "-x", "-i", "8")
+    assert (p.returncode, p.stdout) == (6, "No devices were found\n")
+
+    # the exit of a process is seen: gone from the log, its memory free (release lag 0)
+    os.kill(a.pid, signal.SIGKILL)
+    a.wait()
+    root, p = smi_xml(simdir, "-i", "0,1")
+    x0, x1 = root.findall("gpu")
+    assert (rows(x0), x0.findtext("fb_memory_usage/used")) == ([], "0 MiB")
+    assert [r[0] for r in rows(x1)] == [b.pid] and x1.findtext("fb_memory_usage/used") == "1024 MiB"
+
+
+def test_e2e_query_text(simdir, procs):
+    sc = scenario.load(simdir)
+    a = procs.start([(1, "C", 2048)])
+    p = run_smi(simdir, "-q")
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[1] == "==============NVSMI LOG==============" and "Attached GPUs                             : 8" in lines
+    assert [line for line in lines if "Minor Number" in line] == [f"    Minor Number                          : {i}" for i in range(8)]
+    assert [line[4:] for line in lines if line.startswith("GPU ")] == [g.pci_bus_id for g in sc.gpus]
+    assert f"        Process ID                        : {a.pid}" in lines
+    assert lines.count("    Processes                             : None") == 7
+    p = run_smi(simdir, "-q", "-i", "1")
+    assert [line for line in p.stdout.splitlines() if line.startswith(("GPU ", "    GPU UUID"))] == [
+        f"GPU {sc.gpus[1].pci_bus_id}", f"    GPU UUID                              : {sc.gpus[1].uuid}"]
+
+
+def test_e2e_query_xml_not_supported_and_missing_symbols(simdir):
+    from gpusimkit.build import install_library
+    with scenario.edit(simdir) as s:
+        s.gpus[0].not_supported = ["minor_number", "mig_mode", "power", "memory", "serial", "encoder"]
+    install_library(simdir, ["nvmlDeviceGetBrand", "nvmlDeviceGetMemoryInfo_v2"])
+    root, p = smi_xml(simdir, "-i", "0,1")
+    x0, x1 = root.findall("gpu")
+    assert [x0.findtext(k) for k in ("minor_number", "mig_mode/current_mig", "serial", "gpu_power_readings/average_power_draw",
+                                     "fb_memory_usage/total", "utilization/encoder_util", "product_brand")] == ["N/A"] * 7
+    assert x0.findtext("gpu_power_readings/current_power_limit") == "700.00 W"
+    # an older library: v1 memory (no reserved), no brand
+    assert [e.text for e in x1.find("fb_memory_usage")] == ["143771 MiB", "N/A", "0 MiB", "143771 MiB"]
+    assert (x1.findtext("minor_number"), x1.findtext("product_brand")) == ("1", "N/A")
+
+
+@pytest.mark.parametrize("init_error, code, text", [
+    (9, 9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+           "Make sure that the latest NVIDIA driver is installed and running.\n"),
+    (18, 18, "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 580.159\n"),
+    (4, 4, "Failed to initialize NVML: Insufficient Permissions\n"),
+])
+def test_e2e_query_init_errors(simdir, init_error, code, text):
+    with scenario.edit(simdir) as s:
+        s.init_error = init_error
+    for args in (["-q", "-x"], ["-q"]):
+        p = run_smi(simdir, *args)
+        assert (p.returncode, p.stdout.strip()) == (code, text.strip())
+
+
+def test_e2e_query_library_missing(tmp_path):
+    d = str(tmp_path)
+    scenario.save(d, scenario.new_scenario(2, seed=d))
+    p = run_smi(d, "-q", "-x")
+    assert p.returncode == 12 and p.stdout.startswith("NVIDIA-SMI couldn't find libnvidia-ml.so library")
+
+
+def test_e2e_query_xml_lost_gpu(simdir):
+    sc = scenario.load(simdir)
+    with scenario.edit(simdir) as s:
+        s.gpus[3].lost_at_ns = 0
+    lost = ("Unable to determine the device handle for GPU3: 0000:5D:00.0: "
+            "GPU is lost.  Reboot the system to recover this GPU\n")
+    root, p = smi_xml(simdir, code=15)
+    assert p.stderr == lost
+    assert root.findtext("attached_gpus") == "8"
+    assert [x.findtext("uuid") for x in root.findall("gpu")] == [g.uuid for g in sc.gpus if g.index != 3]
+    p = run_smi(simdir, "-q")
+    assert (p.returncode, p.stderr) == (15, lost)
+    assert f"GPU {sc.gpus[3].pci_bus_id}" not in p.stdout and f"GPU {sc.gpus[4].pci_bus_id}" in p.stdout
+    # only the lost one selected: a log with no GPU in it
+    root, p = smi_xml(simdir, "-i", sc.gpus[3].uuid, code=15)
+    assert (p.stderr, root.findall("gpu")) == (lost, [])
+    # a GPU that is not lost is not affected
+    root, p = smi_xml(simdir, "-i", "0,4")
+    assert p.stderr == "" and len(root.findall("gpu")) == 2
+
+
+def test_e2e_query_xml_unknown_error(simdir):
+    with scenario.edit(simdir) as s:
+        s.unknown_every = 1
+    root, p = smi_xml(simdir, code=255)
+    assert root.findall("gpu") == []
+    lines = p.stderr.splitlines()
+    assert len(lines) == 8 and all(line.endswith(": Unknown Error") for line in lines)
+
+
+def test_e2e_query_usage_errors(simdir):
+    for args in (["-x"], ["-q", "-L"], ["-q", "-x", "--query-gpu=index", "--format=csv"]):
+        p = run_smi(simdir, *args)
+        assert (p.returncode, p.stdout) == (2, "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"), args
+    p = run_smi(simdir, "-h")
+    assert "-x,   --xml-format" in p.stdout and "-q,   --query" in p.stdout
