@@ -74,7 +74,7 @@ units: layout
 	done
 
 simtests: venv sim
-	$(PYTEST) -q -p no:cacheprovider tests/gpusim/tests
+	$(PYTEST) -q -p no:cacheprovider tests/gpusim/tests tests/functional
 
 integration: layout sim
 	cd $(COLL) && ansible-test integration --local --python 3.12 --color no
