@@ -24,7 +24,7 @@ export PATH := $(VENV)/bin:$(subst $(eval) ,:,$(strip $(TARGET_PYTHON_DIRS))):$(
 export ANSIBLE_COLLECTIONS_PATH := $(TOP)/build
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv sim layout test demo sanity lint units integration simtests molecule bench-smoke clean
+.PHONY: help venv sim layout test demo sanity lint units integration simtests molecule bench-smoke bench clean
 
 help:
 	@echo "make demo   - start a simulated 8 x H200 host with a workload, show nvidia-smi and pct, clean up"
@@ -47,12 +47,12 @@ layout: venv
 	.ci/layout.sh
 
 # --- the two README commands ------------------------------------------------------------------
-demo: venv sim
+demo: venv sim layout
 	$(VPY) tests/gpusim/demo.py
 
 test: venv sim layout
 	@start=$$(date +%s); \
-	for gate in sanity lint units simtests integration molecule; do \
+	for gate in sanity lint units simtests integration molecule bench-smoke; do \
 	  echo "=== gate: $$gate"; t0=$$(date +%s); \
 	  $(MAKE) --no-print-directory $$gate || { echo "=== gate FAILED: $$gate"; exit 1; }; \
 	  echo "=== gate ok: $$gate ($$(( $$(date +%s) - t0 )) s)"; \
@@ -83,6 +83,12 @@ molecule: layout
 	@if ls extensions/molecule/*/molecule.yml >/dev/null 2>&1; then \
 	  cd $(COLL)/extensions && molecule test --all; \
 	else echo "molecule: no scenarios yet (extensions/molecule/*/molecule.yml)"; fi
+
+bench-smoke: venv sim
+	$(VPY) benchmarks/run.py --smoke
+
+bench: venv sim
+	$(VPY) benchmarks/run.py
 
 clean:
 	rm -rf build tests/output

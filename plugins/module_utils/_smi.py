@@ -157,19 +157,44 @@ def error_for_exit(rc: int, out: str, err: str) -> _errors.GpuError:
     return _errors.BackendError(f"nvidia-smi failed with exit {rc}: {text}", backend="nvidia-smi", rc=rc)
 
 
+def _run_both(run, first, second):
+    """Run two independent nvidia-smi queries at once: each costs a driver round trip."""
+    import threading
+
+    box = {}
+
+    def target():
+        try:
+            box["second"] = run(second)
+        except Exception as exc:  # pylint: disable=broad-except  # re-raised in the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    one = run(first)
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return one, box["second"]
+
+
 def query(run, executable: str, minor_numbers=None) -> dict:
     """A raw snapshot through nvidia-smi. ``run(argv) -> (rc, out, err)``.
 
     ``minor_numbers``: a dict {uuid: minor} to fill in (from ``minor_query``), else they are null.
+    The GPU and the process queries run at the same time.
     """
-    rc, out, err = run([executable, "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits"])
+    (rc, out, err), apps = _run_both(
+        run,
+        [executable, "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits"],
+        [executable, "--query-compute-apps=" + ",".join(APP_FIELDS), "--format=csv,noheader,nounits"])
     if rc == 6 and "No devices were found" in (out + err):
         return {"driver": {"backend": "nvidia-smi", "driver_version": None, "nvml_version": None,
                            "cuda_driver_version": None}, "gpus": []}
     if rc != 0:
         raise error_for_exit(rc, out, err)
     gpus = parse_gpus(out)
-    rc, out, err = run([executable, "--query-compute-apps=" + ",".join(APP_FIELDS), "--format=csv,noheader,nounits"])
+    rc, out, err = apps
     if rc != 0:
         raise error_for_exit(rc, out, err)
     by_uuid = {g["uuid"]: g for g in gpus}

@@ -130,7 +130,13 @@ released:
     container: {description: "C({kind, id, pid_in_container}) or null.", type: dict, returned: always}
     gpus: {description: Indices of the selected GPUs it held (or its ancestor held)., type: list, elements: int, returned: always}
     via: {description: For a descendant - the pid of the holder it descends from; else null., type: int, returned: always}
-    signals: {description: "Signals sent, in order (empty in check mode).", type: list, elements: str, returned: always}
+    signals:
+      description:
+        - Signals sent, in order.
+        - Empty in check mode, and for a process that exited before its signal was sent (its parent stopped it).
+      type: list
+      elements: str
+      returned: always
     seconds: {description: Seconds from the first signal until it was gone (null in check mode)., type: float, returned: always}
   sample:
     - {"pid": 8812, "name": "python3", "cmdline": "python3 -m sglang.launch_server", "user": "root",
@@ -336,7 +342,8 @@ def main() -> None:
         if target in alive:
             entry["state"] = _procs.process_state(target.pid)
             result["survivors"].append(entry)
-        elif target.signals:
+        else:
+            # Gone: by our signal, or before it reached it (a parent's SIGTERM took its workers along).
             result["released"].append(entry)
         target.close()
     result["changed"] = sent_any

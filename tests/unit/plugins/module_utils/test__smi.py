@@ -92,18 +92,28 @@ def test_error_for_exit(rc, out, cls, phrase):
     assert phrase in exc.msg
 
 
-def test_query_scripted_runner_joins_apps_to_gpus():
+def scripted(answers):
+    """A run_command stand-in answering by the query in the argv; records every call."""
     calls = []
-    outputs = [(0, H200_ROW + "\n", ""), (0, "GPU-84132344-1ae6-1959-e645-01ebbeb26ecd, 8812, python3, 81920\n", "")]
 
     def run(argv):
         calls.append(argv)
-        return outputs[len(calls) - 1]
+        for key, answer in answers.items():
+            if argv[1].startswith(key):
+                return answer
+        raise AssertionError(f"unexpected argv {argv}")
 
+    return run, calls
+
+
+def test_query_scripted_runner_joins_apps_to_gpus():
+    run, calls = scripted({"--query-gpu=": (0, H200_ROW + "\n", ""),
+                           "--query-compute-apps=": (0, "GPU-84132344-1ae6-1959-e645-01ebbeb26ecd, 8812, python3, 81920\n", "")})
     raw = query(run, "/usr/bin/nvidia-smi")
-    assert [c[0] for c in calls] == ["/usr/bin/nvidia-smi"] * 2
-    assert calls[0][1].startswith("--query-gpu=index,uuid,") and calls[0][2] == "--format=csv,noheader,nounits"
-    assert calls[1][1].startswith("--query-compute-apps=gpu_uuid,pid,")
+    assert sorted(c[1].split("=")[0] for c in calls) == ["--query-compute-apps", "--query-gpu"]
+    gpu_call = [c for c in calls if c[1].startswith("--query-gpu=")][0]
+    assert gpu_call[0] == "/usr/bin/nvidia-smi" and gpu_call[1].startswith("--query-gpu=index,uuid,")
+    assert gpu_call[2] == "--format=csv,noheader,nounits"
     assert raw["driver"]["driver_version"] == "580.159.03"
     assert raw["gpus"][0]["processes"] == [{"pid": 8812, "types": ["compute"], "used_mib": 81920}]
 
@@ -131,6 +141,6 @@ def test_parse_minor_numbers():
 
 
 def test_query_fills_minor_numbers():
-    outputs = iter([(0, H200_ROW + "\n", ""), (0, "", "")])
-    raw = query(lambda argv: next(outputs), "nvidia-smi", {"GPU-84132344-1ae6-1959-e645-01ebbeb26ecd": 0})
+    run, _calls = scripted({"--query-gpu=": (0, H200_ROW + "\n", ""), "--query-compute-apps=": (0, "", "")})
+    raw = query(run, "nvidia-smi", {"GPU-84132344-1ae6-1959-e645-01ebbeb26ecd": 0})
     assert raw["gpus"][0]["minor_number"] == 0
