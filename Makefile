@@ -79,9 +79,9 @@ simtests: venv sim
 integration: layout sim
 	cd $(COLL) && ansible-test integration --local --python 3.12 --color no
 
-molecule: layout
+molecule: layout sim
 	@if ls extensions/molecule/*/molecule.yml >/dev/null 2>&1; then \
-	  cd $(COLL)/extensions && molecule test --all; \
+	  cd $(COLL)/extensions && GPUSIM_CLI=$(TOP)/tests/gpusim/gpusim GPUSIM_PYTHON=$(VPY) molecule test --all; \
 	else echo "molecule: no scenarios yet (extensions/molecule/*/molecule.yml)"; fi
 
 bench-smoke: venv sim

@@ -120,8 +120,9 @@ def idle_verdict(gpu: dict, max_memory_used_mib=DEFAULT_MAX_MEMORY_USED_MIB, max
                  include_device_holders=True):
     """(idle, busy_reasons) for one GPU of a snapshot: the ONE idle definition.
 
-    Idle means: health ok; no compute, graphics or MPS process, visible or not; no device-file
-    holder outside the protected list (when include_device_holders); memory used at most
+    Idle means: health ok; no compute, graphics or MPS process, visible or not; no holder of the
+    GPU's device file outside the protected list (when include_device_holders; a process that
+    holds only nvidiactl/nvidia-uvm has no context on this GPU and does not count); memory used at most
     max_memory_used_mib; utilization at most max_utilization_pct when that is set.
     """
     reasons = []
@@ -138,7 +139,7 @@ def idle_verdict(gpu: dict, max_memory_used_mib=DEFAULT_MAX_MEMORY_USED_MIB, max
     if include_device_holders:
         nvml_pids = {p["pid"] for p in procs}
         for h in gpu.get("holders") or []:
-            if h.get("protected") or h["pid"] in nvml_pids:
+            if h.get("protected") or h.get("shared_only") or h["pid"] in nvml_pids:
                 continue
             reasons.append(f"device file held by {describe(h)} ({', '.join(h.get('files') or [])})")
     used = (gpu.get("memory") or {}).get("used")
@@ -195,14 +196,14 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
         details = info(pid)
         if details is None:
             continue
-        # nvidiaN ties a process to GPU N. nvidiactl and nvidia-uvm are opened by every CUDA
-        # process whatever GPU it uses, so they tie it to every GPU only when it holds no
-        # nvidiaN at all (it initialised CUDA but has no device yet). When the backend could not
-        # give minor numbers, an nvidiaN cannot be placed either: it counts for every GPU, so
-        # that a GPU is never called idle while something may hold it.
+        # nvidiaN ties a process to GPU N. nvidiactl and nvidia-uvm are opened by every CUDA or
+        # NVML client whatever GPU it uses: a process that holds only those (shared_only) is listed
+        # as a holder of every GPU, but it has no context on any GPU, so it keeps none busy. When
+        # the backend could not give minor numbers, an nvidiaN cannot be placed: it then counts
+        # for every GPU, so that a GPU is never called idle while something may hold it.
         specific = [device_file_index(path) for path in files]
         owned = sorted({i for i in specific if i is not None and i in minors})
-        shared_only = not owned
+        shared_only = not any(i is not None for i in specific)
         by_gpu = {}
         for gpu in ([minors[i] for i in owned] if owned else gpus):
             by_gpu[gpu["index"]] = list(files)

@@ -20,10 +20,11 @@ from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _snapsh
 
 
 def holders_of(gpu: dict) -> list:
-    """Everything that holds a GPU: the driver's processes and unprotected device-file holders."""
+    """What keeps a GPU busy: the driver's processes and the unprotected holders of its device file."""
     out = list(gpu.get("processes") or [])
     seen = {p["pid"] for p in out}
-    out.extend(h for h in gpu.get("holders") or [] if not h.get("protected") and h["pid"] not in seen)
+    out.extend(h for h in gpu.get("holders") or []
+               if not h.get("protected") and not h.get("shared_only") and h["pid"] not in seen)
     return out
 
 
@@ -109,7 +110,7 @@ def _full_scan(state: dict, now: float, gpus: list) -> None:
     state["full_scans"] += 1
     state["last_full_scan_at"] = now
     state["known_holders"] = {str(h["pid"]): [h["pid"], h.get("start_time")]
-                              for g in gpus for h in g.get("holders") or [] if not h.get("protected")}
+                              for g in gpus for h in holders_of(g) if h in (g.get("holders") or [])}
 
 
 def step(state: dict, now: float, snapshot, alive, settle: float, full_scan_every: float):

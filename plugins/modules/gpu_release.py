@@ -326,6 +326,9 @@ def main() -> None:
             pinned.append(target)
         elif target.recycled:
             result["skipped_processes"].append(report(t, reason="the pid now belongs to another process (recycled); not signalled"))
+        else:
+            # It exited between the snapshot and now (its parent took it along): released, unsignalled.
+            result["released"].append(report(t, signals=[], seconds=0.0))
     t0 = time.monotonic()
     sent_any = False
     for target in pinned:  # children and parents together: every target gets the signal now

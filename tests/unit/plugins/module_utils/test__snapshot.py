@@ -96,6 +96,8 @@ IDLE_CASES = [
      {}, False, ["device file held by pid 77 (python3) (/dev/nvidia3)"]),
     ("holders ignored when asked", _gpu(holders=[{"pid": 77, "name": "python3", "files": ["/dev/nvidia3"], "protected": None}]),
      {"include_device_holders": False}, True, []),
+    ("holder of nvidiactl only: no context on this GPU", _gpu(holders=[{"pid": 78, "name": "python3", "files": ["/dev/nvidiactl"],
+                                                                       "protected": None, "shared_only": True}]), {}, True, []),
     ("protected holder", _gpu(holders=[{"pid": 5, "name": "nvidia-persistenced", "files": ["/dev/nvidiactl"],
                                         "protected": "NVIDIA daemon"}]), {}, True, []),
     ("lost", _gpu(health={"status": "lost", "detail": "GPU is lost"}), {}, False, ["health lost: GPU is lost"]),
@@ -151,5 +153,5 @@ def test_build_without_minor_numbers_counts_nvidiaN_for_every_gpu():
                    "start_time": 3, "container": None}}
     snap = build(raw, read_process=procs.get, holders={300: ["/dev/nvidia1"]})
     assert [[h["pid"] for h in g["holders"]] for g in snap["gpus"]] == [[300], [300]]
-    assert all(h["shared_only"] for g in snap["gpus"] for h in g["holders"])
+    assert not any(h["shared_only"] for g in snap["gpus"] for h in g["holders"])
     assert not any(g["idle"] for g in snap["gpus"])
