@@ -24,11 +24,15 @@ export PATH := $(VENV)/bin:$(subst $(eval) ,:,$(strip $(TARGET_PYTHON_DIRS))):$(
 export ANSIBLE_COLLECTIONS_PATH := $(TOP)/build
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv sim layout test demo sanity lint units integration simtests molecule bench-smoke bench clean
+.PHONY: help venv sim layout test demo sanity lint units integration simtests packaging molecule bench-smoke bench docs clean
 
 help:
 	@echo "make demo   - start a simulated 8 x H200 host with a workload, show nvidia-smi and pct, clean up"
-	@echo "make test   - every gate: sanity, ansible-lint, units (Python $(HAVE_TARGET_PYTHONS)), simulator tests, integration, molecule"
+	@echo "make test   - every gate: sanity, ansible-lint, units (Python $(HAVE_TARGET_PYTHONS)), simulator and functional tests,"
+	@echo "              packaging (build/install/ansible-doc, EE context, changelog, docs, support matrix), integration,"
+	@echo "              molecule, a benchmark smoke run"
+	@echo "make bench  - the full benchmarks (benchmarks/README.md)"
+	@echo "make docs   - HTML docs in build/docs (docs/README.md)"
 
 # --- set-up ---------------------------------------------------------------------------------
 $(VENV)/.stamp: requirements.txt constraints.txt
@@ -52,7 +56,7 @@ demo: venv sim layout
 
 test: venv sim layout
 	@start=$$(date +%s); \
-	for gate in sanity lint units simtests integration molecule bench-smoke; do \
+	for gate in sanity lint units simtests packaging integration molecule bench-smoke; do \
 	  echo "=== gate: $$gate"; t0=$$(date +%s); \
 	  $(MAKE) --no-print-directory $$gate || { echo "=== gate FAILED: $$gate"; exit 1; }; \
 	  echo "=== gate ok: $$gate ($$(( $$(date +%s) - t0 )) s)"; \
@@ -83,6 +87,12 @@ molecule: layout sim
 	@if ls extensions/molecule/*/molecule.yml >/dev/null 2>&1; then \
 	  cd $(COLL)/extensions && GPUSIM_CLI=$(TOP)/tests/gpusim/gpusim GPUSIM_PYTHON=$(VPY) molecule test --all; \
 	else echo "molecule: no scenarios yet (extensions/molecule/*/molecule.yml)"; fi
+
+packaging: venv sim
+	$(PYTEST) -q -p no:cacheprovider tests/packaging
+
+docs: venv
+	docs/build.sh
 
 bench-smoke: venv sim
 	$(VPY) benchmarks/run.py --smoke
