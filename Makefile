@@ -24,7 +24,7 @@ export PATH := $(VENV)/bin:$(subst $(eval) ,:,$(strip $(TARGET_PYTHON_DIRS))):$(
 export ANSIBLE_COLLECTIONS_PATH := $(TOP)/build
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv sim layout test demo sanity lint units integration simtests packaging molecule bench-smoke bench docs clean
+.PHONY: help venv sim layout test demo sanity lint units integration simtests packaging molecule bench-smoke bench docs gpu-smoke clean
 
 help:
 	@echo "make demo   - start a simulated 8 x H200 host with a workload, show nvidia-smi and pct, clean up"
@@ -33,6 +33,7 @@ help:
 	@echo "              molecule, a benchmark smoke run"
 	@echo "make bench  - the full benchmarks (benchmarks/README.md)"
 	@echo "make docs   - HTML docs in build/docs (docs/README.md)"
+	@echo "make gpu-smoke - the modules on this host's NVIDIA GPU: compare with nvidia-smi, time a release (GPU_SMOKE_ARGS=\"--mib 102400 --gpu 1\")"
 
 # --- set-up ---------------------------------------------------------------------------------
 $(VENV)/.stamp: requirements.txt constraints.txt
@@ -85,7 +86,7 @@ integration: layout sim
 
 molecule: layout sim
 	@if ls extensions/molecule/*/molecule.yml >/dev/null 2>&1; then \
-	  cd $(COLL)/extensions && GPUSIM_CLI=$(TOP)/tests/gpusim/gpusim GPUSIM_PYTHON=$(VPY) molecule test --all; \
+	  cd $(COLL) && GPUSIM_CLI=$(TOP)/tests/gpusim/gpusim GPUSIM_PYTHON=$(VPY) molecule test --all; \
 	else echo "molecule: no scenarios yet (extensions/molecule/*/molecule.yml)"; fi
 
 packaging: venv sim
@@ -99,6 +100,12 @@ bench-smoke: venv sim
 
 bench: venv sim
 	$(VPY) benchmarks/run.py
+
+# --- real hardware (not in make test: needs an NVIDIA GPU; make test runs it on the simulator) ---
+GPU_SMOKE_ARGS ?=
+gpu-smoke: venv sim
+	mkdir -p build
+	$(VPY) tools/gpu_smoke.py --json build/gpu-smoke.json $(GPU_SMOKE_ARGS)
 
 clean:
 	rm -rf build tests/output
