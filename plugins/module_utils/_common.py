@@ -34,7 +34,7 @@ IDLE_ARGS = dict(
     max_utilization_pct=dict(type="int"),
 )
 
-_SBIN = ["/usr/bin", "/usr/sbin", "/sbin", "/usr/local/bin"]
+SBIN_DIRS = ["/usr/bin", "/usr/sbin", "/sbin", "/usr/local/bin"]
 
 
 def validate_snapshot_params(params: dict) -> None:
@@ -68,14 +68,14 @@ class SnapshotTaker:
         self.smi = None
         self.minors = None
 
-    def _run_smi(self, argv):
+    def run_smi(self, argv):
         """One nvidia-smi run (argv list, no shell) under query_timeout."""
         return call_with_timeout(
             lambda: self.module.run_command(argv, environ_update={"LC_ALL": "C"}),
             self.params["query_timeout"], f"{argv[0]} {argv[1] if len(argv) > 1 else ''}".strip())
 
     def _find_smi(self):
-        path = self.module.get_bin_path(self.params["nvidia_smi_path"], required=False, opt_dirs=_SBIN)
+        path = self.module.get_bin_path(self.params["nvidia_smi_path"], required=False, opt_dirs=SBIN_DIRS)
         if not path:
             raise _errors.LibraryNotFound(
                 f"no NVIDIA driver libraries here: a container without them, or not a GPU host"
@@ -103,8 +103,8 @@ class SnapshotTaker:
             return call_with_timeout(_nvml.query, self.params["query_timeout"], "NVML query")
         if need_minors and self.minors is None:
             # Minor numbers tie /dev/nvidiaN to a GPU; only nvidia-smi's XML report has them.
-            self.minors = _smi.minor_query(self._run_smi, self.smi)
-        return _smi.query(self._run_smi, self.smi, self.minors)
+            self.minors = _smi.minor_query(self.run_smi, self.smi)
+        return _smi.query(self.run_smi, self.smi, self.minors)
 
     def take(self, gather_processes=True, gather_holders=True) -> dict:
         """One snapshot of every GPU (selection is applied by the caller)."""

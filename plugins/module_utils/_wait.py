@@ -109,8 +109,12 @@ def _check_lost(gpus: list) -> None:
 def _full_scan(state: dict, now: float, gpus: list) -> None:
     state["full_scans"] += 1
     state["last_full_scan_at"] = now
-    state["known_holders"] = {str(h["pid"]): [h["pid"], h.get("start_time")]
-                              for g in gpus for h in holders_of(g) if h in (g.get("holders") or [])}
+    state["known_holders"] = {}
+    for g in gpus:
+        nvml_pids = {p["pid"] for p in g.get("processes") or []}
+        for h in holders_of(g):
+            if h["pid"] not in nvml_pids:  # a device-file holder: followed by pid between full scans
+                state["known_holders"][str(h["pid"])] = [h["pid"], h.get("start_time")]
 
 
 def step(state: dict, now: float, snapshot, alive, settle: float, full_scan_every: float):

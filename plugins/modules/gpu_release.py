@@ -224,10 +224,11 @@ def candidates(gpus, include_device_holders, subset=False):
     return list(merged.values()), invisible + [v for k, v in sorted(shared.items()) if k not in merged]
 
 
-def holder_lines(gpus):
+def holder_lines(gpus, without=()):
+    """The diff text: one line per GPU and holder (minus the pids in ``without``)."""
     lines = []
     for gpu in gpus:
-        seen = set()
+        seen = set(without)
         for proc in list(gpu["processes"]) + list(gpu["holders"]):
             if proc["pid"] in seen:
                 continue
@@ -311,11 +312,8 @@ def main() -> None:
 
     if module.check_mode:
         result["released"] = [report(t, signals=[], seconds=None) for t in targets]
-        gone = {t["pid"] for t in targets}
-        after_text = "\n".join(line for line in holder_lines(before).splitlines()
-                               if int(line.split("pid ", 1)[1].split()[0]) not in gone)
         if module._diff:
-            result["diff"] = {"before": holder_lines(before), "after": after_text + ("\n" if after_text else "")}
+            result["diff"] = {"before": holder_lines(before), "after": holder_lines(before, {t["pid"] for t in targets})}
         result["elapsed"] = round(time.monotonic() - start, 3)
         module.exit_json(**result)
 

@@ -154,7 +154,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _procs, _smi, _snapshot, _wait
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
-    _SBIN,
+    SBIN_DIRS,
     IDLE_ARGS,
     SNAPSHOT_ARGS,
     SnapshotTaker,
@@ -185,12 +185,12 @@ def confirm(module, taker, gpus, p):
     wanted = p["confirm_with_nvidia_smi"]
     if wanted is False:
         return None, ""
-    path = module.get_bin_path(p["nvidia_smi_path"], required=False, opt_dirs=_SBIN)
+    path = module.get_bin_path(p["nvidia_smi_path"], required=False, opt_dirs=SBIN_DIRS)
     if not path:
         if wanted:
             raise _errors.GpuError(f"confirm_with_nvidia_smi: {p['nvidia_smi_path']} not found on the target")
         return None, ""
-    raw = _smi.query(taker._run_smi, path)
+    raw = _smi.query(taker.run_smi, path)
     by_uuid = {g["uuid"]: g for g in raw["gpus"]}
     seen, disagree = {}, []
     for g in gpus:
