@@ -14,6 +14,7 @@ logic it calls lives in the pure files next to it.
 from __future__ import annotations
 
 import os
+import time
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _nvml, _procs, _smi, _snapshot
 from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import call_with_timeout
@@ -100,7 +101,9 @@ class SnapshotTaker:
         if self.backend is None:
             self.backend = self._choose_backend()
         if self.backend == "nvml":
-            return call_with_timeout(_nvml.query, self.params["query_timeout"], "NVML query")
+            timeout = self.params["query_timeout"]
+            deadline = time.monotonic() + timeout
+            return call_with_timeout(lambda: _nvml.query(deadline=deadline), timeout, "NVML query")
         if need_minors and self.minors is None:
             # Minor numbers tie /dev/nvidiaN to a GPU; only nvidia-smi's XML report has them.
             self.minors = _smi.minor_query(self.run_smi, self.smi)

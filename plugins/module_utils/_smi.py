@@ -85,6 +85,8 @@ def parse_gpus(out: str) -> list:
                 "used": to_int(row["memory.used"]),
                 "free": to_int(row["memory.free"]),
                 "reserved": to_int(row["memory.reserved"]),
+                # nvidia-smi reports memory.used without the reserved memory (memory.reserved, R510+).
+                "used_includes_reserved": False if to_int(row["memory.used"]) is not None else None,
             },
             "utilization": {"gpu": to_int(row["utilization.gpu"]), "memory": to_int(row["utilization.memory"])},
             "temperature": to_int(row["temperature.gpu"]),
@@ -94,8 +96,18 @@ def parse_gpus(out: str) -> list:
             "mig_mode": to_bool_mode(row["mig.mode.current"]),
             "health": {"status": "ok", "detail": None},
             "processes": [],
+            "processes_error": None,
+            "unsupported": [],
+            "errors": [],
             "_driver_version": value(row["driver_version"]),
         })
+        gpu = gpus[-1]
+        # nvidia-smi prints [N/A] (older: [Not Supported]) for what the GPU or driver cannot give.
+        gpu["unsupported"] = [key for key, missing in (
+            ("serial", gpu["serial"] is None), ("memory", gpu["memory"]["used"] is None),
+            ("utilization", gpu["utilization"]["gpu"] is None), ("temperature", gpu["temperature"] is None),
+            ("power", gpu["power"] is None), ("persistence_mode", gpu["persistence_mode"] is None),
+            ("compute_mode", gpu["compute_mode"] is None), ("mig_mode", gpu["mig_mode"] is None)) if missing]
     return gpus
 
 

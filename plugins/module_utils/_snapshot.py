@@ -130,6 +130,9 @@ def idle_verdict(gpu: dict, max_memory_used_mib=DEFAULT_MAX_MEMORY_USED_MIB, max
     if health.get("status", "ok") != "ok":
         reasons.append(f"health {health.get('status')}: {health.get('detail')}")
     procs = gpu.get("processes") or []
+    if gpu.get("processes_error"):
+        # Nothing may be called idle on a list that could not be read: it may hide the holder.
+        reasons.append(gpu["processes_error"])
     for p in procs:
         if p.get("visible", True):
             reasons.append(f"used by {describe(p)}" + (f", {mib_text(p.get('used_mib'))}" if p.get("used_mib") is not None else ""))
@@ -144,7 +147,9 @@ def idle_verdict(gpu: dict, max_memory_used_mib=DEFAULT_MAX_MEMORY_USED_MIB, max
             reasons.append(f"device file held by {describe(h)} ({', '.join(h.get('files') or [])})")
     used = (gpu.get("memory") or {}).get("used")
     if used is not None and used > max_memory_used_mib:
-        if not procs:
+        if gpu.get("processes_error"):
+            reasons.append(f"{used} MiB used")
+        elif not procs:
             reasons.append(f"{used} MiB used by processes not visible from this PID namespace (another"
                            " container or the host), or a leaked context")
     util = (gpu.get("utilization") or {}).get("gpu")
@@ -232,7 +237,25 @@ def visibility_warnings(gpus: list) -> list:
             out.append(f"GPU {g['index']}: the driver reports pid(s) {pids}, which do not exist from this PID"
                        " namespace (another container or the host); run on the host (the Proxmox node) to"
                        " attribute them")
-        elif not g["processes"] and used is not None and used > DEFAULT_MAX_MEMORY_USED_MIB:
+        elif not g["processes"] and not g.get("processes_error") and used is not None and used > DEFAULT_MAX_MEMORY_USED_MIB:
             out.append(f"GPU {g['index']}: {used} MiB used by processes not visible from this PID namespace"
                        " (another container or the host)")
     return out
+
+
+def read_warnings(gpus: list) -> list:
+    """What the driver could not tell, one sentence per cause (GPUs that share it are listed together)."""
+    by_cause = {}
+    for g in gpus:
+        where = f"GPU {g['index']}" + (f" ({g['pci_bus_id']})" if g.get("pci_bus_id") else "")
+        if g.get("processes_error"):
+            cause = (f"{g['processes_error']}; not called idle, and gpuops.gpu.gpu_release will not release"
+                     " it until the list can be read")
+            by_cause.setdefault(cause, []).append(where)
+        prefix = where + ": "
+        for text in g.get("errors") or []:
+            text = text[len(prefix):] if text.startswith(prefix) else text
+            if g.get("processes_error") and text == g["processes_error"]:
+                continue
+            by_cause.setdefault(text, []).append(where)
+    return [f"{', '.join(wheres)}: {cause}" for cause, wheres in by_cause.items()]

@@ -65,6 +65,8 @@ def diagnosis(gpus: list, max_memory_used_mib: int) -> str:
         health = g.get("health") or {}
         if health.get("status", "ok") != "ok":
             parts.append(f"GPU {g['index']} is {health.get('status')} ({health.get('detail')})")
+        elif g.get("processes_error") and not hs:
+            parts.append(f"GPU {g['index']}: {g['processes_error']}")
         elif hs:
             parts.append(f"GPU {g['index']} is used by " + ", ".join(
                 _snapshot.describe(h) if h.get("visible", True) else f"pid {h['pid']} (not visible from here)" for h in hs))

@@ -85,7 +85,16 @@ ansible_facts:
       description: Driver versions and the backend that was used.
       returned: always
       type: dict
-      sample: {"backend": "nvml", "driver_version": "580.159.03", "cuda_driver_version": "13.0", "nvml_version": "13.580.159.03"}
+      sample: {"backend": "nvml", "driver_version": "580.159.03", "cuda_driver_version": "13.0", "nvml_version": "13.580.159.03",
+               "process_query": {"function": "nvmlDeviceGetComputeRunningProcesses_v3", "entry_bytes": 24}}
+      contains:
+        process_query:
+          description:
+            - With O(backend=nvml), the NVML process query this driver was read with and the size of its entries
+              (32 bytes for the C(_v3) query on the R535 branch, 24 for C(_v3) elsewhere and for C(_v2),
+              16 for the unversioned query of R440 and older); null with nvidia-smi.
+          type: dict
+          returned: always
     gpu_count:
       description: The number of GPUs the driver shows (all of them, whatever O(gpus) selects).
       returned: always
@@ -109,10 +118,15 @@ ansible_facts:
           type: int
           returned: always
         memory:
-          description: Memory in MiB - C(total), C(used), C(free), C(reserved).
+          description:
+            - Memory in MiB - C(total), C(used), C(free), C(reserved); each null when the GPU cannot report it (unified-memory
+              parts such as the GB10 report no memory at all).
+            - C(used_includes_reserved) is true when the driver has no C(nvmlDeviceGetMemoryInfo_v2) (before R510) or it
+              was not supported, so that the v1 query was used, whose C(used) includes the memory the driver reserves
+              (C(reserved) is then null).
           type: dict
           returned: always
-          sample: {"total": 143771, "used": 81920, "free": 61851, "reserved": 0}
+          sample: {"total": 143771, "used": 81920, "free": 61851, "reserved": 0, "used_includes_reserved": false}
         utilization: {description: "C(gpu) and C(memory) utilization, in %.", type: dict, returned: always}
         temperature: {description: GPU temperature in C., type: int, returned: always}
         power: {description: Power draw in W., type: float, returned: always}
@@ -136,6 +150,29 @@ ansible_facts:
             - {"pid": 8812, "type": "compute", "used_mib": 81920, "name": "python3", "cmdline": "python3 -m sglang.launch_server",
                "user": "root", "uid": 0, "ppid": 8800, "start_time": 123456, "visible": true,
                "container": {"kind": "lxc", "id": 129, "pid_in_container": 245}}
+        processes_error:
+          description:
+            - Why the driver's process list of this GPU could not be read (an NVML error after retries, naming the
+              function; a query the driver does not support; entries that cannot be real processes), else null.
+            - A GPU whose list could not be read is never idle, and M(gpuops.gpu.gpu_release) fails on it rather than
+              report nothing to release.
+          type: str
+          returned: always
+          sample: "processes could not be read: Unknown Error, 3 tries (nvmlDeviceGetComputeRunningProcesses_v3)"
+        unsupported:
+          description:
+            - The fields this driver or GPU cannot give (the NVML function is missing from this driver branch, or
+              answers NOT_SUPPORTED); each of them is null. The rest of the GPU is read as usual.
+          type: list
+          elements: str
+          returned: always
+          sample: ["mig_mode", "memory"]
+        errors:
+          description: NVML calls that failed on this GPU, each naming the GPU (index and bus id) and the function.
+          type: list
+          elements: str
+          returned: always
+          sample: ["GPU 3 (00000000:5D:00.0): nvmlDeviceGetTemperature: Unknown Error, 3 tries"]
         holders:
           description:
             - Processes that hold this GPU's device file open (C(nvidiaN) of this GPU, or a device file shared by
@@ -189,7 +226,7 @@ def main() -> None:
                 gpu_count=0, gpu_devices=[]))
         fail(module, exc)
         return
-    for warning in _snapshot.visibility_warnings(selected):
+    for warning in _snapshot.visibility_warnings(selected) + _snapshot.read_warnings(selected):
         module.warn(warning)
     for gpu in selected:
         if gpu["health"]["status"] == "lost":

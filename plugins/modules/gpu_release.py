@@ -168,6 +168,14 @@ elapsed:
   description: Seconds the release took.
   returned: always
   type: float
+unreadable_gpus:
+  description:
+    - The selected GPUs whose process list the driver could not give (an NVML error, or a list whose entries
+      cannot be real processes). The module then fails and signals nothing, unless O(pids) names what to stop.
+  returned: when the module failed for that reason
+  type: list
+  elements: int
+  sample: [3]
 """
 
 import os
@@ -294,6 +302,21 @@ def main() -> None:
         subset = len(before) < len(snap["gpus"])
     except _errors.GpuError as exc:
         fail(module, exc)
+        return
+
+    unreadable = [g for g in before if g.get("processes_error")]
+    if unreadable and p["pids"]:
+        module.warn("the driver's process list could not be read for GPU(s) "
+                    + ", ".join(str(g["index"]) for g in unreadable) + ": only the processes named in pids are considered")
+    elif unreadable:
+        # An empty list read from a failed query is not "nothing to release": the holder may be hidden.
+        module.fail_json(
+            msg="the driver's process list could not be read for "
+                + "; ".join(f"GPU {g['index']} ({g.get('pci_bus_id')}): {g['processes_error']}" for g in unreadable)
+                + ". Nothing was signalled. Retry (a transient driver error), raise query_timeout, or name the"
+                  " processes to stop with pids.",
+            changed=False, released=[], survivors=[], respawned=[], protected=[], skipped_processes=[],
+            unreadable_gpus=[g["index"] for g in unreadable])
         return
 
     me = os.getpid()

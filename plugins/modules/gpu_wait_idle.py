@@ -14,7 +14,9 @@ description:
     then returns at once - no guessed sleeps.
   - Idle is the definition M(gpuops.gpu.gpu_facts) reports - no compute, graphics or MPS process (visible or
     not), no device-file holder outside the protected daemons (O(include_device_holders)), memory used at most
-    O(max_memory_used_mib), utilization at most O(max_utilization_pct) when set, health ok.
+    O(max_memory_used_mib), utilization at most O(max_utilization_pct) when set, health ok, and a process list
+    the driver could read (a list that an NVML error or a mismatched entry layout made unreadable keeps the GPU
+    busy until it can be read again).
   - The settle clock starts when the last holder disappears, not when the memory is freed, so a driver that
     frees memory 1.5 s after the exit costs no extra time; a holder that appears within the window (a
     supervisor restarting the server) restarts the clock. The first look counts as a holder leaving, so the

@@ -34,7 +34,8 @@ def test_parse_gpus_full_row():
     (gpu,) = parse_gpus(H200_ROW + "\n")
     assert gpu["index"] == 0
     assert gpu["name"] == "NVIDIA H200"
-    assert gpu["memory"] == {"total": 143771, "used": 81920, "free": 61851, "reserved": 0}
+    assert gpu["memory"] == {"total": 143771, "used": 81920, "free": 61851, "reserved": 0, "used_includes_reserved": False}
+    assert gpu["unsupported"] == []
     assert gpu["utilization"] == {"gpu": 97, "memory": 40}
     assert gpu["power"] == 512.33
     assert gpu["persistence_mode"] is True
@@ -46,7 +47,8 @@ def test_parse_gpus_full_row():
 def test_parse_gpus_bracketed_values_become_null():
     (gpu,) = parse_gpus(OLD_ROW)
     assert gpu["serial"] is None
-    assert gpu["memory"] == {"total": 2004, "used": None, "free": None, "reserved": None}
+    assert gpu["memory"] == {"total": 2004, "used": None, "free": None, "reserved": None, "used_includes_reserved": None}
+    assert gpu["unsupported"] == ["serial", "memory", "utilization", "power", "mig_mode"]
     assert gpu["utilization"] == {"gpu": None, "memory": None}
     assert gpu["power"] is None and gpu["mig_mode"] is None
     assert gpu["compute_mode"] == "exclusive_process"

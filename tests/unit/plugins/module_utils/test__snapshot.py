@@ -155,3 +155,43 @@ def test_build_without_minor_numbers_counts_nvidiaN_for_every_gpu():
     assert [[h["pid"] for h in g["holders"]] for g in snap["gpus"]] == [[300], [300]]
     assert not any(h["shared_only"] for g in snap["gpus"] for h in g["holders"])
     assert not any(g["idle"] for g in snap["gpus"])
+
+
+# --- a process list that could not be read --------------------------------------------------
+
+UNREADABLE_CASES = [
+    ("query failed, memory at baseline", {"processes_error": "processes could not be read: Unknown Error, 3 tries"},
+     ["processes could not be read: Unknown Error, 3 tries"]),
+    ("query failed, memory in use", {"processes_error": "processes could not be read: Unknown Error, 3 tries",
+                                     "memory": {"used": 1024}},
+     ["processes could not be read: Unknown Error, 3 tries", "1024 MiB used"]),
+    ("read fine, nothing there", {"processes_error": None}, []),
+]
+
+
+@pytest.mark.parametrize("name, fields, reasons", UNREADABLE_CASES, ids=[c[0] for c in UNREADABLE_CASES])
+def test_unreadable_process_list_is_never_idle(name, fields, reasons):
+    gpu = {"index": 3, "health": {"status": "ok", "detail": None}, "memory": {"used": 0}, "utilization": {"gpu": 0},
+           "processes": [], "holders": []}
+    gpu.update(fields)
+    idle, why = idle_verdict(gpu)
+    assert idle is (not reasons)
+    assert why == reasons
+
+
+def test_read_warnings_group_gpus_with_one_cause():
+    from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import read_warnings
+
+    err = "processes could not be read: Unknown Error, 3 tries (nvmlDeviceGetComputeRunningProcesses_v3)"
+    gpus = [
+        {"index": 1, "pci_bus_id": "00000000:2A:00.0", "processes_error": err,
+         "errors": [f"GPU 1 (00000000:2A:00.0): {err}"]},
+        {"index": 3, "pci_bus_id": "00000000:5D:00.0", "processes_error": err,
+         "errors": [f"GPU 3 (00000000:5D:00.0): {err}",
+                    "GPU 3 (00000000:5D:00.0): nvmlDeviceGetTemperature: Unknown Error, 3 tries"]},
+        {"index": 4, "pci_bus_id": "00000000:9A:00.0", "processes_error": None, "errors": []},
+    ]
+    warnings = read_warnings(gpus)
+    assert len(warnings) == 2
+    assert warnings[0].startswith("GPU 1 (00000000:2A:00.0), GPU 3 (00000000:5D:00.0): " + err)
+    assert warnings[1] == "GPU 3 (00000000:5D:00.0): nvmlDeviceGetTemperature: Unknown Error, 3 tries"
