@@ -18,6 +18,9 @@
    an NVML poller (a child process, every 10 ms) records when the memory is free again; it reports
    signal -> process gone, signal -> memory free (NVML), and the module's detection latency
    (gpu_wait_idle's return minus the moment NVML showed the memory free);
+   it also records which NVIDIA device nodes the workload holds (/proc/<pid>/fd) and on which GPUs
+   NVML lists its context: the device-node rule of the holding model (CUDA opens the node of every
+   GPU it can see), checked on every host this runs on;
 4. prints a table and writes JSON (--json). It signals only the processes it started itself (the
    workload, through gpu_release and by pid in a ``finally``; its NVML poller).
 
@@ -527,6 +530,43 @@ def workload_seen(result, gpu_index, minor, pid, mib):
     return out
 
 
+def held_nodes(pid):
+    """The NVIDIA device nodes a process holds open, read from /proc/<pid>/fd (and its threads')."""
+    nodes = set()
+    dirs = [f"/proc/{pid}/fd"]
+    try:
+        dirs += [f"/proc/{pid}/task/{t}/fd" for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        pass
+    for d in dirs:
+        try:
+            fds = os.listdir(d)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"{d}/{fd}")
+            except OSError:
+                continue
+            if os.path.basename(target).startswith("nvidia") or "/nvidia-caps/" in target:
+                nodes.add(target)
+    return sorted(nodes)
+
+
+def node_rule(pid, facts_result, gpu_index):
+    """What the workload shows of the device-node rule: its nodes, its context GPUs, and whether it
+    holds the node of GPUs it has no context on (CUDA opening every GPU it can see)."""
+    gpus = [] if facts_result.get("failed") else facts_result["ansible_facts"]["gpu_devices"]
+    minors = {g["minor_number"]: g["index"] for g in gpus if g.get("minor_number") is not None}
+    nodes = held_nodes(pid)
+    node_gpus = sorted({minors[int(os.path.basename(n)[6:])] for n in nodes
+                        if os.path.basename(n)[6:].isdigit() and int(os.path.basename(n)[6:]) in minors})
+    context_gpus = sorted(g["index"] for g in gpus if any(p.get("pid") == pid for p in g.get("processes") or []))
+    return {"nodes": nodes, "node_gpus": node_gpus, "context_gpus": context_gpus, "selected_gpu": gpu_index,
+            "nodes_without_context": sorted(set(node_gpus) - set(context_gpus)),
+            "opens_every_gpu": bool(gpus) and node_gpus == sorted(g["index"] for g in gpus)}
+
+
 def first_at_or_below(samples, since, threshold):
     for stamp, used in samples:
         if stamp >= since and used <= threshold:
@@ -580,6 +620,10 @@ def run(args, host, report):  # pylint: disable=too-many-locals,too-many-stateme
         work = {"pid": pid, "method": method, "mib": args.mib, "gpu": args.gpu, "uuid": gpu["uuid"],
                 "minor_number": gpu.get("minor_number"), "seen": {}}
         report["workload"] = work
+        # The device-node rule of the holding model (docs/holding-model.md): which NVIDIA nodes the
+        # CUDA process holds, and on which GPUs the driver lists its context.
+        everywhere = runner.module("gpu_facts", {"backend": "nvml", "protect": protect})[0]
+        work["device_nodes"] = node_rule(pid, everywhere, args.gpu)
         for backend in BACKENDS:
             result = runner.module("gpu_facts", {"backend": backend, "gpus": [str(args.gpu)], "protect": protect})[0]
             work["seen"][backend] = workload_seen(result, args.gpu, gpu.get("minor_number"), pid, args.mib)
@@ -720,6 +764,12 @@ def render(report):  # pylint: disable=too-many-locals
                 row.append(value)
             rows.append(row)
         out.append(table(["check", "gpu_facts backend=nvml", "gpu_facts backend=nvidia-smi"], rows))
+        rule = work.get("device_nodes")
+        if rule:
+            out.append(f"   device nodes it holds: {', '.join(os.path.basename(n) for n in rule['nodes']) or 'none'};"
+                       f" NVML lists its context on GPU(s) {', '.join(map(str, rule['context_gpus'])) or 'none'};"
+                       f" nodes of GPUs without its context: {', '.join(map(str, rule['nodes_without_context'])) or 'none'}"
+                       f" ({'it opens every GPU' if rule['opens_every_gpu'] else 'not every GPU'})")
     rel, wait, timing = report.get("release"), report.get("wait_idle"), report.get("timing")
     if rel:
         out.append("")

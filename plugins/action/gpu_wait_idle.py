@@ -11,10 +11,25 @@ import time
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
+from ansible_collections.gpuops.gpu.plugins.module_utils import _validate
+
 display = Display()
 
 SLICE_SECONDS = 10.0
 INTERNAL = ("progress_slice", "progress_state")
+# Round trips to the target on top of the module's own time, before the controller gives up.
+MARGIN_SECONDS = 120.0
+
+
+def controller_deadline(args):
+    """Seconds after which the controller stops asking for more slices, or None when the module will
+    refuse the arguments anyway (its own validation then fails the first slice, naming the option)."""
+    try:
+        timeout = _validate.number("timeout", args.get("timeout", 300.0))
+        delay = _validate.number("delay", args.get("delay", 0.0))
+    except ValueError:
+        return None
+    return delay + timeout + 2 * SLICE_SECONDS + MARGIN_SECONDS
 
 
 class ActionModule(ActionBase):
@@ -31,6 +46,7 @@ class ActionModule(ActionBase):
                                                wrap_async=bool(self._task.async_val)))
             return result
         start = time.monotonic()
+        deadline = controller_deadline(args)
         state = None
         host = task_vars.get("inventory_hostname", "") if task_vars else ""
         while True:
@@ -46,3 +62,8 @@ class ActionModule(ActionBase):
                 return result
             display.display(f"[{host}] {res.get('progress')}" if host else str(res.get("progress")))
             state = res["progress_state"]
+            if deadline is not None and time.monotonic() - start > deadline:
+                # The module ends at its timeout; a target that keeps answering "pending" must not hold the play.
+                result.update(failed=True, msg=f"gpu_wait_idle: still pending after {time.monotonic() - start:.0f} s,"
+                                               f" more than timeout + delay + {2 * SLICE_SECONDS + MARGIN_SECONDS:g} s")
+                return result

@@ -14,7 +14,8 @@ options:
       - The GPUs to act on, each named by its index (V(3)), its UUID (V(GPU-8f0e...)) or its PCI bus id
         (V(00000000:3B:00.0), also V(3b:00.0)).
       - An empty list selects every GPU of the host.
-      - A selector that matches no GPU is an error that lists the GPUs the host has.
+      - Selectors are ASCII (an index is C([0-9]+), at most 4095); anything else fails before the GPUs are read. A
+        selector that matches no GPU is an error that lists the GPUs the host has.
     type: list
     elements: str
     default: []
@@ -36,22 +37,37 @@ options:
   query_timeout:
     description:
       - Time limit in seconds for each query of the driver (one NVML snapshot, one C(nvidia-smi) run).
-      - A hung driver fails the task with a message instead of hanging the play.
+      - A hung driver fails the task with a message instead of hanging the play. An C(nvidia-smi) that does not
+        answer in time is killed together with its process group, so none is left behind.
+      - Above 0 and at most 300; C(nan) and C(inf) are refused.
     type: float
     default: 10
   device_files:
     description:
-      - Glob patterns of the GPU device files whose holders are found by scanning C(/proc/*/fd).
-      - C(nvidiaN) belongs to the GPU whose minor number is N; every other match (C(nvidiactl),
-        C(nvidia-uvm)) belongs to every GPU.
+      - Glob patterns of the NVIDIA device nodes whose holders are found by scanning C(/proc/*/fd) (and
+        C(/proc/*/task/*/fd) when a process's main thread has exited).
+      - Each pattern must name NVIDIA device nodes - an absolute path whose file name starts with C(nvidia)
+        (or a file in C(nvidia-caps/)), with no glob in its directory part. Anything else (C(/dev/null*),
+        C(/dev/*), C(/dev/pts/*)) fails before anything is scanned, unless O(allow_any_device_files).
+      - C(nvidiaN) belongs to the GPU whose minor number is N; every other node (C(nvidiactl),
+        C(nvidia-uvm), C(nvidia-modeset), C(nvidia-caps/*)) is a control node that every NVML or CUDA
+        client holds, which places a process on no GPU.
     type: list
     elements: str
     default: ['/dev/nvidia*']
+  allow_any_device_files:
+    description:
+      - Accept O(device_files) patterns that do not name NVIDIA device nodes (with a warning).
+      - Every process holding a matching file is then treated as a holder of the GPUs; only for unusual
+        layouts you have checked in check mode.
+    type: bool
+    default: false
   include_device_holders:
     description:
-      - Whether processes that hold a GPU's device file open (see O(device_files)) count as holders of
-        that GPU besides the processes the driver reports - M(gpuops.gpu.gpu_release) stops them, and
-        they keep the GPU from being idle even when the driver shows no context for them.
+      - Whether processes that hold a GPU's device node (see O(device_files)) count besides the processes the
+        driver reports, by the holding model (C(docs/holding-model.md)) - M(gpuops.gpu.gpu_release) stops the
+        holders of a selected GPU's node unless the driver shows their context only on other GPUs, and a
+        holder keeps a GPU busy only while the driver's process list cannot be trusted to be complete.
       - Protected daemons (see O(protect)) never count.
     type: bool
     default: true
@@ -61,9 +77,34 @@ options:
         to the protected list. Protected processes are never signalled and do not keep a GPU busy.
       - Always protected, whatever this says - PID 1, kernel threads, the module's own process and its
         ancestors, C(nvidia-persistenced), C(nv-fabricmanager), C(nv-hostengine), C(dcgm-exporter), C(nvidia-smi).
+      - The expressions see the real command line (not the redacted one the results show), its first 4096
+        characters. An expression that repeats a group which itself repeats or alternates (V((a+\)+), V((a*\)*),
+        V((a|aa\)+)) is refused before anything is read; a search that takes more than 0.5 s on one command line
+        (or 2 s in all) is stopped and fails the task, naming this option.
     type: list
     elements: str
     default: []
+  redact:
+    description:
+      - More regular expressions whose matches are hidden (replaced by C(****)) in every command line the
+        module returns (facts, results, diffs, warnings); with capturing groups only the groups are hidden.
+      - Always hidden, whatever this says - the value of C(--api-key), C(--token), C(--hf-token), C(--password),
+        C(--secret*) and the same names with a prefix (C(--openai-api-key), C(--db-password)), as C(--opt value)
+        or C(--opt=value); the value of environment-style words C(*_TOKEN=), C(*_KEY=), C(*_PASSWORD=),
+        C(*_SECRET=); the password of C(scheme://user:password@host); C(Bearer <token>); bare C(hf_...) and
+        C(sk-...) tokens (16 characters or more after the prefix).
+      - The same rules as O(protect) apply (the first 4096 characters, no nested repeats, a time budget).
+    type: list
+    elements: str
+    default: []
+  cmdline:
+    description:
+      - Whether processes carry their command line in the results. V(false) makes every C(cmdline) null.
+      - Command lines that are returned are redacted (see O(redact)) and cut at 1000 characters, with a marker
+        C([... N more characters cut]) that says so.
+      - The O(protect) expressions (and those of M(gpuops.gpu.gpu_release)) still match the real command line.
+    type: bool
+    default: true
 """
 
     IDLE = r"""
@@ -73,10 +114,11 @@ options:
       - A GPU with more memory in use than this is not idle.
       - The default, 64 MiB, sits above what an idle card reports with no process (0 to a few MiB of
         driver bookkeeping) and below the smallest CUDA context (hundreds of MiB on current GPUs).
+      - From 0 to 16777216 (16 TiB).
     type: int
     default: 64
   max_utilization_pct:
     description:
-      - When set, a GPU whose utilization is above this percentage is not idle.
+      - When set, a GPU whose utilization is above this percentage is not idle. From 0 to 100.
     type: int
 """

@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _nvml, _procs, _smi, _snapshot
-from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import call_with_timeout
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _nvml, _procs, _redact, _smi, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import call_with_timeout, run_in_group
 
 # The options of the doc fragment gpuops.gpu.gpu (every module).
 SNAPSHOT_ARGS = dict(
@@ -26,8 +26,11 @@ SNAPSHOT_ARGS = dict(
     nvidia_smi_path=dict(type="str", default="nvidia-smi"),
     query_timeout=dict(type="float", default=10.0),
     device_files=dict(type="list", elements="str", default=["/dev/nvidia*"]),
+    allow_any_device_files=dict(type="bool", default=False),
     include_device_holders=dict(type="bool", default=True),
     protect=dict(type="list", elements="str", default=[]),
+    redact=dict(type="list", elements="str", default=[]),
+    cmdline=dict(type="bool", default=True),
 )
 # The options of the doc fragment gpuops.gpu.gpu.idle (gpu_facts, gpu_wait_idle).
 IDLE_ARGS = dict(
@@ -38,25 +41,12 @@ IDLE_ARGS = dict(
 SBIN_DIRS = ["/usr/bin", "/usr/sbin", "/sbin", "/usr/local/bin"]
 
 
-def validate_snapshot_params(params: dict) -> None:
-    """Bad input fails before anything is read or signalled."""
-    import re
-
-    if params["query_timeout"] <= 0:
-        raise _errors.GpuError(f"query_timeout must be > 0, got {params['query_timeout']}")
-    if params.get("max_memory_used_mib", 0) < 0:
-        raise _errors.GpuError(f"max_memory_used_mib must be >= 0, got {params['max_memory_used_mib']}")
-    pct = params.get("max_utilization_pct")
-    if pct is not None and not 0 <= pct <= 100:
-        raise _errors.GpuError(f"max_utilization_pct must be between 0 and 100, got {pct}")
-    for pattern in params["device_files"]:
-        if not pattern.startswith("/"):
-            raise _errors.GpuError(f"device_files: {pattern!r} must be an absolute path or glob (like /dev/nvidia*)")
-    for pattern in params["protect"]:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise _errors.GpuError(f"protect: {pattern!r} is not a valid regular expression: {exc}") from None
+def validate_snapshot_params(params: dict, module=None) -> None:
+    """Bad input fails before anything is read or signalled (_validate has every bound)."""
+    _validate.snapshot(params)
+    if module is not None:
+        for warning in _validate.device_pattern_warnings(params):
+            module.warn(warning)
 
 
 class SnapshotTaker:
@@ -68,12 +58,89 @@ class SnapshotTaker:
         self.backend = None
         self.smi = None
         self.minors = None
+        # nvidia-smi ids (--id=) to restrict every nvidia-smi query to; None: all GPUs.
+        self.smi_ids = None
+        self.protect = _validate.regexes("protect", self.params["protect"])
+        self.redact = _validate.regexes("redact", self.params.get("redact"))
+        self.show_cmdline = self.params.get("cmdline", True)
+        # (pid, start time) -> the raw command line (first 4,096 characters), for match/exclude/protect
+        # only, and the text that may be shown (redacted and cut, or None). The raw text is never returned.
+        self._raw = {}
+        self._shown = {}
 
     def run_smi(self, argv):
-        """One nvidia-smi run (argv list, no shell) under query_timeout."""
-        return call_with_timeout(
-            lambda: self.module.run_command(argv, environ_update={"LC_ALL": "C"}),
-            self.params["query_timeout"], f"{argv[0]} {argv[1] if len(argv) > 1 else ''}".strip())
+        """One nvidia-smi run (argv list, no shell, LC_ALL=C) under query_timeout, in its own process group.
+
+        module.run_command cannot kill what it started when the time is up; run_in_group kills the
+        whole group, so a hung nvidia-smi never outlives the module.
+        """
+        argv = list(argv)
+        what = f"{argv[0]} {argv[1].split('=', 1)[0] if len(argv) > 1 else ''}".strip()
+        if self.smi_ids:
+            argv = [argv[0], "--id=" + ",".join(self.smi_ids)] + argv[1:]
+        return run_in_group(argv, self.params["query_timeout"], what, {"LC_ALL": "C"})
+
+    def read_process(self, pid: int):
+        """_procs.read_process with this run's redaction (O(redact), O(cmdline)); the raw text stays here."""
+        kept = {}
+
+        def text(argv):
+            kept["raw"] = _redact.match_text(argv)
+            return _redact.redact_argv(argv, self.redact) if self.show_cmdline else None
+
+        info = _procs.read_process(pid, cmdline=text)
+        if info is None:
+            return None
+        key = (info["pid"], info["start_time"])
+        self._raw[key] = kept.get("raw", "")
+        self._shown[key] = info["cmdline"]
+        self._screen(info, self._raw[key])
+        return info
+
+    def match_text(self, proc: dict) -> str:
+        """The raw command line (first 4,096 characters) that match, exclude and protect see; internal only."""
+        raw = self._raw.get((proc.get("pid"), proc.get("start_time")))
+        return raw if raw is not None else (proc.get("cmdline") or "")
+
+    def _screen(self, info: dict, raw: str) -> None:
+        """Run the protect patterns under their time budget on the texts _snapshot.is_protected matches
+        (name, basename of argv[0], command line), so that a slow pattern fails naming protect."""
+        if not self.protect:
+            return
+        texts = {info.get("name") or "", raw}
+        argv0 = raw.split(" ", 1)[0]
+        if argv0:
+            texts.add(os.path.basename(argv0))
+        for pattern in self.protect:
+            for text in texts:
+                pattern.search(text)
+
+    @staticmethod
+    def _selected_files_only(holders: dict, raw: dict) -> dict:
+        """With nvidia-smi restricted to some GPUs (smi_ids), the device nodes of the other GPUs are not
+        theirs: drop them, so that a holder of an unselected GPU's node is not counted on every GPU.
+        Kept as is when a GPU's minor number is unknown (then no node can be placed)."""
+        minors = {g.get("minor_number") for g in raw["gpus"]}
+        if None in minors:
+            return holders
+        out = {}
+        for pid, files in holders.items():
+            kept = [f for f in files if _procs.device_file_index(f) is None or _procs.device_file_index(f) in minors]
+            if kept:
+                out[pid] = kept
+        return out
+
+    def _read_for_build(self, pid: int):
+        info = self.read_process(pid)
+        # _snapshot.build matches protect on the raw text; take() puts the shown text back right after.
+        return None if info is None else dict(info, cmdline=self._raw[(info["pid"], info["start_time"])])
+
+    def _redact(self, snap: dict) -> dict:
+        for gpu in snap["gpus"]:
+            for entry in list(gpu["processes"]) + list(gpu["holders"]):
+                if entry.get("cmdline") is not None:
+                    entry["cmdline"] = self._shown.get((entry.get("pid"), entry.get("start_time")))
+        return snap
 
     def _find_smi(self):
         path = self.module.get_bin_path(self.params["nvidia_smi_path"], required=False, opt_dirs=SBIN_DIRS)
@@ -115,15 +182,24 @@ class SnapshotTaker:
         holders = None
         if gather_holders:
             holders = _procs.scan_fd_holders(self.params["device_files"], exclude_pids=(os.getpid(),))
-        return _snapshot.build(
+            if self.smi_ids and self.backend == "nvidia-smi":
+                holders = self._selected_files_only(holders, raw)
+        return self._redact(_snapshot.build(
             raw,
-            read_process=_procs.read_process if gather_processes else None,
+            read_process=self._read_for_build if gather_processes else None,
             holders=holders,
             protect=self.params["protect"],
             max_memory_used_mib=self.params.get("max_memory_used_mib", _snapshot.DEFAULT_MAX_MEMORY_USED_MIB),
             max_utilization_pct=self.params.get("max_utilization_pct"),
             include_device_holders=self.params["include_device_holders"],
-        )
+            in_container=self.in_container(),
+        ))
+
+    def in_container(self):
+        """Whether the module runs inside a container (its PID namespace may not see every GPU user)."""
+        if not hasattr(self, "_in_container"):
+            self._in_container = _procs.in_container()
+        return self._in_container
 
 
 def fail(module, exc: _errors.GpuError, **extra):

@@ -60,6 +60,18 @@ class BackendError(GpuError):
     kind = "backend"
 
 
+class InvalidOption(GpuError, ValueError):
+    """Bad input, found before anything is read or signalled; ``option`` names it."""
+
+    kind = "invalid_option"
+
+
+class RegexTooSlow(GpuError):
+    """A regular expression of an option took longer than its time budget on a command line."""
+
+    kind = "regex_too_slow"
+
+
 def message_for_init_failure(kind: str, backend: str, detail: str = "") -> GpuError:
     """The error for a driver/library that cannot be initialised, with what to do about it."""
     suffix = f" ({detail})" if detail else ""

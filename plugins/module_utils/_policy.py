@@ -14,35 +14,34 @@ the reason. Descendants are added for tree mode. No I/O, no AnsibleModule.
 
 from __future__ import annotations
 
-import re
+from ansible_collections.gpuops.gpu.plugins.module_utils import _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils._holding import workload_ancestors
+from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import daemon_impostor, is_protected
 
-from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import is_protected
-
-PVE_VMID_MIN = 100
-PVE_VMID_MAX = 999999999
+PVE_VMID_MIN = _validate.PVE_VMID_MIN
+PVE_VMID_MAX = _validate.PVE_VMID_MAX
 
 
 def validate_vmids(values) -> list:
-    out = []
-    for v in values or []:
-        text = str(v).strip()
-        if not text.isdigit() or not PVE_VMID_MIN <= int(text) <= PVE_VMID_MAX:
-            raise ValueError(f"containers: {v!r} is not a Proxmox VE container id (an integer {PVE_VMID_MIN}..{PVE_VMID_MAX})")
-        out.append(int(text))
-    return out
+    return _validate.vmids(values)
 
 
 def compile_regex(option: str, pattern):
-    if pattern is None:
-        return None
-    try:
-        return re.compile(pattern)
-    except re.error as exc:
-        raise ValueError(f"{option}: {pattern!r} is not a valid regular expression: {exc}") from None
+    """A _validate.Regex (``pattern`` and a timed ``search``) or None; ValueError naming the option."""
+    return _validate.regex(option, pattern)
 
 
-def outside_filters(proc: dict, containers=None, users=None, match=None, pids=None, exclude=None) -> str:
-    """Why a process falls outside the user's filters ('' when it is inside all of them)."""
+def _text(proc: dict, text_of=None) -> str:
+    """What match and exclude see: the raw command line where the caller kept it, else the reported one."""
+    return (text_of(proc) if text_of else proc.get("cmdline")) or proc.get("name") or ""
+
+
+def outside_filters(proc: dict, containers=None, users=None, match=None, pids=None, exclude=None, text_of=None) -> str:
+    """Why a process falls outside the user's filters ('' when it is inside all of them).
+
+    ``text_of(proc)``: the raw command line (first 4,096 characters) that the regexes see; without
+    it they see ``proc["cmdline"]``.
+    """
     ct = (proc.get("container") or {}).get("id")
     if containers:
         if ct is None:
@@ -51,7 +50,7 @@ def outside_filters(proc: dict, containers=None, users=None, match=None, pids=No
             return f"in CT {ct}, not in containers " + ", ".join(map(str, containers))
     if users and proc.get("user") not in users and str(proc.get("uid")) not in users:
         return f"user {proc.get('user')} is not in users"
-    cmdline = proc.get("cmdline") or proc.get("name") or ""
+    cmdline = _text(proc, text_of)
     if match is not None and not match.search(cmdline):
         return f"command line does not match {match.pattern!r}"
     if pids and proc["pid"] not in pids:
@@ -61,7 +60,8 @@ def outside_filters(proc: dict, containers=None, users=None, match=None, pids=No
     return ""
 
 
-def classify(candidates: list, protected_pids: dict, protect=(), filters=None, tree=True, children=None, read=None):
+def classify(candidates: list, protected_pids: dict, protect=(), filters=None, tree=True, children=None, read=None,
+             text_of=None):
     """Sort candidates into (targets, protected, skipped).
 
     ``candidates``: process dicts (pid, name, cmdline, user, uid, ppid, start_time, container, gpus).
@@ -71,13 +71,19 @@ def classify(candidates: list, protected_pids: dict, protect=(), filters=None, t
     Descendants of a target join the targets unless protected or matched by ``exclude`` (the
     other filters choose holders, not their children); they inherit the target's GPUs and carry
     ``via`` (the pid of the holder they descend from).
+    ``text_of(proc)`` gives the raw command line that ``match``, ``exclude`` and ``protect`` see
+    (the reported one is redacted and cut); without it they see ``proc["cmdline"]``.
     """
     filters = filters or {}
     exclude = filters.get("exclude")
     targets, protected, skipped = {}, {}, {}
 
     def protection(proc):
-        return protected_pids.get(proc["pid"]) or is_protected(proc, protect)
+        check = dict(proc, cmdline=text_of(proc)) if text_of else dict(proc)
+        context = proc.get("evidence") == "context"
+        if context and "exe" not in check and read is not None:
+            check["exe"] = (read(proc["pid"]) or {}).get("exe")
+        return protected_pids.get(proc["pid"]) or is_protected(check, protect, context=context)
 
     for proc in candidates:
         pid = proc["pid"]
@@ -85,11 +91,33 @@ def classify(candidates: list, protected_pids: dict, protect=(), filters=None, t
         if reason:
             protected[pid] = dict(proc, reason=reason)
             continue
-        why = outside_filters(proc, **filters)
+        impostor = ""
+        if proc.get("evidence") == "context":
+            impostor = daemon_impostor(proc, (read(pid) or {}).get("exe") if read else None)
+        if impostor:
+            proc = dict(proc, why=impostor)
+        why = outside_filters(proc, text_of=text_of, **filters)
         if why:
             skipped[pid] = dict(proc, reason=why)
             continue
         targets[pid] = dict(proc)
+
+    if tree and read:
+        # The workload's root and the processes between it and the holders (an API process that
+        # holds no GPU itself) join the targets (_holding.workload_ancestors).
+        for holder in list(targets.values()):
+            start = read(holder["pid"])
+            if start is None or start.get("start_time") != holder.get("start_time"):
+                continue  # gone (or another process now): nothing to walk from
+            for anc, why in workload_ancestors(start, read, protection):
+                if anc["pid"] in targets or anc["pid"] in protected:
+                    continue
+                if exclude is not None and exclude.search(_text(anc, text_of)):
+                    skipped[anc["pid"]] = dict(anc, gpus=holder.get("gpus", []),
+                                               reason=f"{why}, but its command line matches exclude {exclude.pattern!r}")
+                    break
+                skipped.pop(anc["pid"], None)
+                targets[anc["pid"]] = dict(anc, gpus=holder.get("gpus", []), via=holder["pid"], why=why)
 
     if tree and children and read:
         queue = list(targets.values())
@@ -105,7 +133,7 @@ def classify(candidates: list, protected_pids: dict, protect=(), filters=None, t
                 if reason:
                     protected[cpid] = dict(child, reason=reason, gpus=parent.get("gpus", []))
                     continue
-                if exclude is not None and exclude.search(child.get("cmdline") or child.get("name") or ""):
+                if exclude is not None and exclude.search(_text(child, text_of)):
                     skipped[cpid] = dict(child, gpus=parent.get("gpus", []),
                                          reason=f"descendant of pid {parent['pid']}, but its command line"
                                                 f" matches exclude {exclude.pattern!r}")

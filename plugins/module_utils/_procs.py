@@ -7,6 +7,8 @@
 
 """Pure parsers for /proc: process identity, status, and the Proxmox container a process lives in.
 
+Command lines are redacted where they are read (read_process, through _redact).
+
 Nothing here reads files or imports AnsibleModule: callers pass the text they read, so every
 rule is testable with table-driven unit tests.
 """
@@ -16,7 +18,9 @@ from __future__ import annotations
 import re
 from collections import namedtuple
 
-ProcStat = namedtuple("ProcStat", ["pid", "comm", "state", "ppid", "pgrp", "session", "starttime"])
+from ansible_collections.gpuops.gpu.plugins.module_utils._redact import redact_argv
+
+ProcStat = namedtuple("ProcStat", ["pid", "comm", "state", "ppid", "pgrp", "session", "tty_nr", "starttime"])
 
 # Proxmox VE >= 6.2 puts a container's payload under /lxc/<vmid>/ns/...; plain LXC 4+ uses
 # lxc.payload.<name>. The monitor (lxc.monitor/<vmid>, lxc.monitor.<name>) is not the payload.
@@ -48,6 +52,7 @@ def parse_stat(text: str) -> ProcStat:
         ppid=int(rest[1]),
         pgrp=int(rest[2]),
         session=int(rest[3]),
+        tty_nr=int(rest[4]),
         starttime=int(rest[19]),
     )
 
@@ -94,6 +99,63 @@ def container_from_cgroup(text: str):
     return None
 
 
+def cgroup_path(text: str):
+    """The cgroup v2 path of a /proc/<pid>/cgroup text (the ``0::`` line), else the first path."""
+    first = None
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            return parts[2]
+        if first is None:
+            first = parts[2]
+    return first
+
+
+def container_marker(init_environ: bytes, systemd_container) -> bool:
+    """Whether PID 1's environment (``container=lxc``, as LXC and PVE set it) or systemd's
+    /run/systemd/container say that this is a container."""
+    if systemd_container:
+        return True
+    return any(item.startswith(b"container=") and len(item) > len(b"container=")
+               for item in (init_environ or b"").split(b"\0"))
+
+
+def in_container(proc: str = "/proc") -> bool:
+    """Whether this process runs inside a container (see container_marker); False when unreadable."""
+    return container_marker(_read(f"{proc}/1/environ", "rb") or b"",
+                            (_read("/run/systemd/container") or "").strip())
+
+
+def unit_from_cgroup(path):
+    """The systemd unit a cgroup v2 path places a process in, or None for a session or none.
+
+    ``/lxc/129/ns/system.slice/sglang.service`` (a unit inside a container, PVE's layout) and
+    ``/system.slice/vllm.service`` give the ``.service``; a sub-cgroup of a unit (``Delegate=``)
+    gives its unit; login sessions (``session-4.scope``), ``init.scope`` and the container's
+    own ``ns``/``.lxc`` leaves give None.
+    """
+    for part in reversed((path or "").split("/")):
+        if part.endswith(".service"):
+            return part
+        if part.endswith(".scope") and not part.startswith("session-") and part != "init.scope":
+            return part
+        if part.endswith(".slice") or part == "ns" or part.startswith("lxc"):
+            return None
+    return None
+
+
+def _exe(path):
+    import os
+
+    try:
+        target = os.readlink(path)
+    except OSError:
+        return None
+    return target[:-len(" (deleted)")] if target.endswith(" (deleted)") else target
+
+
 def is_kernel_thread(stat: ProcStat, cmdline: bytes) -> bool:
     """Kernel threads have an empty cmdline and are children of kthreadd (pid 2), or are pid 2."""
     return stat.pid == 2 or (stat.ppid in (0, 2) and not cmdline and stat.pid != 1)
@@ -119,7 +181,10 @@ def _read(path: str, mode: str = "r"):
 
 
 def read_identity(pid: int, proc: str = "/proc"):
-    """(pid, starttime) of a live process, or None when it is gone or a zombie."""
+    """(pid, starttime) of a live process, or None when it is gone or a zombie.
+
+    A leader in state Z whose other threads still run is alive: only its main thread exited.
+    """
     text = _read(f"{proc}/{pid}/stat")
     if text is None:
         return None
@@ -127,7 +192,7 @@ def read_identity(pid: int, proc: str = "/proc"):
         st = parse_stat(text)
     except ValueError:
         return None
-    if st.state in ("Z", "X"):
+    if st.state in ("Z", "X") and not _thread_fd_dirs(proc, str(pid)):
         return None
     return (st.pid, st.starttime)
 
@@ -156,11 +221,13 @@ def user_name(uid):
     return _USERS[uid]
 
 
-def read_process(pid: int, proc: str = "/proc"):
+def read_process(pid: int, proc: str = "/proc", cmdline=None):
     """Everything the collection reports about one process, or None when it does not exist here.
 
     Keys: pid, name, cmdline, user, uid, ppid, state, start_time (clock ticks since boot: with the
     pid, the process's identity), container ({kind, id, pid_in_container} or None).
+    ``cmdline(argv) -> text`` makes the ``cmdline`` value from the argv list; by default it is
+    redacted and cut (_redact.redact_argv), so that no secret leaves this function.
     """
     stat_text = _read(f"{proc}/{pid}/stat")
     if stat_text is None:
@@ -171,7 +238,8 @@ def read_process(pid: int, proc: str = "/proc"):
         return None
     status = parse_status(_read(f"{proc}/{pid}/status") or "")
     raw_cmdline = _read(f"{proc}/{pid}/cmdline", "rb") or b""
-    vmid = container_from_cgroup(_read(f"{proc}/{pid}/cgroup") or "")
+    cgroup_text = _read(f"{proc}/{pid}/cgroup") or ""
+    vmid = container_from_cgroup(cgroup_text)
     container = None
     if vmid is not None:
         nspid = status["nspid"]
@@ -179,14 +247,22 @@ def read_process(pid: int, proc: str = "/proc"):
     return {
         "pid": st.pid,
         "name": st.comm,
-        "cmdline": " ".join(split_cmdline(raw_cmdline)),
+        "cmdline": (cmdline or redact_argv)(split_cmdline(raw_cmdline)),
         "user": user_name(status["uid"]),
         "uid": status["uid"],
         "ppid": st.ppid,
         "state": st.state,
         "start_time": st.starttime,
         "container": container,
+        "unit": unit_from_cgroup(cgroup_path(cgroup_text)),
         "kernel_thread": is_kernel_thread(st, raw_cmdline),
+        # Internal (never reported): the executable (name protection checks it) and what the
+        # workload-root walk of gpu_release compares.
+        "exe": _exe(f"{proc}/{pid}/exe"),
+        "session": st.session,
+        "tty_nr": st.tty_nr,
+        "cgroup": cgroup_path(cgroup_text),
+        "ns_pid": status["nspid"][-1] if status["nspid"] else st.pid,
     }
 
 
@@ -236,16 +312,38 @@ def scan_fd_holders(patterns, proc: str = "/proc", exclude_pids=()):
                 fds = os.listdir(fd_dir)
             except OSError:
                 continue
-            for fd in fds:
-                try:
-                    target = readlink(f"{fd_dir}/{fd}")
-                except OSError:
-                    continue
-                if not target.startswith(prefixes):
-                    continue
-                if any(fnmatch.fnmatchcase(target, p) for p in patterns):
-                    found.setdefault(pid, set()).add(target)
+            # A leader that has exited (state Z) while its other threads run has an empty fd/:
+            # the file table is still reachable through those threads (it is one table for all).
+            tables = [(fd_dir, fds)] if fds else [(d, None) for d in _thread_fd_dirs(proc, name)]
+            for fd_dir, fds in tables:
+                if fds is None:
+                    try:
+                        fds = os.listdir(fd_dir)
+                    except OSError:
+                        continue
+                for fd in fds:
+                    try:
+                        target = readlink(f"{fd_dir}/{fd}")
+                    except OSError:
+                        continue
+                    if not target.startswith(prefixes):
+                        continue
+                    if any(fnmatch.fnmatchcase(target, p) for p in patterns):
+                        found.setdefault(pid, set()).add(target)
+                if fds:
+                    break
     return {pid: sorted(paths) for pid, paths in found.items()}
+
+
+def _thread_fd_dirs(proc: str, name: str) -> list:
+    """The fd/ of every thread but the leader, when the process has other threads."""
+    import os
+
+    try:
+        tids = [t for t in os.listdir(f"{proc}/{name}/task") if t != name]
+    except OSError:
+        return []
+    return [f"{proc}/{name}/task/{t}/fd" for t in tids]
 
 
 def children_map(proc: str = "/proc") -> dict:

@@ -33,6 +33,8 @@ POLL_FALLBACK_S = 0.01
 def signal_number(value) -> int:
     """'SIGTERM', 'TERM', 'sigint', 15 or '15' -> the number; ValueError naming the value otherwise."""
     text = str(value).strip()
+    if text.isdigit() and not (text.isascii() and len(text) <= 3):
+        raise ValueError(f"signal: {value!r} is not a valid signal number")
     if text.isdigit():
         num = int(text)
         valid = {int(s) for s in signal.valid_signals()}

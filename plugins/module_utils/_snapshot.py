@@ -18,11 +18,13 @@ import os
 import re
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
-from ansible_collections.gpuops.gpu.plugins.module_utils._procs import device_file_index
+from ansible_collections.gpuops.gpu.plugins.module_utils import _holding
 
 # Never signalled, and never counted as keeping a GPU busy: the NVIDIA daemons hold nvidiactl
 # (or a device) on an idle GPU by design.
 PROTECTED_NAMES = ("nvidia-persistenced", "nv-fabricmanager", "nv-hostengine", "dcgm-exporter", "nvidia-smi")
+# Where the NVIDIA packages (and DCGM) install those daemons.
+DAEMON_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin")
 # Memory an idle GPU reports in use with no process: 0 to a few MiB on current drivers (some
 # boards report ~1-5 MiB of driver bookkeeping). Any CUDA context takes far more (hundreds of
 # MiB on Hopper), so 64 MiB tells the two apart with margin on both sides.
@@ -73,20 +75,43 @@ def select_gpus(gpus: list, selectors) -> list:
     return [chosen[i] for i in sorted(chosen)]
 
 
-def is_protected(proc: dict, extra=()) -> str:
-    """The reason a process must never be signalled nor counted as a GPU user, or ''."""
+def _names(proc: dict) -> set:
+    names = {proc.get("name") or ""}
+    argv0 = (proc.get("cmdline") or "").split(" ", 1)[0]
+    if argv0:
+        names.add(os.path.basename(argv0))
+    return names
+
+
+def is_daemon_exe(exe, name: str) -> bool:
+    """Whether ``exe`` is where the NVIDIA packages install daemon ``name`` (/usr/bin/nvidia-smi, ...)."""
+    return bool(exe) and any(exe == f"{d}/{name}" for d in DAEMON_DIRS)
+
+
+def daemon_impostor(proc: dict, exe) -> str:
+    """Why a context holder named like an NVIDIA daemon is not protected ('' when it is not named so)."""
+    for name in sorted(_names(proc) & set(PROTECTED_NAMES)):
+        if not is_daemon_exe(exe, name):
+            return (f"named {name} like an NVIDIA daemon, but it has a context and its executable is"
+                    f" {exe or 'unknown'}, not the daemon's: treated as any other process")
+    return ""
+
+
+def is_protected(proc: dict, extra=(), context=False) -> str:
+    """The reason a process must never be signalled nor counted as a GPU user, or ''.
+
+    A process named like an NVIDIA daemon is protected by its name, except when it holds a
+    context (``context``): then only when its executable (``exe``) is the daemon's.
+    """
     if proc is None:
         return ""
     if proc.get("pid") == 1:
         return "PID 1"
     if proc.get("kernel_thread"):
         return "kernel thread"
-    names = {proc.get("name") or ""}
-    argv0 = (proc.get("cmdline") or "").split(" ", 1)[0]
-    if argv0:
-        names.add(os.path.basename(argv0))
+    names = _names(proc)
     for name in names:
-        if name in PROTECTED_NAMES:
+        if name in PROTECTED_NAMES and (not context or is_daemon_exe(proc.get("exe"), name)):
             return f"NVIDIA daemon ({name})"
     for pattern in extra:
         for name in names | {proc.get("cmdline") or ""}:
@@ -95,71 +120,13 @@ def is_protected(proc: dict, extra=()) -> str:
     return ""
 
 
-def describe(proc: dict) -> str:
-    """'pid 8812 (python3) in CT 129' - how messages name a process."""
-    where = ""
-    ct = proc.get("container")
-    if ct:
-        where = f" in CT {ct['id']}"
-    name = proc.get("name")
-    return f"pid {proc['pid']}" + (f" ({name})" if name else "") + where
-
-
 def _type_name(types) -> str:
     ordered = [t for t in TYPE_ORDER if t in types]
     return "+".join(ordered) or "compute"
 
 
-def mib_text(value) -> str:
-    if value is None:
-        return "unknown"
-    return f"{value / 1024:.0f} GiB" if value >= 10240 else f"{value} MiB"
-
-
-def idle_verdict(gpu: dict, max_memory_used_mib=DEFAULT_MAX_MEMORY_USED_MIB, max_utilization_pct=None,
-                 include_device_holders=True):
-    """(idle, busy_reasons) for one GPU of a snapshot: the ONE idle definition.
-
-    Idle means: health ok; no compute, graphics or MPS process, visible or not; no holder of the
-    GPU's device file outside the protected list (when include_device_holders; a process that
-    holds only nvidiactl/nvidia-uvm has no context on this GPU and does not count); memory used at most
-    max_memory_used_mib; utilization at most max_utilization_pct when that is set.
-    """
-    reasons = []
-    health = gpu.get("health") or {}
-    if health.get("status", "ok") != "ok":
-        reasons.append(f"health {health.get('status')}: {health.get('detail')}")
-    procs = gpu.get("processes") or []
-    if gpu.get("processes_error"):
-        # Nothing may be called idle on a list that could not be read: it may hide the holder.
-        reasons.append(gpu["processes_error"])
-    for p in procs:
-        if p.get("visible", True):
-            reasons.append(f"used by {describe(p)}" + (f", {mib_text(p.get('used_mib'))}" if p.get("used_mib") is not None else ""))
-        else:
-            reasons.append(f"used by pid {p['pid']}, which does not exist from here (a process in another PID"
-                           " namespace: the host or another container)")
-    if include_device_holders:
-        nvml_pids = {p["pid"] for p in procs}
-        for h in gpu.get("holders") or []:
-            if h.get("protected") or h.get("shared_only") or h["pid"] in nvml_pids:
-                continue
-            reasons.append(f"device file held by {describe(h)} ({', '.join(h.get('files') or [])})")
-    used = (gpu.get("memory") or {}).get("used")
-    if used is not None and used > max_memory_used_mib:
-        if gpu.get("processes_error"):
-            reasons.append(f"{used} MiB used")
-        elif not procs:
-            reasons.append(f"{used} MiB used by processes not visible from this PID namespace (another"
-                           " container or the host), or a leaked context")
-    util = (gpu.get("utilization") or {}).get("gpu")
-    if max_utilization_pct is not None and util is not None and util > max_utilization_pct:
-        reasons.append(f"utilization {util}% (more than {max_utilization_pct}%)")
-    return (not reasons, reasons)
-
-
 def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_used_mib=DEFAULT_MAX_MEMORY_USED_MIB,
-          max_utilization_pct=None, include_device_holders=True) -> dict:
+          max_utilization_pct=None, include_device_holders=True, in_container=None) -> dict:
     """Assemble the facts from a raw backend snapshot.
 
     ``read_process(pid) -> dict|None`` enriches NVML's pids (None: the pid does not exist here);
@@ -185,10 +152,11 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
             if details is None:
                 # visible: False = the pid does not exist from here; None = not looked up.
                 proc.update({"name": None, "cmdline": None, "user": None, "uid": None, "ppid": None,
-                             "start_time": None, "container": None,
+                             "start_time": None, "container": None, "unit": None,
                              "visible": False if read_process is not None else None})
             else:
-                proc.update({k: details[k] for k in ("name", "cmdline", "user", "uid", "ppid", "start_time", "container")})
+                proc.update({k: details.get(k) for k in ("name", "cmdline", "user", "uid", "ppid", "start_time", "container",
+                                                         "unit")})
                 proc["visible"] = True
             procs.append(proc)
         gpu["processes"] = procs
@@ -197,49 +165,64 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
         if gpu.get("minor_number") is not None:
             minors[gpu["minor_number"]] = gpu
 
+    # Each holder gets its evidence on each GPU (_holding): context, device or control. A holder
+    # is listed on the GPUs whose node it holds (or on which it has a context) and, when it holds
+    # only control nodes, on every GPU. Without minor numbers an nvidiaN cannot be placed: it
+    # then counts as a device holder of every GPU.
+    known_minors = {m: g["index"] for m, g in minors.items()} if minors else None
+    context_pids = {g["index"]: {p["pid"] for p in g["processes"]} for g in gpus}
     for pid, files in sorted((holders or {}).items()):
         details = info(pid)
         if details is None:
             continue
-        # nvidiaN ties a process to GPU N. nvidiactl and nvidia-uvm are opened by every CUDA or
-        # NVML client whatever GPU it uses: a process that holds only those (shared_only) is listed
-        # as a holder of every GPU, but it has no context on any GPU, so it keeps none busy. When
-        # the backend could not give minor numbers, an nvidiaN cannot be placed: it then counts
-        # for every GPU, so that a GPU is never called idle while something may hold it.
-        specific = [device_file_index(path) for path in files]
-        owned = sorted({i for i in specific if i is not None and i in minors})
-        shared_only = not any(i is not None for i in specific)
-        by_gpu = {}
-        for gpu in ([minors[i] for i in owned] if owned else gpus):
-            by_gpu[gpu["index"]] = list(files)
-        reason = is_protected(details, protect)
-        for index, paths in by_gpu.items():
-            holder = {k: details[k] for k in ("pid", "name", "cmdline", "user", "uid", "ppid", "start_time", "container")}
-            holder["files"] = sorted(paths)
+        placed = _holding.placement(files, known_minors)
+        has_context = any(pid in pids for pids in context_pids.values())
+        reason = is_protected(details, protect, context=has_context)
+        for gpu in gpus:
+            evidence = _holding.evidence_on(gpu["index"], pid, context_pids[gpu["index"]], placed)
+            if evidence == _holding.CONTEXT and not (placed["unplaced"] or gpu["index"] in placed["gpus"]):
+                continue  # a context here, but it holds none of this GPU's nodes: the driver's entry says it all
+            if evidence == _holding.CONTROL and (placed["gpus"] or placed["unplaced"]):
+                continue  # it holds another GPU's node: nothing ties it to this one
+            holder = {k: details.get(k) for k in ("pid", "name", "cmdline", "user", "uid", "ppid", "start_time", "container",
+                                                  "unit")}
+            holder["files"] = sorted(files)
             holder["protected"] = reason or None
-            holder["shared_only"] = shared_only
-            gpus[index]["holders"].append(holder)
+            holder["evidence"] = evidence
+            gpu["holders"].append(holder)
 
     for gpu in gpus:
-        gpu["idle"], gpu["busy_reasons"] = idle_verdict(gpu, max_memory_used_mib, max_utilization_pct,
-                                                        include_device_holders and holders is not None)
+        gpu["idle"], gpu["busy_reasons"], blockers, lingering = _holding.verdict(
+            gpu, max_memory_used_mib, max_utilization_pct, include_device_holders and holders is not None,
+            in_container)
+        gpu["blockers"] = sorted({b["pid"] for b in blockers})
+        gpu["lingering"] = sorted({h["pid"] for h in lingering})
     return {"driver": raw["driver"], "gpus": gpus}
 
 
-def visibility_warnings(gpus: list) -> list:
-    """What the module could not see from where it runs, one sentence per GPU."""
-    out = []
+def visibility_warnings(gpus: list, in_container=None) -> list:
+    """What the module could not see from where it runs: one sentence per cause, GPUs that share it together."""
+    hidden_by_gpu = []
+    unaccounted = []
     for g in gpus:
         hidden = [p for p in g["processes"] if p.get("visible") is False]
         used = (g.get("memory") or {}).get("used")
         if hidden:
-            pids = ", ".join(str(p["pid"]) for p in hidden)
-            out.append(f"GPU {g['index']}: the driver reports pid(s) {pids}, which do not exist from this PID"
-                       " namespace (another container or the host); run on the host (the Proxmox node) to"
-                       " attribute them")
+            hidden_by_gpu.append(f"GPU {g['index']} (pid {', '.join(str(p['pid']) for p in hidden)})")
         elif not g["processes"] and not g.get("processes_error") and used is not None and used > DEFAULT_MAX_MEMORY_USED_MIB:
-            out.append(f"GPU {g['index']}: {used} MiB used by processes not visible from this PID namespace"
-                       " (another container or the host)")
+            unaccounted.append((g["index"], used))
+    out = []
+    if hidden_by_gpu:
+        out.append(", ".join(hidden_by_gpu) + ": the driver reports pids that do not exist from this PID namespace"
+                   " (another container or the host); run on the host (the Proxmox node) to attribute them")
+    if unaccounted:
+        where = ", ".join(f"GPU {i} ({used} MiB)" for i, used in unaccounted)
+        if in_container is False:
+            out.append(f"{where}: memory in use that no process holds: the driver is still freeing the memory of"
+                       " exited processes, or a context leaked (nvidia-smi -r -i N resets GPU N once nothing holds it)")
+        else:
+            out.append(f"{where}: memory in use by processes not visible from this PID namespace (another container"
+                       " or the host), or a leaked context")
     return out
 
 

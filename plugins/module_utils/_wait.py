@@ -16,15 +16,17 @@ not when the memory is freed, and any holder that appears restarts it.
 
 from __future__ import annotations
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _snapshot
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding
 
 
 def holders_of(gpu: dict) -> list:
-    """What keeps a GPU busy: the driver's processes and the unprotected holders of its device file."""
-    out = list(gpu.get("processes") or [])
-    seen = {p["pid"] for p in out}
-    out.extend(h for h in gpu.get("holders") or []
-               if not h.get("protected") and not h.get("shared_only") and h["pid"] not in seen)
+    """What keeps a GPU busy, by the holding model (_holding.verdict, in the snapshot's ``blockers``)."""
+    wanted = set(gpu.get("blockers") or ())
+    out, seen = [], set()
+    for p in list(gpu.get("processes") or []) + list(gpu.get("holders") or []):
+        if p["pid"] in wanted and p["pid"] not in seen:
+            seen.add(p["pid"])
+            out.append(p)
     return out
 
 
@@ -69,10 +71,9 @@ def diagnosis(gpus: list, max_memory_used_mib: int) -> str:
             parts.append(f"GPU {g['index']}: {g['processes_error']}")
         elif hs:
             parts.append(f"GPU {g['index']} is used by " + ", ".join(
-                _snapshot.describe(h) if h.get("visible", True) else f"pid {h['pid']} (not visible from here)" for h in hs))
+                _holding.describe(h) if h.get("visible", True) else f"pid {h['pid']} (not visible from here)" for h in hs))
         elif used is not None and used > max_memory_used_mib:
-            parts.append(f"GPU {g['index']} holds {used} MiB with no visible process (a leaked context, or a"
-                         " process in another PID namespace)")
+            parts.append(f"GPU {g['index']}: " + "; ".join(g.get("busy_reasons") or [f"{used} MiB used"]))
         else:
             parts.append(f"GPU {g['index']}: " + "; ".join(g.get("busy_reasons") or ["busy"]))
     return "; ".join(parts)
@@ -85,7 +86,7 @@ def progress_line(gpus: list, elapsed: float, timeout: float, settling: float = 
         if g["idle"]:
             continue
         used = (g.get("memory") or {}).get("used")
-        what = [_snapshot.mib_text(used)] if used is not None else []
+        what = [_holding.mib_text(used)] if used is not None else []
         hs = holders_of(g)
         if hs:
             h = hs[0]

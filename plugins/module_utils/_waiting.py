@@ -5,7 +5,7 @@
 # Note that this module util is **PRIVATE** to the collection. It can have breaking changes at any time.
 # Do not use this from other collections or standalone plugins/modules!
 
-"""Time: a monotonic clock, time-limited calls. Pure; no AnsibleModule."""
+"""Time: a monotonic clock, time-limited calls and commands. No AnsibleModule."""
 
 from __future__ import annotations
 
@@ -43,6 +43,78 @@ def call_with_timeout(fn, timeout: float, what: str):
     if "error" in box:
         raise box["error"]
     return box.get("value")
+
+
+# The commands run_in_group has started and not yet reaped: killed at exit, so that a command
+# still running in another thread when the module fails (two nvidia-smi queries run at once)
+# does not outlive the module either.
+_RUNNING = set()
+_RUNNING_LOCK = threading.Lock()
+_AT_EXIT = {"registered": False}
+
+
+def _kill_group(proc) -> None:
+    import os
+    import signal
+    import subprocess
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # our own child's group: not reaped yet, so the ids are still ours
+    except OSError:
+        pass
+    try:
+        proc.communicate(timeout=2.0)
+    except (subprocess.TimeoutExpired, ValueError, OSError):
+        pass  # stuck in the kernel (state D), or reaped meanwhile by its own thread
+
+
+def _kill_running() -> None:
+    with _RUNNING_LOCK:
+        running = list(_RUNNING)
+        _RUNNING.clear()
+    for proc in running:
+        if proc.poll() is None:
+            _kill_group(proc)
+
+
+def run_in_group(argv, timeout: float, what: str, env_update=None):
+    """Run ``argv`` (a list, no shell) for at most ``timeout`` s; returns (rc, stdout, stderr).
+
+    The program runs in a session and process group of its own, so that on timeout the whole
+    group (the program and anything it started) is killed with SIGKILL and reaped: a hung
+    nvidia-smi never outlives the module. Then QueryTimeout names ``what``. A program that cannot
+    be started answers (127, "", the reason), as a shell would.
+    """
+    import atexit
+    import os
+    import subprocess
+
+    env = dict(os.environ)
+    env.update(env_update or {})
+    with _RUNNING_LOCK:
+        if not _AT_EXIT["registered"]:
+            atexit.register(_kill_running)
+            _AT_EXIT["registered"] = True
+        try:
+            # Not module.run_command: it cannot put the program in a group of its own, nor kill it on timeout.
+            proc = subprocess.Popen(  # pylint: disable=ansible-bad-function
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                start_new_session=True)
+        except OSError as exc:
+            return 127, "", f"{argv[0]}: {exc.strerror or exc}"
+        _RUNNING.add(proc)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise QueryTimeout(
+            f"{what} did not answer within {timeout:g} s and was killed: the driver may be hung (check dmesg for Xid"
+            " errors and `nvidia-smi` on the host); raise query_timeout if the host is merely slow.",
+            timeout=timeout, call=what) from None
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.discard(proc)
+    return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
 
 def clock(total: float, interval: float, now=time.monotonic, sleep=time.sleep):

@@ -143,13 +143,17 @@ ansible_facts:
             - C(pid) is the pid as the driver reports it; C(visible=false) when it does not exist from where
               the module runs (a process in another PID namespace).
             - C(container) is C({kind, id, pid_in_container}) for a process in a Proxmox/LXC container, else null.
+            - C(unit) is the systemd unit the process runs in, read from its cgroup (C(sglang.service) for
+              C(/lxc/129/ns/system.slice/sglang.service)), inside a container or on the host; null for a login
+              session or none.
+            - C(cmdline) has its secrets hidden (see O(redact)) and is cut at 1000 characters; null with O(cmdline=false).
           type: list
           elements: dict
           returned: always
           sample:
             - {"pid": 8812, "type": "compute", "used_mib": 81920, "name": "python3", "cmdline": "python3 -m sglang.launch_server",
                "user": "root", "uid": 0, "ppid": 8800, "start_time": 123456, "visible": true,
-               "container": {"kind": "lxc", "id": 129, "pid_in_container": 245}}
+               "container": {"kind": "lxc", "id": 129, "pid_in_container": 245}, "unit": "sglang.service"}
         processes_error:
           description:
             - Why the driver's process list of this GPU could not be read (an NVML error after retries, naming the
@@ -175,10 +179,29 @@ ansible_facts:
           sample: ["GPU 3 (00000000:5D:00.0): nvmlDeviceGetTemperature: Unknown Error, 3 tries"]
         holders:
           description:
-            - Processes that hold this GPU's device file open (C(nvidiaN) of this GPU, or a device file shared by
-              all GPUs), with the same fields as C(processes) plus C(files) and C(protected) (the reason, or null).
+            - Processes that hold NVIDIA device nodes open, with the same fields as C(processes) plus C(files),
+              C(protected) (the reason, or null) and C(evidence).
+            - C(evidence) is V(context) (it also has a context on this GPU), V(device) (it holds this GPU's
+              C(/dev/nvidiaN) and the driver lists no context for it here) or V(control) (it holds only
+              C(nvidiactl), C(nvidia-uvm), C(nvidia-uvm-tools), C(nvidia-modeset) or C(nvidia-caps/*), as every NVML
+              or CUDA client does; listed on every GPU).
+            - CUDA opens the device node of every GPU it can see, so a V(device) holder keeps a GPU busy only when
+              the driver's process list cannot be trusted to be complete (it could not be read, or memory is in use
+              beyond what the listed processes account for); otherwise it is C(lingering). V(control) holders never
+              keep a GPU busy. The rules are in the collection's C(docs/holding-model.md).
           type: list
           elements: dict
+          returned: always
+        blockers:
+          description: The pids that keep this GPU busy by the holding model (its contexts, and device holders that count).
+          type: list
+          elements: int
+          returned: always
+          sample: [8812]
+        lingering:
+          description: The pids of device holders that do not keep this GPU busy (the driver's list is complete, the memory at baseline).
+          type: list
+          elements: int
           returned: always
         idle:
           description: Whether the GPU is idle by the definition M(gpuops.gpu.gpu_wait_idle) uses.
@@ -215,7 +238,7 @@ def main() -> None:
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     params = module.params
     try:
-        validate_snapshot_params(params)
+        validate_snapshot_params(params, module)
         taker = SnapshotTaker(module)
         snap = taker.take(gather_processes="processes" in params["gather"], gather_holders="holders" in params["gather"])
         selected = _snapshot.select_gpus(snap["gpus"], params["gpus"])
@@ -226,7 +249,7 @@ def main() -> None:
                 gpu_count=0, gpu_devices=[]))
         fail(module, exc)
         return
-    for warning in _snapshot.visibility_warnings(selected) + _snapshot.read_warnings(selected):
+    for warning in _snapshot.visibility_warnings(selected, taker.in_container()) + _snapshot.read_warnings(selected):
         module.warn(warning)
     for gpu in selected:
         if gpu["health"]["status"] == "lost":

@@ -21,7 +21,10 @@ description:
     frees memory 1.5 s after the exit costs no extra time; a holder that appears within the window (a
     supervisor restarting the server) restarts the clock. The first look counts as a holder leaving, so the
     wait always watches for at least O(settle) seconds.
-  - A GPU lost from the bus, or a GPU count other than O(expected_count), fails the task at once.
+  - A selected GPU lost from the bus, or a GPU count other than O(expected_count), fails the task at once. A GPU
+    that is not selected never fails the wait - lost or failing; with O(backend=nvidia-smi), C(nvidia-smi) is
+    asked about the selected GPUs only (from the first look when O(gpus) are indices and O(expected_count) is
+    unset, else from the second).
   - On the controller, an action plugin runs the wait in slices of about 10 s and prints a progress line per
     slice at default verbosity. Within a slice the target polls every O(sleep) seconds.
   - Polls are cheap (the driver's view and a liveness check of known holders); the full C(/proc/*/fd) scan
@@ -50,22 +53,26 @@ options:
   expected_count:
     description:
       - The number of GPUs the host must show. Any other number fails at once, naming both (a GPU fell off
-        the bus, or the play runs on the wrong host).
+        the bus, or the play runs on the wrong host). From 0 to 1024.
     type: int
   timeout:
-    description: Seconds to wait at most, as in M(ansible.builtin.wait_for).
+    description:
+      - Seconds to wait at most, as in M(ansible.builtin.wait_for).
+      - From 0 to 86400 (a day); C(nan) and C(inf) are refused before anything is read.
     type: float
     default: 300
   delay:
-    description: Seconds to wait before the first look.
+    description: Seconds to wait before the first look, from 0 to 86400.
     type: float
     default: 0
   sleep:
-    description: Seconds between two looks (the poll interval).
+    description: Seconds between two looks (the poll interval), from 0.05 to 86400.
     type: float
     default: 0.5
   settle:
-    description: Seconds that every selected GPU must have had no holder before the module returns.
+    description:
+      - Seconds that every selected GPU must have had no holder before the module returns.
+      - From 0 to 86400, and not above O(timeout).
     type: float
     default: 1.0
   msg:
@@ -75,6 +82,8 @@ options:
     description:
       - Make one final C(nvidia-smi) query that must agree that the selected GPUs are free; a disagreement
         fails the task and is reported.
+      - The query asks about the selected GPUs only (C(--id)), so that an unselected GPU that is lost or failing
+        cannot fail the wait; a query that fails is tried once more before the task fails.
       - Unset means - when C(nvidia-smi) (O(nvidia_smi_path)) exists.
     type: bool
   progress_slice:
@@ -154,7 +163,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _procs, _smi, _snapshot, _wait
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _procs, _smi, _snapshot, _validate, _wait
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     SBIN_DIRS,
     IDLE_ARGS,
@@ -169,21 +178,21 @@ FULL_SCAN_EVERY = 15.0
 
 def validate(p):
     validate_snapshot_params(p)
-    for name in ("timeout", "delay", "settle"):
-        if p[name] < 0:
-            raise _errors.GpuError(f"{name} must be >= 0, got {p[name]}")
-    if p["sleep"] <= 0:
-        raise _errors.GpuError(f"sleep must be > 0, got {p['sleep']}")
-    if p["settle"] > p["timeout"]:
-        raise _errors.GpuError(f"settle ({p['settle']:g} s) must not be above timeout ({p['timeout']:g} s)")
-    if p["expected_count"] is not None and p["expected_count"] < 0:
-        raise _errors.GpuError(f"expected_count must be >= 0, got {p['expected_count']}")
-    if p["progress_slice"] is not None and p["progress_slice"] <= 0:
-        raise _errors.GpuError(f"progress_slice must be > 0, got {p['progress_slice']}")
+    _validate.wait(p)
+
+
+def _short(text, limit=240) -> str:
+    """One line of at most ``limit`` characters (nvidia-smi's output can be long)."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def confirm(module, taker, gpus, p):
-    """The user's own tool has the last word: one nvidia-smi query must agree."""
+    """The user's own tool has the last word: one nvidia-smi query must agree.
+
+    Only the selected GPUs are asked about (``taker.smi_ids``): an unselected GPU that is lost or
+    failing cannot fail the wait. A failed query is tried once more before the task fails.
+    """
     wanted = p["confirm_with_nvidia_smi"]
     if wanted is False:
         return None, ""
@@ -192,7 +201,18 @@ def confirm(module, taker, gpus, p):
         if wanted:
             raise _errors.GpuError(f"confirm_with_nvidia_smi: {p['nvidia_smi_path']} not found on the target")
         return None, ""
-    raw = _smi.query(taker.run_smi, path)
+    raw = None
+    for attempt in (1, 2):
+        try:
+            raw = _smi.query(taker.run_smi, path)
+            break
+        except (_errors.GpuError, ValueError) as exc:
+            if attempt == 2:
+                raise _errors.BackendError(
+                    f"confirm_with_nvidia_smi: nvidia-smi failed twice on GPU(s) {', '.join(str(g['index']) for g in gpus)}"
+                    f" ({_short(getattr(exc, 'msg', exc))}) after NVML found them idle. Retry, or set"
+                    " confirm_with_nvidia_smi=false to trust NVML alone.", backend="nvidia-smi") from None
+            time.sleep(min(p["sleep"], 1.0))
     by_uuid = {g["uuid"]: g for g in raw["gpus"]}
     seen, disagree = {}, []
     for g in gpus:
@@ -230,6 +250,8 @@ def main() -> None:
     except _errors.GpuError as exc:
         fail(module, exc)
         return
+    for warning in _validate.device_pattern_warnings(p):
+        module.warn(warning)
 
     carried = p["progress_state"]
     state = carried["wait"] if carried else _wait.new_state()
@@ -243,6 +265,12 @@ def main() -> None:
 
     taker = SnapshotTaker(module)
     checked_count = {"done": bool(carried)}
+    selectors = _validate.gpu_selectors(p["gpus"])
+    indices_only = bool(selectors) and all(_validate.is_ascii_digits(x) for x in selectors)
+    if indices_only and (p["expected_count"] is None or checked_count["done"]):
+        # nvidia-smi is asked about the selected GPUs only, from the first look on: an unselected GPU
+        # that is lost or failing makes nvidia-smi exit non-zero, and must not fail this wait.
+        taker.smi_ids = sorted({str(int(x)) for x in selectors}, key=int)
 
     def snapshot(full):
         snap = taker.take(gather_processes=True, gather_holders=full and p["include_device_holders"])
@@ -253,7 +281,17 @@ def main() -> None:
                     " (check dmesg for Xid 79), or the play runs on the wrong host",
                     expected_count=p["expected_count"], gpu_count=len(snap["gpus"]))
             checked_count["done"] = True
-        return _snapshot.select_gpus(snap["gpus"], p["gpus"])
+        try:
+            selected = _snapshot.select_gpus(snap["gpus"], p["gpus"])
+        except _errors.SelectionError:
+            if not (taker.smi_ids and taker.backend == "nvidia-smi"):
+                raise
+            taker.smi_ids = None  # once more, unrestricted: the message lists the GPUs the host has
+            selected = _snapshot.select_gpus(taker.take(gather_processes=False, gather_holders=False)["gpus"], p["gpus"])
+        if selectors:
+            # From now on nvidia-smi (the backend, and the final confirmation) sees the selected GPUs only.
+            taker.smi_ids = [str(g["index"]) for g in selected]
+        return selected
 
     def alive(pid, start_time):
         ident = _procs.read_identity(pid)

@@ -46,6 +46,10 @@ def test_gpu_smoke_on_the_simulator(tmp_path):
         assert seen["pid_reported"] is True, seen
         assert seen["used_mib"] >= work["mib"] and seen["memory_ok"] is True, seen
         assert seen["holder"] is True and any(f.endswith("/dev/nvidia0") for f in seen["files"]), seen
+    # the device-node rule: the simulated CUDA workload holds every GPU's node, its context is on GPU 0 only
+    rule = work["device_nodes"]
+    assert rule["context_gpus"] == [0] and rule["opens_every_gpu"] is True, rule
+    assert rule["nodes_without_context"] == list(range(1, 8)), rule
 
     # 3. released (that pid only), memory freed, GPU idle, latencies measured
     rel = report["release"]

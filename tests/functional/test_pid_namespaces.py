@@ -43,7 +43,7 @@ def test_facts_inside_a_container_translate_and_host_modes(gpusim, collection):
     assert proc["container"] in (None, {"kind": "lxc", "id": VMID, "pid_in_container": None})
     assert gpu1["processes"] == [] and gpu1["memory"]["used"] == 8192
     assert not gpu1["idle"]
-    assert any(w.startswith("GPU 1: 8192 MiB used by processes not visible from this PID namespace")
+    assert any(w.startswith("GPU 1 (8192 MiB): memory in use by processes not visible from this PID namespace")
                for w in warnings(res)), warnings(res)
 
     # Old drivers (host): host pids for everyone; from inside they do not exist.

@@ -7,17 +7,9 @@ import subprocess
 import sys
 import time
 
-from modrun import run_module
+from modrun import alive, run_module
 
 MODULE = "ansible_collections.gpuops.gpu.plugins.modules.gpu_release"
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
 
 
 def test_two_releases_at_once_both_succeed(gpusim, collection, tmp_path):

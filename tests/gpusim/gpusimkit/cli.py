@@ -1,11 +1,13 @@
 """gpusim: a simulated NVIDIA GPU host (and Proxmox VE node) for tests, demos and benchmarks.
 
-  gpusim up     --dir DIR --gpus N [--model NAME] [--memory-mib M] [--release-lag S] [--pid-mode host|translate]
+  gpusim up     --dir DIR [--driver r580] [--gpus N] [--model NAME] [--memory-mib M] [--release-lag S]
+                [--pid-mode host|translate] [--hide SYM,...]
   gpusim env    --dir DIR                       (export lines for the bindings, nvidia-smi and pct)
   gpusim ct create|start|stop --dir DIR --vmid ID [--hostname H] [--gpus all|0,1]
   gpusim hold   --dir DIR --gpus 0,1 --mib M [--ct VMID] [--tree] [--ignore-term] [--exit-delay S]
                 [--respawn --service NAME] [--name NAME] [--type C|G|M|CG] [--device-only]
-  gpusim fault  --dir DIR [--init-error ...] [--lose-gpu I [--after S]] [--not-supported I:f,f] ...
+                [--only-own-devices] [--control-only] [--fork-child] [--restart-delay S] [--stop-timeout S]
+  gpusim fault  --dir DIR [--init-error ...] [--lose-gpu I [--after S]] [--not-supported I:f,f] [--unknown I:f,f] ...
   gpusim status --dir DIR [--json]
   gpusim down   --dir DIR
 
@@ -21,6 +23,7 @@ import os
 import shlex
 import sys
 
+from . import profiles
 from . import scenario as scn
 from .host import INIT_ERROR_NAMES, SimHost
 from .scenario import ScenarioError
@@ -39,14 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("up", help="create the scenario directory and start the driver daemon")
     _dir_arg(p)
-    p.add_argument("--gpus", type=int, default=8, help="number of GPUs (default 8)")
-    p.add_argument("--model", default=scn.DEFAULT_MODEL, help=f"GPU name (default {scn.DEFAULT_MODEL})")
-    p.add_argument("--memory-mib", type=int, default=scn.DEFAULT_MEMORY_MIB,
-                   help=f"memory per GPU (default {scn.DEFAULT_MEMORY_MIB})")
+    p.add_argument("--driver", default=profiles.DEFAULT_PROFILE,
+                   help=f"driver profile: {', '.join(profiles.NAMES)} (default {profiles.DEFAULT_PROFILE})")
+    p.add_argument("--gpus", type=int, default=None, help="number of GPUs (default: the profile's, 8 for r580)")
+    p.add_argument("--model", default=None, help=f"GPU name (default: the profile's, {scn.DEFAULT_MODEL} for r580)")
+    p.add_argument("--memory-mib", type=int, default=None,
+                   help=f"memory per GPU (default: the profile's, {scn.DEFAULT_MEMORY_MIB} for r580)")
     p.add_argument("--release-lag", type=float, default=0.0,
                    help="seconds an exited process's memory stays used (default 0)")
     p.add_argument("--pid-mode", default="translate", help="host or translate (default translate)")
-    p.add_argument("--hide", default="", help="NVML symbols the library does not export, comma separated")
+    p.add_argument("--hide", default="",
+                   help="NVML symbols the library does not export besides the profile's, comma separated")
 
     p = sub.add_parser("env", help="print export lines pointing programs at DIR")
     _dir_arg(p)
@@ -75,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=None, help="process name (argv[0] and comm)")
     p.add_argument("--type", default="C", help="C, G, M or a mix like CG (default C)")
     p.add_argument("--device-only", action="store_true", help="hold device files only, no memory")
+    p.add_argument("--only-own-devices", action="store_true",
+                   help="open only the device nodes of --gpus (default: every GPU it can see, as CUDA)")
+    p.add_argument("--control-only", action="store_true",
+                   help="an NVML client: only nvidiactl and nvidia-uvm, no memory, nothing registered")
+    p.add_argument("--fork-child", action="store_true",
+                   help="fork a child that leaves the process group and keeps the device files")
+    p.add_argument("--restart-delay", type=float, default=None, help="seconds before a respawn (service)")
+    p.add_argument("--stop-timeout", type=float, default=None, help="seconds from SIGTERM to SIGKILL (service)")
 
     p = sub.add_parser("fault", help="inject or clear faults")
     _dir_arg(p)
@@ -82,12 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lose-gpu", action="append", default=None, help="GPU index (repeatable)")
     p.add_argument("--after", type=float, default=None, help="lose the GPU S seconds from now")
     p.add_argument("--not-supported", action="append", default=None, help="I:field,field (repeatable)")
+    p.add_argument("--unknown", action="append", default=None,
+                   help="I:field,field: those queries answer NVML_ERROR_UNKNOWN on every call (repeatable)")
     p.add_argument("--unknown-every", default=None, help="every Nth device call returns UNKNOWN (0: never)")
     p.add_argument("--call-delay-ms", default=None, help="every NVML call sleeps this long")
     p.add_argument("--leak", action="append", default=None, help="I:MIB used with no process (repeatable)")
     p.add_argument("--pid-mode", default=None, help="host or translate")
     p.add_argument("--release-lag", type=float, default=None, help="seconds")
-    p.add_argument("--hide", default=None, help="SYM,SYM (the exact set; '' unhides all)")
+    p.add_argument("--hide", default=None,
+                   help="SYM,SYM (the exact set besides the profile's; '' unhides all but the profile's)")
     p.add_argument("--clear", action="store_true", help="clear every fault first")
 
     p = sub.add_parser("status", help="GPUs, processes, containers")
@@ -109,12 +126,14 @@ def _host(args) -> SimHost:
 def _print_status(st) -> None:
     d = st["daemon"]
     s = st["scenario"]
-    print(f"gpusim host {st['dir']}: {len(st['gpus'])} GPUs, driver {s['driver_version']}, "
+    print(f"gpusim host {st['dir']}: {len(st['gpus'])} GPUs, driver {s['driver_version']} "
+          f"(profile {s['driver_profile']}, _v3 entries {s['process_v3_entry_bytes']} bytes), "
           f"pid_mode {s['pid_mode']}, release_lag {s['release_lag_ms']} ms, "
           f"daemon pid {d['pid']} ({'running' if d['running'] else 'not running'})")
     faults = [f"{k}={v}" for k, v in s.items() if k in ("init_error", "unknown_every", "call_delay_ms") and v]
-    if s["hidden_symbols"]:
-        faults.append("hidden=" + ",".join(s["hidden_symbols"]))
+    extra = [h for h in s["hidden_symbols"] if h not in s["profile_hidden_symbols"]]
+    if extra:
+        faults.append("hidden=" + ",".join(extra))
     if faults:
         print("faults: " + " ".join(faults))
     print(f"{'GPU':>3}  {'NAME':<16} {'USED MiB':>9} {'TOTAL MiB':>9}  {'STATE':<6} PIDS")
@@ -123,6 +142,8 @@ def _print_status(st) -> None:
         extra = f" leaked={g['leaked_mib']}" if g["leaked_mib"] else ""
         if g["not_supported"]:
             extra += " not_supported=" + ",".join(g["not_supported"])
+        if g.get("unknown"):
+            extra += " unknown=" + ",".join(g["unknown"])
         pids = ",".join(str(p) for p in g["pids"]) or "-"
         print(f"{g['index']:>3}  {g['name']:<16} {g['memory_used_mib']:>9} {g['memory_total_mib']:>9}  {state:<6} {pids}{extra}")
     if st["processes"]:
@@ -145,7 +166,7 @@ def run(args) -> int:
             raise ScenarioError(f"invalid release_lag={args.release_lag!r}: must be >= 0 seconds")
         SimHost.up(args.dir, gpus=args.gpus, model=args.model, memory_mib=args.memory_mib,
                    release_lag_ms=int(round(args.release_lag * 1000)), pid_mode=args.pid_mode,
-                   hidden_symbols=[s for s in args.hide.split(",") if s.strip()])
+                   hidden_symbols=[s for s in args.hide.split(",") if s.strip()], driver=args.driver)
         return 0
     if args.cmd == "env":
         for k, v in _host(args).env_vars().items():
@@ -172,7 +193,9 @@ def run(args) -> int:
     if args.cmd == "hold":
         pid = host.hold(args.gpus, args.mib, ct=args.ct, tree=args.tree, ignore_term=args.ignore_term,
                         exit_delay=args.exit_delay, respawn=args.respawn, service=args.service, name=args.name,
-                        type=args.type, device_only=args.device_only)
+                        type=args.type, device_only=args.device_only, restart_delay=args.restart_delay,
+                        stop_timeout=args.stop_timeout, only_own_devices=args.only_own_devices,
+                        control_only=args.control_only, fork_child=args.fork_child)
         print(pid)
         return 0
     if args.cmd == "fault":
@@ -185,7 +208,7 @@ def run(args) -> int:
         if args.hide is not None:
             hide = [s for s in args.hide.split(",") if s.strip()]
         host.fault(init_error=args.init_error, lose_gpu=args.lose_gpu, after=args.after,
-                   not_supported=args.not_supported, unknown_every=args.unknown_every,
+                   not_supported=args.not_supported, unknown=args.unknown, unknown_every=args.unknown_every,
                    call_delay_ms=args.call_delay_ms, leak=args.leak, pid_mode=args.pid_mode, release_lag_ms=lag,
                    hide=hide, clear=args.clear)
         return 0

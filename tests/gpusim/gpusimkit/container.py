@@ -12,8 +12,9 @@ A container is ``DIR/ct/<vmid>/``:
 A running container is an init process (``ctinit.py``) that is PID 1 of its own PID, mount and
 UTS namespaces, with a private ``/proc`` and the configured hostname, sitting in
 ``<cgroup2 mount>/lxc/<vmid>/ns``, so that ``/proc/<pid>/cgroup`` of every container process
-reads ``0::/lxc/<vmid>/ns`` on the host, as on PVE 7 and later.  Commands are run inside with
-``ctattach.py`` (setns + fork, as ``lxc-attach``).
+reads ``0::/lxc/<vmid>/ns...`` on the host, as on PVE 7 and later.  Commands are run inside with
+``ctattach.py`` (setns + fork, as ``lxc-attach``) and land in ``lxc/<vmid>/ns/.lxc`` (liblxc's
+attach leaf); services in ``lxc/<vmid>/ns/system.slice/<name>.service`` (gpusimkit/cgroups.py).
 
 Stdlib only, Python 3.9+.  Processes are identified by (pid, starttime); only processes this
 module started (or that sit in a cgroup directory it created) are ever signalled.
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import errno
 import fcntl
 import hashlib
 import os
@@ -36,6 +36,7 @@ import sys
 import time
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
+from . import cgroups
 from . import scenario as _scenario
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -152,8 +153,15 @@ def cgroup_dirs(vmid: Union[int, str]) -> Tuple[str, str, str]:
 
 
 def cgroup_path(vmid: Union[int, str]) -> str:
-    """The path a container process shows in /proc/<pid>/cgroup: /lxc/<vmid>/ns."""
+    """The path the container's init shows in /proc/<pid>/cgroup: /lxc/<vmid>/ns (its other
+    processes are below it: ns/.lxc, ns/init.scope, ns/system.slice/<name>.service)."""
     return f"/lxc/{parse_vmid(vmid)}/ns"
+
+
+def attach_cgroup(vmid: Union[int, str]) -> str:
+    """<mount>/lxc/<vmid>/ns/.lxc: where commands run by pct exec / spawn land (lxc-attach
+    moves the attached process into the leaf ``.lxc`` of the container's cgroup)."""
+    return os.path.join(cgroup_dirs(vmid)[2], cgroups.ATTACH)
 
 
 def _read_record(simdir: str, vmid: int) -> Dict[str, str]:
@@ -185,61 +193,6 @@ def _is_ours(simdir: str, vmid: int) -> bool:
     return rec.get("path") == base and _ino(base) == int(rec["ino"])
 
 
-def _populated(path: str) -> bool:
-    try:
-        with open(os.path.join(path, "cgroup.events"), encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("populated "):
-                    return line.split()[1] != "0"
-    except OSError:
-        return False
-    return False
-
-
-def _cgroup_pids(path: str) -> List[int]:
-    try:
-        with open(os.path.join(path, "cgroup.procs"), encoding="utf-8") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
-
-
-def _kill_cgroup(path: str) -> None:
-    """SIGKILL every process in a cgroup directory this scenario created (ours by construction)."""
-    try:
-        with open(os.path.join(path, "cgroup.kill"), "w") as f:
-            f.write("1")
-        return
-    except OSError:
-        pass
-    for pid in _cgroup_pids(path):  # kernels before 5.14: one by one
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _wait_empty(path: str, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while _populated(path):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
-def _rmdir_retry(path: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError as e:
-            if e.errno != errno.EBUSY or time.monotonic() >= deadline:
-                raise
-            time.sleep(0.05)
-
-
 def _remove_cgroup(simdir: str, vmid: int) -> None:
     """Remove lxc/<vmid>/ns, lxc/<vmid> (and lxc/ when empty and made by gpusim), if ours.
 
@@ -247,16 +200,14 @@ def _remove_cgroup(simdir: str, vmid: int) -> None:
     rec = _read_record(simdir, vmid)
     if not rec:
         return
-    lxc, base, ns = cgroup_dirs(vmid)
+    lxc, base, _ns = cgroup_dirs(vmid)
     if _is_ours(simdir, vmid):
-        for d in (ns, base):
-            if os.path.isdir(d) and not _wait_empty(d, 3.0):
-                _kill_cgroup(d)
-                if not _wait_empty(d, 5.0):
-                    raise ContainerError(f"cgroup {d} still has processes after SIGKILL: "
-                                         f"{_cgroup_pids(d)}")
-        _rmdir_retry(ns)
-        _rmdir_retry(base)
+        # lxc/<vmid> and everything below it (ns, ns/.lxc, ns/init.scope, ns/system.slice/...):
+        # populated counts descendants, cgroup.kill reaches them, rmdir goes deepest first.
+        try:
+            cgroups.clear_tree(base, grace=3.0, timeout=5.0)
+        except cgroups.CgroupError as e:
+            raise ContainerError(str(e)) from None
     _remove_lxc_dir(lxc, rec.get("created_lxc") == "1")
     _unlink(os.path.join(ct_dir(simdir, vmid), "cgroup"))
 
@@ -302,6 +253,7 @@ def _make_cgroup(simdir: str, vmid: int) -> str:
                       f"path {base}\nino {_ino(base)}\ncreated_lxc {1 if created_lxc else 0}\n")
         try:
             os.mkdir(ns)
+            os.mkdir(os.path.join(ns, cgroups.ATTACH))
         except OSError as e:
             _remove_cgroup(simdir, vmid)
             raise ContainerError(f"cannot create cgroup {ns}: {e.strerror}") from e
@@ -366,6 +318,18 @@ def render_config(vmid: int, hostname: str, minors: Sequence[int], devices_style
     lines = [f"{k}: {keys[k]}" for k in sorted(keys)]
     lines += [f"{k}: {v}" for k, v in raw]
     return "\n".join(lines) + "\n"
+
+
+NODE_RE = re.compile(r"^/dev/nvidia(\d+)$")
+
+
+def config_gpu_minors(simdir: str, vmid: Union[int, str]) -> List[int]:
+    """Minors of the /dev/nvidia<N> nodes the container's config passes through: the sources of
+    its ``lxc.mount.entry`` lines and its ``devN:`` entries (sorted, unique)."""
+    keys, raw = read_config(simdir, vmid)
+    paths = [v.split()[0] for k, v in raw if k == "lxc.mount.entry" and v.split()]
+    paths += [v.split(",")[0].strip() for k, v in keys.items() if re.fullmatch(r"dev\d+", k)]
+    return sorted({int(m.group(1)) for m in (NODE_RE.match(p) for p in paths) if m})
 
 
 def read_config(simdir: str, vmid: Union[int, str]) -> Tuple[Dict[str, str], List[Tuple[str, str]]]:
@@ -515,7 +479,7 @@ def start(simdir: str, vmid: Union[int, str]) -> None:
                 [_python(), "-I", "-S", CTINIT, "--dir", simdir, "--vmid", str(v), "--hostname", hostname,
                  "--cgroup", ns, "--ready-fd", str(w)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(w,), start_new_session=True,
-                cwd="/", env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"})
+                cwd="/", env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", "container": "lxc"})
         except OSError as e:
             os.close(r)
             os.close(w)
@@ -568,9 +532,12 @@ def command_env(simdir: str, vmid: Union[int, str], env: Optional[Dict[str, str]
 
 def _attach_argv(simdir: str, v: int, ip: Tuple[int, int], argv: Sequence[str], detach: bool,
                  status_fd: int = -1) -> List[str]:
-    ns = cgroup_dirs(v)[2]
+    cg = attach_cgroup(v)
+    if not os.path.isdir(cg):  # a container started before .lxc existed
+        with contextlib.suppress(OSError):
+            os.mkdir(cg)
     out = [_python(), "-I", "-S", CTATTACH, "--dir", simdir, "--vmid", str(v), "--init-pid", str(ip[0]),
-           "--init-starttime", str(ip[1]), "--cgroup", ns]
+           "--init-starttime", str(ip[1]), "--cgroup", cg]
     if detach:
         out.append("--detach")
     if status_fd >= 0:

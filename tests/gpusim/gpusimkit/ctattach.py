@@ -5,9 +5,12 @@ Run by ``container.exec_argv`` / ``container.spawn`` as a fresh interpreter
 
 1. opens the init's ``/proc/<hostpid>/ns/{uts,mnt,pid}`` and then checks that the init is still
    the one recorded (pid + starttime), so the namespaces cannot belong to a recycled pid,
-2. joins the container's cgroup2 directory (``lxc/<vmid>/ns``) and its UTS, mount and PID
-   namespaces (``setns``), returns to the same working directory,
-3. forks: the child (a process of the container's PID namespace) execs the command.
+2. joins the container's UTS, mount and PID namespaces (``setns``), returns to the same working
+   directory,
+3. forks: the child (a process of the container's PID namespace) joins the cgroup2 directory
+   ``--cgroup`` (``lxc/<vmid>/ns/.lxc``, the leaf liblxc's ``cgroup_attach_leaf`` moves an
+   attached process into) and execs the command.  The helper itself stays in its caller's cgroup,
+   as lxc-attach moves only the attached process.
 
 Without ``--detach`` the helper stays as the command's parent (as ``lxc-attach`` does), forwards
 SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 to it and exits with its exit status (128 + N when killed by
@@ -38,6 +41,18 @@ def _starttime(pid):
         return None, None
     rest = data[data.rindex(b")") + 2:].split()
     return rest[0].decode(), int(rest[19])
+
+
+def join_cgroup(path, vmid, say):
+    """In the forked child: move itself into the cgroup (exit 255 when it cannot)."""
+    try:
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+            f.write("0")
+    except OSError as e:
+        sys.stderr.write("ctattach: CT %s: cannot join cgroup %s: %s\n" % (vmid, path, e.strerror))
+        sys.stderr.flush()
+        say("error cannot join cgroup %s: %s" % (path, e.strerror))
+        os._exit(255)
 
 
 def run_command(cmd, vmid, say):
@@ -93,7 +108,7 @@ def _host_pid(procfd, init_pid, pidns, nspid):
     return None
 
 
-def detach(cmd, vmid, init_pid, procfd, pidns, say, fail):
+def detach(cmd, vmid, init_pid, procfd, pidns, cgroup, say, fail):
     """Double fork inside the container's PID namespace, so that the command is re-parented to
     the container's init (a process whose parent outside the namespace dies would be re-parented
     to the host's init instead), then report its host pid.  Never returns."""
@@ -105,6 +120,7 @@ def detach(cmd, vmid, init_pid, procfd, pidns, say, fail):
     if a == 0:
         os.close(r)
         os.setsid()
+        join_cgroup(cgroup, vmid, say)
         try:
             b = os.fork()
         except OSError as e:
@@ -184,11 +200,8 @@ def main(argv):
         cwd = os.getcwd()
     except OSError:
         cwd = "/"
-    try:
-        with open(os.path.join(args.cgroup, "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
-    except OSError as e:
-        fail("cannot join cgroup %s: %s" % (args.cgroup, e.strerror))
+    if not os.path.isdir(args.cgroup):
+        fail("cannot join cgroup %s: no such cgroup" % args.cgroup)
 
     libc = ctypes.CDLL(None, use_errno=True)
     for ns, fd in fds:
@@ -203,13 +216,14 @@ def main(argv):
         os.chdir("/")
 
     if args.detach:
-        detach(cmd, args.vmid, pid, procfd, pidns, say, fail)
+        detach(cmd, args.vmid, pid, procfd, pidns, args.cgroup, say, fail)
 
     try:
         child = os.fork()
     except OSError as e:
         fail("fork into the container's PID namespace failed: %s" % e.strerror)
     if child == 0:
+        join_cgroup(args.cgroup, args.vmid, say)
         run_command(cmd, args.vmid, say)
 
     say("pid %d" % child)

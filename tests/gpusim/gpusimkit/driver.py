@@ -278,7 +278,7 @@ class Driver:
                 raise RequestError("invalid spawn request: empty argv")
             logpath = req.get("log") or os.path.join(self.run_dir, "workloads.log")
             try:
-                pid = proctools.spawn(argv, env, fds, logpath, req.get("cwd"))
+                pid = proctools.spawn(argv, env, fds, logpath, req.get("cwd"), cgroup=req.get("cgroup"))
             except OSError as e:
                 raise RequestError(str(e)) from None
         finally:

@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from . import proctools
+from . import cgroups, profiles, proctools
 from . import scenario as scn
 from .scenario import ScenarioError
 
@@ -47,6 +47,7 @@ sys.exit(_main(sys.argv[1:], {simdir!r}))
 WRAPPERS = (
     ("bin", "nvidia-smi", "gpusimkit.smi", "main", "nvidia-smi"),
     ("bin", "pct", "gpusimkit.pct", "main", "pct"),
+    ("bin", "systemctl", "gpusimkit.supervisor", "systemctl_main", "the host's systemctl stand-in (host scope)"),
     ("ctbin", "systemctl", "gpusimkit.supervisor", "systemctl_main", "the systemctl stand-in (first on PATH in containers)"),
 )
 
@@ -131,19 +132,23 @@ class SimHost:
 
     # --- up ---------------------------------------------------------------------------------
     @classmethod
-    def up(cls, dir: str, gpus: int = 8, model: str = scn.DEFAULT_MODEL,  # noqa: A002 (the CLI's --dir)
-           memory_mib: int = scn.DEFAULT_MEMORY_MIB, release_lag_ms: int = 0, pid_mode: str = "translate",
-           hidden_symbols: Sequence[str] = ()) -> "SimHost":
+    def up(cls, dir: str, gpus: Optional[int] = None, model: Optional[str] = None,  # noqa: A002 (the CLI's --dir)
+           memory_mib: Optional[int] = None, release_lag_ms: int = 0, pid_mode: str = "translate",
+           hidden_symbols: Sequence[str] = (), driver: str = profiles.DEFAULT_PROFILE) -> "SimHost":
+        """Start a host of driver profile ``driver`` (gpusimkit/profiles.py; default r580, 8 x H200).
+        ``gpus``, ``model`` and ``memory_mib`` default to the profile's; ``hidden_symbols`` are
+        hidden in addition to the profile's."""
         simdir = os.path.abspath(dir)
         sock = os.path.join(simdir, "run", "driver.sock")
         if len(sock.encode()) > MAX_SOCK_PATH:
             raise ScenarioError(f"invalid dir={simdir!r}: too long for a unix socket path ({sock})")
         if isinstance(hidden_symbols, str):
             hidden_symbols = [s for s in hidden_symbols.split(",") if s.strip()]
-        sc = scn.new_scenario(_as_int(gpus, "gpus"), model, _as_int(memory_mib, "memory_mib"), seed=simdir)
+        sc = scn.profile_scenario(driver, None if gpus is None else _as_int(gpus, "gpus"), model,
+                                  None if memory_mib is None else _as_int(memory_mib, "memory_mib"), seed=simdir,
+                                  hidden_symbols=[s.strip() for s in hidden_symbols])
         sc.release_lag_ms = _as_int(release_lag_ms, "release_lag_ms")
         sc.pid_mode = pid_mode
-        sc.hidden_symbols = [s.strip() for s in hidden_symbols]
         sc.validate()
         cls.check_hidden(sc.hidden_symbols)
 
@@ -164,6 +169,10 @@ class SimHost:
             for d in ("lib", "bin", "ctbin", "dev", "run", "ct", "services"):
                 os.makedirs(host.path(d), exist_ok=True)
             scn.save(simdir, sc)
+            try:
+                cgroups.make_host(simdir)
+            except cgroups.CgroupError as e:
+                raise SimError(str(e)) from None
             host._make_devices(sc)
             host._install_library(sc.hidden_symbols)
             host._make_wrappers()
@@ -266,12 +275,20 @@ class SimHost:
              tree: bool = False, ignore_term: bool = False, exit_delay: Optional[float] = None,
              respawn: bool = False, service: Optional[str] = None, name: Optional[str] = None,
              type: str = "C", device_only: bool = False,  # noqa: A002 (the CLI's --type)
-             restart_delay: Optional[float] = None, stop_timeout: Optional[float] = None) -> int:
+             restart_delay: Optional[float] = None, stop_timeout: Optional[float] = None,
+             only_own_devices: bool = False, control_only: bool = False, fork_child: bool = False) -> int:
         """Start a workload; returns its host pid once it holds its memory and device files.
 
+        Like CUDA, it opens the device node of every GPU it can see (the host's GPUs; in a
+        container the config's), its context and memory only on ``gpus``; only_own_devices: only
+        the nodes of ``gpus``.  control_only: an NVML client (nvidiactl, nvidia-uvm; no memory,
+        nothing registered; gpus and mib ignored).  fork_child: it forks a child that leaves its
+        process group and keeps the device files.
         respawn/service: run it under a supervisor (service NAME; respawned unless stopped when
-        respawn is true); the pid returned is the first workload's.  ct: start it inside that
-        container (through gpusimkit.container.spawn)."""
+        respawn is true), in the cgroup <base>/system.slice/NAME.service; the pid returned is the
+        first workload's.  ct: start it inside that container (through gpusimkit.container.spawn,
+        cgroup lxc/<vmid>/ns/.lxc); on the host, a plain workload runs in
+        gpusim-<id>/user.slice/user-0.slice/session-1.scope."""
         from . import workload  # noqa: PLC0415
 
         # --opt=value: a value that starts with "-" is not taken for an option.
@@ -289,12 +306,19 @@ class SimHost:
             wargs.append("--tree")
         if device_only:
             wargs.append("--device-only")
+        if only_own_devices:
+            wargs.append("--only-own-devices")
+        if control_only:
+            wargs.append("--control-only")
+        if fork_child:
+            wargs.append("--fork-child")
         workload.validate(workload.parse_args(wargs), self.scenario())
         vmid = None if ct is None else str(_as_int(ct, "ct"))
         env = proctools.kit_env(self.env())
         if vmid is not None:
             env["GPUSIM_VMID"] = vmid
 
+        cgroup = None
         if respawn or service is not None:
             if service is None:
                 raise ScenarioError("invalid service=None: respawn needs a service name")
@@ -302,9 +326,12 @@ class SimHost:
             if not SERVICE_RE.fullmatch(service):
                 raise ScenarioError(f"invalid service={service!r}: letters, digits, _ . @ - (64 at most)")
             argv = self._service_argv(vmid or "host", service, wargs, respawn, restart_delay, stop_timeout)
+            # (the supervisor moves itself to <base>/init.scope and its workload to the unit's cgroup)
         else:
             argv = proctools.python_argv("gpusimkit.workload", wargs)
-        return self._start_ready(argv, env, vmid)
+            if vmid is None:
+                cgroup = cgroups.session_path(self.dir)
+        return self._start_ready(argv, env, vmid, cgroup)
 
     def _service_argv(self, scope: str, service: str, wargs: List[str], respawn: bool,
                       restart_delay: Optional[float], stop_timeout: Optional[float]) -> List[str]:
@@ -339,12 +366,13 @@ class SimHost:
         return proctools.python_argv("gpusimkit.supervisor", ["--dir", self.dir, "--service", service,
                                                               "--scope", scope])
 
-    def _start_ready(self, argv: List[str], env: Dict[str, str], vmid: Optional[str]) -> int:
+    def _start_ready(self, argv: List[str], env: Dict[str, str], vmid: Optional[str],
+                     cgroup: Optional[str] = None) -> int:
         r, w = os.pipe2(os.O_CLOEXEC)
         started = None
         try:
             if vmid is None:
-                started = proctools.spawn_via_driver(self.dir, argv + ["--ready-fd", "3"], env, [w])
+                started = proctools.spawn_via_driver(self.dir, argv + ["--ready-fd", "3"], env, [w], cgroup=cgroup)
             else:
                 from . import container  # noqa: PLC0415 (written by another piece)
                 container.spawn(self.dir, vmid, argv + ["--ready-fd", str(w)], env, [w])
@@ -417,15 +445,18 @@ class SimHost:
               unknown_every: Optional[int] = None, call_delay_ms: Optional[int] = None,
               leak: Union[Dict[int, int], str, Iterable[str], None] = None, pid_mode: Optional[str] = None,
               release_lag_ms: Optional[int] = None, hide: Union[str, Iterable[str], None] = None,
+              unknown: Union[Dict[int, Iterable[str]], str, Iterable[str], None] = None,
               clear: bool = False) -> None:
         """Change the scenario while programs run.
 
         clear resets every fault (init error, lost GPUs, NOT_SUPPORTED fields, unknown_every,
         call delay, leaked memory, hidden symbols) before the other arguments apply; pid_mode and
-        release_lag_ms are settings and are kept.  lose_gpu: now, or `after` seconds from now.
-        not_supported: {gpu: [fields]} or "I:field,field" (added to the GPU's list).  leak:
-        {gpu: mib} or "I:MIB".  hide: the exact set of hidden symbols (the library in DIR/lib is
-        reinstalled; programs started afterwards see it)."""
+        release_lag_ms are settings and are kept, and what the driver profile implies (its hidden
+        symbols and NOT_SUPPORTED fields) is what clear goes back to.  lose_gpu: now, or `after`
+        seconds from now.  not_supported: {gpu: [fields]} or "I:field,field" (added to the GPU's
+        list).  unknown: the same shape; those fields' queries answer NVML_ERROR_UNKNOWN (999) on every
+        call (an intermittent driver error that outlasts the retries).  leak: {gpu: mib} or "I:MIB".  hide: the exact set of hidden symbols besides the
+        profile's (the library in DIR/lib is reinstalled; programs started afterwards see it)."""
         if after is not None and lose_gpu is None:
             raise ScenarioError("invalid after: needs lose_gpu")
         with scn.edit(self.dir) as sc:
@@ -435,10 +466,11 @@ class SimHost:
                 sc.init_error = 0
                 sc.unknown_every = 0
                 sc.call_delay_ms = 0
-                sc.hidden_symbols = []
+                sc.hidden_symbols = scn.profile_hidden(sc)
                 for g in sc.gpus:
                     g.lost_at_ns = -1
-                    g.not_supported = []
+                    g.not_supported = scn.profile_not_supported(sc)
+                    g.unknown = []
                     g.leaked_mib = 0
             if init_error is not None:
                 if isinstance(init_error, str) and not init_error.strip().lstrip("-").isdigit():
@@ -465,6 +497,10 @@ class SimHost:
                     f.strip() for f in (v.split(",") if isinstance(v, str) else v) if f.strip()]):
                 g = sc.gpus[i]
                 g.not_supported = sorted(set(g.not_supported) | set(fields))
+            for i, fields in self._pairs(unknown, "unknown", count, lambda v: [
+                    f.strip() for f in (v.split(",") if isinstance(v, str) else v) if f.strip()]):
+                g = sc.gpus[i]
+                g.unknown = sorted(set(g.unknown) | set(fields))
             for i, mib in self._pairs(leak, "leak", count, lambda v: _as_int(v, "leak")):
                 sc.gpus[i].leaked_mib = mib
             if unknown_every is not None:
@@ -476,8 +512,7 @@ class SimHost:
             if release_lag_ms is not None:
                 sc.release_lag_ms = _as_int(release_lag_ms, "release_lag_ms")
             if hide is not None:
-                sc.hidden_symbols = sorted({s.strip() for s in (hide.split(",") if isinstance(hide, str) else hide)
-                                            if s.strip()})
+                sc.hidden_symbols = scn.profile_hidden(sc, hide.split(",") if isinstance(hide, str) else hide)
             new_hidden = list(sc.hidden_symbols)
             sc.validate()
             if new_hidden != old_hidden:
@@ -504,7 +539,7 @@ class SimHost:
                 k, sep, v = str(text).partition(":")
                 if not sep or not v:
                     raise ScenarioError(f"invalid {field}={text!r}: must look like GPU:VALUE, e.g. 0:"
-                                        + ("fan,power" if field == "not_supported" else "1024"))
+                                        + ("fan,power" if field in ("not_supported", "unknown") else "1024"))
                 items.append((k, v))
         return [(self._gpu_index(k, count, field), conv(v)) for k, v in items]
 
@@ -554,21 +589,38 @@ class SimHost:
                 "memory_total_mib": g.memory_total_mib, "memory_reserved_mib": g.memory_reserved_mib,
                 "memory_used_mib": u, "memory_free_mib": max(0, g.memory_total_mib - g.memory_reserved_mib - u),
                 "lost": g.lost_at_ns >= 0 and now >= g.lost_at_ns, "lost_at_ns": g.lost_at_ns,
-                "not_supported": list(g.not_supported), "leaked_mib": g.leaked_mib, "pids": sorted(pids[g.index]),
+                "not_supported": list(g.not_supported), "unknown": list(g.unknown), "leaked_mib": g.leaked_mib, "pids": sorted(pids[g.index]),
             })
         dpid = self.daemon_pid()
         return {
             "dir": self.dir,
             "daemon": {"pid": dpid, "running": self.is_up()},
-            "scenario": {"driver_version": sc.driver_version, "cuda_version": sc.cuda_version,
+            "scenario": {"driver_profile": sc.driver_profile, "driver_version": sc.driver_version,
+                         "nvml_version": sc.nvml_version, "cuda_version": sc.cuda_version,
+                         "process_v3_entry_bytes": sc.process_v3_entry_bytes,
                          "init_error": sc.init_error, "pid_mode": sc.pid_mode, "release_lag_ms": sc.release_lag_ms,
                          "unknown_every": sc.unknown_every, "call_delay_ms": sc.call_delay_ms,
-                         "hidden_symbols": list(sc.hidden_symbols)},
+                         "hidden_symbols": list(sc.hidden_symbols),
+                         "profile_hidden_symbols": scn.profile_hidden(sc)},
             "gpus": gpus,
             "processes": procs,
             "containers": self._containers(),
             "services": self._services(),
+            "cgroup": self._cgroup(),
         }
+
+    def _cgroup(self) -> Optional[Dict[str, str]]:
+        """The host's cgroup tree (None: gpusim runs without cgroups on this machine)."""
+        base = cgroups.host_base(self.dir)
+        if base is None:
+            return None
+        try:
+            return {"path": base, "base": cgroups.rel(base),
+                    "session": cgroups.rel(os.path.join(base, cgroups.SESSION)),
+                    "system_slice": cgroups.rel(os.path.join(base, "system.slice")),
+                    "manager": cgroups.rel(cgroups.manager_path(base))}
+        except cgroups.CgroupError:
+            return None
 
     def _containers(self) -> List[Dict[str, Any]]:
         out = []
@@ -637,6 +689,13 @@ class SimHost:
                 if _kill(p, s, signal.SIGKILL) and p not in report["killed"]:
                     report["killed"].append(p)
             self._wait_gone(live, min(5.0, max(0.1, deadline - time.monotonic())))
+        # Whatever else is in the scenario's host cgroup (a forked child that escaped the list)
+        # is a descendant of a process gpusim started: it goes too.
+        base = cgroups.host_base(self.dir)
+        if base is not None:
+            cgroups.kill(base)
+            if not cgroups.wait_empty(base, 5.0):
+                report["errors"].append(f"cgroup {base} still has processes: {cgroups.procs(base, recursive=True)}")
 
         # The daemon last: it reaps what was killed above.
         if self._daemon is not None and self._daemon.poll() is None:
@@ -658,6 +717,10 @@ class SimHost:
         report["left"] = [p for p, s in proctools.read_owned(self.dir) if proctools.alive(p, s)]
         if report["left"]:
             report["errors"].append(f"processes still alive: {report['left']}; {self.dir} kept")
+            return report
+        cg_problems = cgroups.remove_host(self.dir)
+        if cg_problems:
+            report["errors"] += cg_problems
             return report
         mounts = _mounts_under(self.dir)
         if mounts:

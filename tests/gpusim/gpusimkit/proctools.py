@@ -198,10 +198,11 @@ def kit_env(env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
 
 
 def spawn(argv: Sequence[str], env: Dict[str, str], fds: Sequence[int] = (), log_path: Optional[str] = None,
-          cwd: Optional[str] = None, new_session: bool = True) -> int:
+          cwd: Optional[str] = None, new_session: bool = True, cgroup: Optional[str] = None) -> int:
     """fork + exec `argv` with stdin from /dev/null, stdout/stderr appended to `log_path`, and
-    `fds` given to the child as fds 3, 4, ... (like systemd socket activation).  Returns the pid;
-    the caller reaps it."""
+    `fds` given to the child as fds 3, 4, ... (like systemd socket activation).  `cgroup`: a
+    cgroup2 directory the child joins before it execs (as systemd places a unit's processes).
+    Returns the pid; the caller reaps it."""
     argv = list(argv)
     try:
         log_fd = os.open(log_path or os.devnull, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -221,6 +222,12 @@ def spawn(argv: Sequence[str], env: Dict[str, str], fds: Sequence[int] = (), log
                 pass
             if new_session:
                 os.setsid()
+            if cgroup:
+                try:
+                    with open(os.path.join(cgroup, "cgroup.procs"), "w", encoding="utf-8") as f:
+                        f.write("0")
+                except OSError as e:
+                    raise OSError(e.errno, f"cannot join cgroup {cgroup}: {e.strerror}") from None
             if cwd:
                 os.chdir(cwd)
             # Move the fds out of the way first so that dup2 to 3.. cannot clobber one of them.
@@ -325,8 +332,12 @@ def driver_request(simdir: str, line: str, fds: Sequence[int] = (), timeout: flo
 
 
 def spawn_via_driver(simdir: str, argv: Sequence[str], env: Dict[str, str], fds: Sequence[int] = (),
-                     log_path: Optional[str] = None, cwd: Optional[str] = None) -> int:
+                     log_path: Optional[str] = None, cwd: Optional[str] = None,
+                     cgroup: Optional[str] = None) -> int:
     """Have the driver daemon (a child subreaper) start `argv`, so that it and its orphans are
-    reaped promptly.  `fds` become the child's 3, 4, ...  Returns the host pid."""
+    reaped promptly.  `fds` become the child's 3, 4, ...; `cgroup`: the cgroup2 directory the
+    child joins before it execs.  Returns the host pid."""
     req = {"argv": list(argv), "env": dict(env), "log": log_path, "cwd": cwd}
+    if cgroup:
+        req["cgroup"] = cgroup
     return int(driver_request(simdir, "spawn " + json.dumps(req, separators=(",", ":")), fds=fds))

@@ -1,12 +1,12 @@
 """pytest fixtures over SimHost.
 
 - ``gpusim``: a started simulated host (8 x NVIDIA H200, release lag 0) in a fresh directory.
-- ``gpusim_factory``: ``gpusim_factory(gpus=2, release_lag_ms=500, ...)`` starts hosts of other
-  shapes (the keyword arguments of ``SimHost.up``); any number per test.
+- ``gpusim_factory``: ``gpusim_factory(gpus=2, release_lag_ms=500, driver="r535", ...)`` starts
+  hosts of other shapes (the keyword arguments of ``SimHost.up``); any number per test.
 
 Teardown always calls ``down()`` on every host the test started, even when the test failed,
 and then fails the test if anything of the host's own (a process recorded in DIR/run/owned with
-its starttime, the daemon, the directory) is still there.
+its starttime, the daemon, the directory, the host's cgroup ``gpusim-<id>``) is still there.
 
 Use it with ``pytest_plugins = ["gpusimkit.pytest_plugin"]`` in a root conftest, ``-p
 gpusimkit.pytest_plugin``, or by importing the two fixtures into a conftest (what
@@ -23,7 +23,7 @@ from typing import Any, List
 
 import pytest
 
-from . import proctools
+from . import cgroups, proctools
 from .host import SimHost, _kill, _mounts_under
 
 
@@ -34,7 +34,7 @@ class GpusimFactory:
         self.hosts: List[SimHost] = []
 
     def __call__(self, **kwargs: Any) -> SimHost:
-        kwargs.setdefault("gpus", 8)
+        # SimHost.up's defaults are the driver profile's: 8 x H200 for the default (r580).
         host = SimHost.up(os.path.join(self.base, f"h{len(self.hosts)}"), **kwargs)
         self.hosts.append(host)
         return host
@@ -43,6 +43,7 @@ class GpusimFactory:
         problems: List[str] = []
         for host in self.hosts:
             owned = proctools.read_owned(host.dir)
+            cgroup = cgroups.host_base(host.dir)
             try:
                 report = host.down()
                 problems += report["errors"]
@@ -55,6 +56,8 @@ class GpusimFactory:
                     _kill(p, s, signal.SIGKILL)
             if os.path.exists(host.dir):
                 problems.append(f"{host.dir}: directory left after down()")
+            if cgroup is not None and os.path.exists(cgroup):
+                problems.append(f"{host.dir}: cgroup {cgroup} left after down()")
         if not _mounts_under(self.base):
             shutil.rmtree(self.base, ignore_errors=True)
         return problems

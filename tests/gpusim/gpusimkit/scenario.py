@@ -15,6 +15,8 @@ import os
 import re
 from typing import Dict, Iterator, List, Optional
 
+from . import profiles
+
 FORMAT_VERSION = 1
 
 # Defaults taken from a real 8 x H200 host.
@@ -43,6 +45,9 @@ NOT_SUPPORTED_FIELDS = frozenset(
         "minor_number",
         "encoder",
         "decoder",
+        "memory_v1",  # nvmlDeviceGetMemoryInfo only ("memory": both calls)
+        "memory_v2",  # nvmlDeviceGetMemoryInfo_v2 only
+        "conf_compute",  # nvmlDeviceGetConfComputeMemSizeInfo
     ]
 )
 INIT_ERRORS = {0: "ok", 4: "no_permission", 9: "driver_not_loaded", 18: "version_mismatch"}
@@ -85,6 +90,7 @@ class Gpu:
     mig_pending: int = 0
     lost_at_ns: int = -1
     not_supported: List[str] = dataclasses.field(default_factory=list)
+    unknown: List[str] = dataclasses.field(default_factory=list)
 
     def validate(self) -> None:
         f = f"gpu.{self.index}"
@@ -109,6 +115,8 @@ class Gpu:
         _check(self.mig_pending in (0, 1), f + ".mig_pending", self.mig_pending, "must be 0 or 1")
         bad = sorted(set(self.not_supported) - NOT_SUPPORTED_FIELDS)
         _check(not bad, f + ".not_supported", ",".join(bad), f"unknown field; known: {', '.join(sorted(NOT_SUPPORTED_FIELDS))}")
+        bad = sorted(set(self.unknown) - NOT_SUPPORTED_FIELDS)
+        _check(not bad, f + ".unknown", ",".join(bad), f"unknown field; known: {', '.join(sorted(NOT_SUPPORTED_FIELDS))}")
 
 
 @dataclasses.dataclass
@@ -124,6 +132,11 @@ class Scenario:
     unknown_every: int = 0
     call_delay_ms: int = 0
     hidden_symbols: List[str] = dataclasses.field(default_factory=list)
+    # The driver branch this host stands for (gpusimkit/profiles.py); the C library ignores the
+    # name and reads what the profile implies from the other keys.
+    driver_profile: str = profiles.DEFAULT_PROFILE
+    # What the _v3 process symbols write: 24 (nvmlProcessInfo_t) or 32 (nvmlProcessInfo_v3_t).
+    process_v3_entry_bytes: int = profiles.ENTRY_V2
 
     @property
     def gpu_count(self) -> int:
@@ -139,6 +152,10 @@ class Scenario:
         _check(self.release_lag_ms >= 0, "release_lag_ms", self.release_lag_ms, "must be >= 0")
         _check(self.unknown_every >= 0, "unknown_every", self.unknown_every, "must be >= 0")
         _check(self.call_delay_ms >= 0, "call_delay_ms", self.call_delay_ms, "must be >= 0")
+        _check(self.driver_profile in profiles.PROFILES, "driver", self.driver_profile,
+               "must be one of " + ", ".join(profiles.NAMES))
+        _check(self.process_v3_entry_bytes in profiles.ENTRY_SIZES, "process_v3_entry_bytes",
+               self.process_v3_entry_bytes, "must be 24 or 32")
         _check(0 <= len(self.gpus) <= 64, "gpus", len(self.gpus), "must be 0..64")
         for s in self.hidden_symbols:
             _check(re.fullmatch(r"nvml\w+", s) is not None, "hidden_symbols", s, "must be NVML symbol names")
@@ -164,6 +181,8 @@ class Scenario:
             f"unknown_every {self.unknown_every}",
             f"call_delay_ms {self.call_delay_ms}",
             f"hidden_symbols {','.join(self.hidden_symbols)}",
+            f"driver_profile {self.driver_profile}",
+            f"process_v3_entry_bytes {self.process_v3_entry_bytes}",
             f"gpu_count {len(self.gpus)}",
         ]
         for g in self.gpus:
@@ -215,6 +234,44 @@ def new_scenario(count: int, model: str = DEFAULT_MODEL, memory_mib: int = DEFAU
     _check(isinstance(memory_mib, int) and memory_mib > 0, "memory_mib", memory_mib, "must be a positive integer")
     _check(bool(model) and "\n" not in model, "model", model, "must be a non-empty single line")
     sc = Scenario(gpus=make_gpus(count, model, memory_mib, seed), host_pidns=host_pidns_inode())
+    sc.validate()
+    return sc
+
+
+def profile_of(sc: Scenario) -> "profiles.Profile":
+    return profiles.get(sc.driver_profile)
+
+
+def profile_hidden(sc: Scenario, extra=()) -> List[str]:
+    """The hidden symbols of the scenario's profile plus ``extra`` (sorted, unique)."""
+    return sorted(set(profile_of(sc).hidden_symbols) | {s.strip() for s in extra if s.strip()})
+
+
+def profile_not_supported(sc: Scenario) -> List[str]:
+    """The NOT_SUPPORTED fields every GPU of the scenario's profile has."""
+    return sorted(set(profile_of(sc).not_supported))
+
+
+def profile_scenario(driver: str = profiles.DEFAULT_PROFILE, count: Optional[int] = None, model: Optional[str] = None,
+                     memory_mib: Optional[int] = None, seed: str = "", hidden_symbols=()) -> Scenario:
+    """A new scenario for a driver profile (gpusimkit/profiles.py); explicit ``count``, ``model``
+    and ``memory_mib`` override the profile's, ``hidden_symbols`` are hidden as well as the
+    profile's."""
+    _check(isinstance(driver, str) and driver in profiles.PROFILES, "driver", driver,
+           "must be one of " + ", ".join(profiles.NAMES))
+    prof = profiles.get(driver)
+    sc = new_scenario(prof.gpus if count is None else count, prof.model if model is None else model,
+                      prof.memory_mib if memory_mib is None else memory_mib, seed)
+    sc.driver_profile = prof.name
+    sc.driver_version = prof.driver_version
+    sc.nvml_version = prof.nvml_version
+    sc.cuda_version = prof.cuda_version
+    sc.process_v3_entry_bytes = prof.process_v3_entry_bytes
+    for g, bus_id in zip(sc.gpus, prof.pci_bus_ids):
+        g.pci_bus_id = bus_id
+    for g in sc.gpus:
+        g.not_supported = profile_not_supported(sc)
+    sc.hidden_symbols = profile_hidden(sc, hidden_symbols)
     sc.validate()
     return sc
 

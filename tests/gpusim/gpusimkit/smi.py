@@ -4,7 +4,12 @@ It reads the host only through the simulated ``libnvidia-ml.so.1`` (loaded by ab
 ctypes, with NVML's real struct layouts), exactly as the real tool reads a real host through the
 real library. It does not use pynvml, so it runs where pynvml is not installed.
 
-Formats follow the R580 driver (580.159.03):
+Formats follow the R580 driver (580.159.03); what the library gives follows the scenario's driver
+profile (gpusimkit/profiles.py), as the real tool of each branch reads its own library: the version
+strings come from the library, the processes from ``_v3`` read with the entry size that branch's
+library writes (the scenario's ``process_v3_entry_bytes``: 24, or 32 on early R535), else from
+``_v2``, else from the unversioned query, and memory from ``nvmlDeviceGetMemoryInfo_v2``, else v1
+(``[N/A]`` in CSV and ``Not Supported`` in the table where neither answers, as on a GB10):
 
 - ``--query-gpu=`` / ``--query-compute-apps=`` with ``--format=csv[,noheader][,nounits]``;
   fields separated by ", ", units in the header (``memory.used [MiB]``) and in the values
@@ -379,13 +384,18 @@ def gpu_rows(g: Dict) -> List[str]:
     perf = _cell(g.get("pstate", 0), lambda v: f"P{int(v)}")
     draw = _cell(g.get("power_mw", NA), lambda v: f"{int(round(int(v) / 1000.0))}W")
     cap = _cell(g.get("power_limit_mw", NA), lambda v: f"{int(round(int(v) / 1000.0))}W")
-    power = f"{draw} / {cap:>5}"
+    # No power cap (a GB10): "3W /  N/A  |" (580.126.09), the N/A one column left of a number's end.
+    power = f"{draw} / {cap:>5}" if cap != "N/A" else f"{draw} /  N/A "
     mem = g.get("memory") or {}
     used = _cell(mem.get("used", NA), lambda v: f"{_mib(v)}MiB")
     total = _cell(mem.get("total", NA), lambda v: f"{_mib(v)}MiB")
+    if isinstance(mem.get("used", NA), Err) and mem.get("used", NA).code == ERROR_NOT_SUPPORTED:
+        memory = f" {'Not Supported':<23}"  # unified memory (a GB10): "| Not Supported          |"
+    else:
+        memory = f"{used:>11} / {total:>9} "
     util = _cell(g.get("util_gpu", NA), lambda v: f"{int(v)}%")
     cmode = _cell(g.get("compute_mode", NA), lambda v: COMPUTE_MODE_TABLE.get(int(v), "Unknown"))
-    line2 = f"|{fan:>4}  {temp:>4}    {perf:>2}{power:>24} |{used:>11} / {total:>9} |{util:>8}{cmode:>13} |"
+    line2 = f"|{fan:>4}  {temp:>4}    {perf:>2}{power:>24} |{memory}|{util:>8}{cmode:>13} |"
 
     mig = _cell(g.get("mig_current", NA), _enabled)
     line3 = f"|{'':41}|{'':24}|{mig:>21} |"
@@ -840,6 +850,16 @@ class c_nvmlProcessInfo_t(ctypes.Structure):  # _v2 and _v3 take this one
     ]
 
 
+class c_nvmlProcessInfo_v3_t(ctypes.Structure):  # what _v3 wrote in 535.43.02 .. 535.86.x
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+        ("usedGpuCcProtectedMemory", ctypes.c_ulonglong),
+    ]
+
+
 class nvmlPciInfo_t(ctypes.Structure):
     _fields_ = [
         ("busIdLegacy", ctypes.c_char * 16),
@@ -858,6 +878,7 @@ class c_nvmlUtilization_t(ctypes.Structure):
 
 assert ctypes.sizeof(c_nvmlMemory_t) == 24 and ctypes.sizeof(c_nvmlMemory_v2_t) == 40
 assert ctypes.sizeof(c_nvmlProcessInfo_t) == 24 and ctypes.sizeof(nvmlPciInfo_t) == 68
+assert ctypes.sizeof(c_nvmlProcessInfo_v3_t) == 32
 
 
 class Missing(Exception):
@@ -865,7 +886,12 @@ class Missing(Exception):
 
 
 class Nvml:
-    """A thin ctypes view of the NVML C API (return codes, no exceptions)."""
+    """A thin ctypes view of the NVML C API (return codes, no exceptions).
+
+    ``v3_entry_bytes``: the size of the entries the library's ``_v3`` process queries write (the
+    real tool is built with its own branch's header, so it always reads the right one)."""
+
+    v3_entry_bytes = 24
 
     def __init__(self, path: str):
         self.lib = ctypes.CDLL(path)
@@ -933,9 +959,12 @@ class Nvml:
 
     def processes(self, h, kind: str):
         """Running processes of a kind ("Compute", "Graphics", "MPSCompute"): a list of
-        (pid, used_bytes, gi, ci), or an Err. _v3, then _v2, then the v1 symbol."""
+        (pid, used_bytes, gi, ci), or an Err. _v3 (entries of v3_entry_bytes), then _v2, then the
+        v1 symbol."""
         base = f"nvmlDeviceGet{kind}RunningProcesses"
-        for sym, struct in ((base + "_v3", c_nvmlProcessInfo_t), (base + "_v2", c_nvmlProcessInfo_t),
+        v3 = c_nvmlProcessInfo_v3_t if self.v3_entry_bytes == ctypes.sizeof(c_nvmlProcessInfo_v3_t) \
+            else c_nvmlProcessInfo_t
+        for sym, struct in ((base + "_v3", v3), (base + "_v2", c_nvmlProcessInfo_t),
                             (base, c_nvmlProcessInfo_v1_t)):
             if not self.has(sym):
                 continue
@@ -1047,7 +1076,7 @@ def read_gpu(nv: Nvml, g: Dict, need_table: bool) -> Dict:
     # that answers UNKNOWN) fails already in nvmlDeviceGetHandleByIndex.
     mem2 = c_nvmlMemory_v2_t(version=NVML_MEMORY_V2)
     ret = nv.call("nvmlDeviceGetMemoryInfo_v2", h, ctypes.byref(mem2))
-    if ret in (ERROR_FUNCTION_NOT_FOUND, ERROR_ARGUMENT_VERSION_MISMATCH):
+    if ret in (ERROR_FUNCTION_NOT_FOUND, ERROR_ARGUMENT_VERSION_MISMATCH, ERROR_NOT_SUPPORTED):
         mem1 = c_nvmlMemory_t()
         ret = nv.call("nvmlDeviceGetMemoryInfo", h, ctypes.byref(mem1))
         if ret == SUCCESS:
@@ -1167,15 +1196,27 @@ def _library_version(nv: Nvml, simdir: str) -> str:
     v = nv.string("nvmlSystemGetNVMLVersion", size=80)
     if isinstance(v, str) and v:
         return short_nvml_version(v)
+    v = scenario_value(simdir, "nvml_version")
+    return short_nvml_version(v) if v else "N/A"
+
+
+def scenario_value(simdir: str, key: str) -> Optional[str]:
+    """A key of DIR/scenario (what the real tool knows of its own library without asking it: its
+    version, the layout its header gives the _v3 process entries), or None."""
     try:
         with open(os.path.join(simdir, "scenario"), encoding="utf-8") as f:
             for line in f:
-                key, _sep, val = line.strip().partition(" ")
-                if key == "nvml_version" and val.strip():
-                    return short_nvml_version(val.strip())
+                k, _sep, val = line.strip().partition(" ")
+                if k == key and val.strip():
+                    return val.strip()
     except OSError:
         pass
-    return "N/A"
+    return None
+
+
+def v3_entry_bytes(simdir: str) -> int:
+    v = scenario_value(simdir, "process_v3_entry_bytes")
+    return 32 if v == "32" else 24
 
 
 class Io:
@@ -1233,7 +1274,7 @@ def _main(argv: Sequence[str], simdir: str, io: Io) -> int:
         io.o(e.message)
         return e.code
     if args.help:
-        io.o(USAGE.format(version="580.159.03"))
+        io.o(USAGE.format(version=scenario_value(simdir, "driver_version") or "580.159.03"))
         return EXIT_OK
     if args.help_query:
         io.o(help_query_text(args.help_query))
@@ -1248,6 +1289,7 @@ def _main(argv: Sequence[str], simdir: str, io: Io) -> int:
     except OSError:
         io.o(MSG_LIB_NOT_FOUND + "\n")
         return ERROR_LIBRARY_NOT_FOUND
+    nv.v3_entry_bytes = v3_entry_bytes(simdir)
     ret = nv.call("nvmlInitWithFlags", ctypes.c_uint(0))
     if ret == ERROR_FUNCTION_NOT_FOUND:
         ret = nv.call("nvmlInit_v2")

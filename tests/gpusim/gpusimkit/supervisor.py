@@ -11,11 +11,17 @@ Service files live in DIR/services/<scope>/ (scope: the container's vmid, or ``h
 - ``<name>.mainpid``: ``<host pid> <pid in the supervisor's namespace>`` of the running workload
 - ``<name>.stopped``: present once the service was stopped (it is then not restarted)
 
-The supervisor runs the workload as a child in its own session and process group.  When the
-child dies it kills what is left of that process group (systemd's KillMode=control-group), and
-unless the service was stopped (or ``restart`` is false) starts it again after the restart delay.
-On SIGTERM it stops: writes ``.stopped``, SIGTERM to the child's process group, waits up to the
-stop timeout, then SIGKILL, and exits.
+The supervisor sits in ``<base>/init.scope`` (systemd's own cgroup; ``<base>`` is the host's
+``gpusim-<id>`` or the container's ``lxc/<vmid>/ns``, see gpusimkit/cgroups.py) and runs the
+workload as a child in its own session and process group, in the unit's cgroup
+``<base>/system.slice/<name>.service`` (created at start, removed when the supervisor exits;
+a respawned workload lands in the same one).  When the child dies it SIGKILLs what is left in
+the unit's cgroup (and the process group), and unless the service was stopped (or ``restart`` is
+false) starts it again after the restart delay.  On SIGTERM it stops as systemd's
+KillMode=control-group does: writes ``.stopped``, SIGTERM to every process of the unit's cgroup
+(and the child's process group), waits up to the stop timeout for the cgroup to empty, then
+SIGKILL to all of them, and exits.  Without a cgroup (a machine where gpusim could not create
+one) only the process group is signalled.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Tuple
 
-from . import proctools
+from . import cgroups, proctools
 
 log = logging.getLogger("gpusim.supervisor")
 
@@ -95,6 +101,7 @@ class Supervisor:
         self.child: Optional[int] = None
         self.sel = selectors.DefaultSelector()
         self._sig_r = -1
+        self.unit_cgroup: Optional[str] = None
 
     # --- plumbing ---------------------------------------------------------------------------
     def _install_signals(self) -> None:
@@ -152,6 +159,55 @@ class Supervisor:
         except (ProcessLookupError, PermissionError):
             pass
 
+    def _kill_unit(self, sig: int) -> None:
+        """``sig`` to every process of the unit: its cgroup (KillMode=control-group) and the
+        child's process group."""
+        if self.child is not None:
+            self._killpg(self.child, sig)
+        if self.unit_cgroup:
+            if sig == signal.SIGKILL:
+                cgroups.kill(self.unit_cgroup)
+            else:
+                cgroups.signal_all(self.unit_cgroup, sig)
+
+    def _unit_empty(self) -> bool:
+        return not self.unit_cgroup or not cgroups.populated(self.unit_cgroup)
+
+    def _wait_unit_empty(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self._unit_empty():
+            if time.monotonic() >= deadline:
+                return False
+            proctools.reap_all()
+            self._wait(None, min(0.02, max(0.0, deadline - time.monotonic())))
+        return True
+
+    def setup_cgroups(self) -> None:
+        """Join <base>/init.scope and create the unit's cgroup (nothing without a base)."""
+        base = cgroups.scope_base(self.simdir, self.scope)
+        if base is None:
+            return
+        try:
+            mgr = cgroups.manager_path(base)
+            os.makedirs(mgr, exist_ok=True)
+            cgroups.join(mgr)
+            unit = cgroups.service_path(base, self.name)
+            os.makedirs(unit, exist_ok=True)
+        except OSError as e:
+            log.info("%s: no cgroup for the unit: %s", self.name, e)
+            return
+        left = cgroups.procs(unit, recursive=True)
+        if left:  # as systemd: "Found left-over process ... in control group while starting unit"
+            log.info("%s: left-over processes in %s: %s", self.name, unit, left)
+        self.unit_cgroup = unit
+
+    def remove_unit_cgroup(self) -> None:
+        if self.unit_cgroup and self._unit_empty():
+            try:
+                cgroups.remove_tree(self.unit_cgroup, timeout=2.0)
+            except OSError as e:
+                log.info("%s: cannot remove %s: %s", self.name, self.unit_cgroup, e)
+
     # --- the service ------------------------------------------------------------------------
     def start_child(self) -> Tuple[int, bool]:
         """Start the workload; returns its pidfd and whether it became ready."""
@@ -161,7 +217,8 @@ class Supervisor:
         env = proctools.kit_env()
         try:
             pid = proctools.spawn(proctools.python_argv("gpusimkit.workload", args, python), env, [w],
-                                  os.path.join(self.simdir, "run", "workloads.log"), new_session=True)
+                                  os.path.join(self.simdir, "run", "workloads.log"), new_session=True,
+                                  cgroup=self.unit_cgroup)
         finally:
             os.close(w)
         self.child = pid
@@ -184,17 +241,21 @@ class Supervisor:
         return pidfd, False
 
     def stop_child(self, pidfd: Optional[int]) -> None:
-        if self.child is None:
+        """systemd's stop with KillMode=control-group: SIGTERM to every process of the unit,
+        up to the stop timeout for them to go, then SIGKILL to what is left."""
+        if self.child is None and self._unit_empty():
             return
-        self._killpg(self.child, signal.SIGTERM)
+        self._kill_unit(signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout
         if pidfd is not None:
-            deadline = time.monotonic() + self.stop_timeout
             while time.monotonic() < deadline:
                 if self._wait(pidfd, deadline - time.monotonic()):
                     break
-        self._killpg(self.child, signal.SIGKILL)
+        self._wait_unit_empty(max(0.0, deadline - time.monotonic()))
+        self._kill_unit(signal.SIGKILL)
         if pidfd is not None:
             self._wait(pidfd, 5.0)
+        self._wait_unit_empty(5.0)
         proctools.reap_all()
         self.child = None
 
@@ -202,6 +263,7 @@ class Supervisor:
         os.makedirs(service_dir(self.simdir, self.scope), exist_ok=True)
         self._install_signals()
         proctools.set_child_subreaper()
+        self.setup_cgroups()
         _write(self.files["pid"], f"{os.getpid()}\n")
         _unlink(self.files["stopped"])
         try:
@@ -226,7 +288,8 @@ class Supervisor:
                 if self.stopping:
                     break
                 log.info("%s: pid %d exited", self.name, self.child)
-                self._killpg(self.child, signal.SIGKILL)  # leftovers of the process group
+                self._kill_unit(signal.SIGKILL)  # leftovers of the unit (its cgroup, the process group)
+                self._wait_unit_empty(5.0)
                 proctools.reap_all()
                 os.close(pidfd)
                 pidfd = None
@@ -241,6 +304,7 @@ class Supervisor:
             self.stop_child(pidfd)
             if pidfd is not None:
                 os.close(pidfd)
+            self.remove_unit_cgroup()
             _unlink(self.files["mainpid"])
             _unlink(self.files["pid"])
             self._report("error the service stopped before it was ready")
@@ -317,29 +381,47 @@ def _start_supervisor(simdir: str, scope: str, name: str) -> str:
         os.close(r)
 
 
+def unit_cgroup(simdir: str, scope: str, name: str) -> Optional[str]:
+    """<base>/system.slice/<name>.service of the scope (None without a cgroup)."""
+    base = cgroups.scope_base(simdir, scope)
+    return cgroups.service_path(base, name) if base else None
+
+
 def _stop(simdir: str, scope: str, name: str, files: Dict[str, str]) -> None:
     _write(files["stopped"], "")
-    pid = _supervisor_pid(files, name)
-    if pid is None:
-        return
     try:
         with open(files["json"], encoding="utf-8") as f:
             timeout = float(json.load(f).get("stop_timeout", DEFAULT_STOP_TIMEOUT))
     except (OSError, ValueError):
         timeout = DEFAULT_STOP_TIMEOUT
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout + 5
-    while proctools.pid_running(pid):
-        if time.monotonic() > deadline:  # like systemd after TimeoutStopSec: SIGKILL
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            deadline = float("inf")
-        time.sleep(0.01)
+    pid = _supervisor_pid(files, name)
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout + 5
+        while proctools.pid_running(pid):
+            if time.monotonic() > deadline:  # like systemd after TimeoutStopSec: SIGKILL
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                deadline = float("inf")
+            time.sleep(0.01)
+    # Whatever is still in the unit's cgroup (its supervisor was killed, say) goes too, as
+    # systemd stops a unit by its cgroup: SIGTERM, the stop timeout, SIGKILL.
+    unit = unit_cgroup(simdir, scope, name)
+    if unit and os.path.isdir(unit):
+        if cgroups.populated(unit):
+            cgroups.signal_all(unit, signal.SIGTERM)
+            if not cgroups.wait_empty(unit, timeout):
+                cgroups.kill(unit)
+                cgroups.wait_empty(unit, 5.0)
+        try:
+            cgroups.remove_tree(unit, timeout=2.0)
+        except OSError:
+            pass
 
 
-def _status_text(name: str, files: Dict[str, str], active: bool) -> str:
+def _status_text(name: str, files: Dict[str, str], active: bool, cgroup: Optional[str] = None) -> str:
     out = [f"\u25cf {name}.service - gpusim simulated service {name}",
            f"     Loaded: loaded (/etc/systemd/system/{name}.service; enabled; preset: enabled)"]
     if active:
@@ -362,6 +444,8 @@ def _status_text(name: str, files: Dict[str, str], active: bool) -> str:
             out.append(f"   Main PID: {main_pid}{comm}")
         except (OSError, ValueError, IndexError):
             pass
+        if cgroup:
+            out.append(f"     CGroup: {cgroup}")
     else:
         out.append("     Active: inactive (dead)")
     return "\n".join(out)
@@ -397,7 +481,14 @@ def systemctl_main(argv: List[str], simdir: str) -> int:
                 print(f"Unit {name}.service could not be found.", file=sys.stderr)
                 rc = max(rc, 4)
                 continue
-            print(_status_text(name, files, active))
+            unit = unit_cgroup(simdir, scope, name)
+            shown = None
+            if unit and os.path.isdir(unit):
+                try:
+                    shown = cgroups.rel(unit)
+                except cgroups.CgroupError:
+                    shown = None
+            print(_status_text(name, files, active, shown))
             rc = max(rc, 0 if active else 3)
         elif not known:
             what = "stop" if verb == "stop" else verb

@@ -2,20 +2,34 @@
 
     python -m gpusimkit.workload --dir DIR --gpus 0,1 --mib 40960 [--type C|G|M|CG]
         [--name NAME] [--ignore-term] [--exit-delay S] [--tree] [--device-only]
+        [--only-own-devices] [--control-only] [--fork-child]
         [--ready-fd N | --ready-file PATH]
 
-It opens DIR/dev/nvidia<minor> for each of its GPUs plus nvidiactl and nvidia-uvm and keeps them
-open, registers its memory with the driver daemon (``alloc``), reports readiness by writing its
-host pid (as the daemon sees it) and a newline to the ready fd or file (``error <message>`` if it
-could not start), and then waits for signals.
+Like a CUDA process, it opens DIR/dev/nvidia<minor> of every GPU it can see (on the host: every
+GPU of the scenario; in a container, ``$GPUSIM_VMID``: the GPUs of the container's config, its
+``lxc.mount.entry``/``devN`` lines), plus those of its own GPUs, plus nvidiactl and nvidia-uvm,
+and keeps them open; it registers its memory (its contexts) with the driver daemon (``alloc``)
+only on its own GPUs (``--gpus``); it reports readiness by writing its host pid (as the daemon
+sees it) and a newline to the ready fd or file (``error <message>`` if it could not start), and
+then waits for signals.
+
+--only-own-devices: open only the nodes of its own GPUs (the simulator's behaviour before it
+modelled CUDA opening every visible node).
 
 --tree: an inference-server tree: this process (the API parent) opens only nvidiactl and holds
-no memory; it starts one worker per GPU (a workload holding that GPU's memory and device file),
-and reports readiness once all workers are ready.  Killing only the parent leaves the workers
-holding; SIGTERM to the parent is forwarded to the workers and the parent exits.
+no memory; it starts one worker per GPU (a workload with that one GPU's memory, opening the
+nodes as above), and reports readiness once all workers are ready.  Killing only the parent
+leaves the workers holding; SIGTERM to the parent is forwarded to the workers and the parent exits.
 
---device-only: hold device files but no memory (nvidiactl plus the nodes of --gpus, no
+--device-only: hold device files but no memory (nvidiactl plus exactly the nodes of --gpus, no
 nvidia-uvm), like nvidia-persistenced (``--gpus none --device-only --name nvidia-persistenced``).
+
+--control-only: an NVML client such as a monitoring agent: only nvidiactl and nvidia-uvm, no
+GPU node, no memory, nothing registered with the driver (--gpus and --mib are ignored).
+
+--fork-child: once ready, fork one child that leaves the process group (setsid) and keeps the
+inherited device files open, holding no context (a daemonized helper, a forked data loader):
+only a kill of the whole cgroup reaches it.
 
 --name NAME: the process's command line becomes NAME (via a re-exec of the interpreter that reads
 the program from a pipe): argv is ``[NAME]`` for one word, ``[word0, "-", word1, ...]`` for more
@@ -60,6 +74,12 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     ap.add_argument("--exit-delay", type=float, help="exit this many seconds after SIGTERM")
     ap.add_argument("--tree", action="store_true", help="API parent + one worker per GPU")
     ap.add_argument("--device-only", action="store_true", help="hold device files, no memory")
+    ap.add_argument("--only-own-devices", action="store_true",
+                    help="open only the device nodes of its own GPUs (not every visible one)")
+    ap.add_argument("--control-only", action="store_true",
+                    help="hold only nvidiactl and nvidia-uvm, no memory, register nothing")
+    ap.add_argument("--fork-child", action="store_true",
+                    help="fork a child that leaves the process group and keeps the device files")
     ap.add_argument("--ready-fd", type=int, help="write the host pid here once ready")
     ap.add_argument("--ready-file", help="write the host pid to this file once ready")
     args = ap.parse_args(argv)
@@ -80,6 +100,10 @@ def validate(args: argparse.Namespace, sc: scn.Scenario) -> List[int]:
         raise scn.ScenarioError(f"invalid exit_delay={args.exit_delay!r}: must be >= 0")
     if args.tree and args.device_only:
         raise scn.ScenarioError("invalid tree=True: cannot be combined with device_only")
+    if args.control_only and (args.tree or args.device_only):
+        raise scn.ScenarioError("invalid control_only=True: cannot be combined with tree or device_only")
+    if args.fork_child and (args.tree or args.control_only):
+        raise scn.ScenarioError("invalid fork_child=True: cannot be combined with tree or control_only")
     if args.tree and not gpus:
         raise scn.ScenarioError("invalid gpus='none': a tree needs at least one GPU")
     if args.name is not None and (not args.name.strip() or "\0" in args.name or "\n" in args.name):
@@ -129,20 +153,41 @@ class Workload:
         self._term_at: Optional[float] = None
 
     # --- device files -----------------------------------------------------------------------
+    def visible_minors(self) -> List[int]:
+        """Minors of the GPU nodes this process can see: in a container ($GPUSIM_VMID) those of
+        the container's config, on the host every GPU of the scenario."""
+        present = {g.minor for g in self.sc.gpus}
+        vmid = os.environ.get("GPUSIM_VMID")
+        if not vmid:
+            return sorted(present)
+        from . import container  # noqa: PLC0415
+        try:
+            minors = container.config_gpu_minors(self.simdir, vmid)
+        except Exception:  # noqa: BLE001 (no config to read: only its own nodes)
+            return []
+        # bind,optional: a node the host lacks is simply not there.
+        return sorted(m for m in minors if m in present)
+
+    def device_names(self) -> List[str]:
+        a = self.args
+        if a.control_only:
+            return ["nvidiactl", "nvidia-uvm"]
+        if a.tree:
+            return ["nvidiactl"]
+        own = [self.sc.gpus[g].minor for g in self.gpus]
+        if a.device_only:
+            return [f"nvidia{m}" for m in own] + ["nvidiactl"]
+        minors = own if a.only_own_devices else sorted(set(own) | set(self.visible_minors()))
+        return [f"nvidia{m}" for m in minors] + ["nvidiactl", "nvidia-uvm"]
+
     def open_devices(self) -> None:
         dev = os.path.join(self.simdir, "dev")
-        names = []
-        if not self.args.tree:
-            names += [f"nvidia{self.sc.gpus[g].minor}" for g in self.gpus]
-        names.append("nvidiactl")
-        if not self.args.tree and not self.args.device_only:
-            names.append("nvidia-uvm")
-        for n in names:
+        for n in self.device_names():
             self.fds.append(os.open(os.path.join(dev, n), os.O_RDWR | os.O_CLOEXEC))
 
     # --- registration -----------------------------------------------------------------------
     def register(self) -> int:
-        if self.gpus and not self.args.tree and not self.args.device_only:
+        if self.gpus and not self.args.tree and not self.args.device_only and not self.args.control_only:
             spec = ",".join(f"{g}:{self.args.mib}" for g in self.gpus)
             return int(proctools.driver_request(self.simdir, f"alloc {self.args.type} {spec}"))
         return int(proctools.driver_request(self.simdir, "whoami"))
@@ -162,6 +207,8 @@ class Workload:
                 wargs.append("--ignore-term")
             if self.args.exit_delay is not None:
                 wargs.append(f"--exit-delay={self.args.exit_delay!r}")
+            if self.args.only_own_devices:
+                wargs.append("--only-own-devices")
             r, w = os.pipe2(os.O_CLOEXEC)
             try:
                 # Same session and process group as the parent: a supervisor's killpg reaches all.
@@ -221,7 +268,7 @@ class Workload:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        if self.args.tree:
+        if self.args.tree or self.args.fork_child:
             signal.signal(signal.SIGCHLD, self.on_child)
 
     def run(self) -> None:
@@ -231,6 +278,38 @@ class Workload:
             self.start_workers()
         self.hostpid = self.register()
         proctools.append_owned(self.simdir, self.hostpid, proctools.starttime())
+        if self.args.fork_child:
+            self.fork_child()
+
+    def fork_child(self) -> None:
+        """A child that leaves the process group and keeps the inherited device files open; it
+        records itself in DIR/run/owned and holds no context.  Returns once it is set up."""
+        r, w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(r)
+                os.setsid()
+                hostpid = int(proctools.driver_request(self.simdir, "whoami"))
+                proctools.append_owned(self.simdir, hostpid, proctools.starttime())
+                proctools.write_line(w, str(hostpid))
+                os.close(w)
+                while True:
+                    signal.pause()
+            except BaseException as e:  # noqa: BLE001
+                try:
+                    proctools.write_line(w, f"error {e}")
+                finally:
+                    os._exit(1)
+        os.close(w)
+        try:
+            line = proctools.read_line(r, READY_TIMEOUT_S)
+        finally:
+            os.close(r)
+        if not line.strip().isdigit():
+            self._kill(pid, signal.SIGKILL)
+            raise RuntimeError(f"forked child {pid}: {line or 'exited before it was ready'}")
+        self.workers[pid] = int(line)
 
 
 def report(args: argparse.Namespace, text: str) -> None:

@@ -27,9 +27,11 @@
 #include <ctype.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,9 +66,16 @@ typedef int nvmlReturn_t;
 #define NVML_BRAND_NVIDIA 14
 #define NVML_TEMPERATURE_GPU 0
 
+/* nvmlProcessMode_t (nvmlDeviceGetRunningProcessDetailList's `mode`) */
+#define NVML_PROCESS_MODE_COMPUTE 0
+#define NVML_PROCESS_MODE_GRAPHICS 1
+#define NVML_PROCESS_MODE_MPS 2
+
 /* NVML_STRUCT_VERSION(type, ver) = sizeof(type) | ver << 24 */
 #define NVML_MEMORY_V2_VERSION ((unsigned)(sizeof(nvmlMemory_v2_t) | (2u << 24)))     /* 0x02000028 */
 #define NVML_TEMPERATURE_V1_VERSION ((unsigned)(sizeof(nvmlTemperature_t) | (1u << 24))) /* 0x0100000C */
+/* nvmlProcessDetailList_v1 = 0x01000018 */
+#define NVML_PROCESS_DETAIL_LIST_V1_VERSION ((unsigned)(sizeof(nvmlProcessDetailList_t) | (1u << 24)))
 
 typedef struct simdev *nvmlDevice_t; /* opaque to callers: a pointer into g_devs */
 
@@ -117,12 +126,58 @@ typedef struct {
     unsigned int computeInstanceId;
 } nvmlProcessInfo_t;
 
+/*
+ * nvmlProcessInfo_v3_t: what the _v3 process symbols wrote in R535 from
+ * 535.43.02 to 535.86.x (the header's nvmlProcessInfo_t then, "without a
+ * version bump"; nvitop PR 79).  From 535.104.05 on they write the 24-byte
+ * nvmlProcessInfo_t again and the 32-byte entries moved to
+ * nvmlDeviceGetRunningProcessDetailList.  Scenario key
+ * process_v3_entry_bytes (24 or 32) chooses.
+ */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+    unsigned long long usedGpuCcProtectedMemory;
+} nvmlProcessInfo_v3_t;
+
+/* nvmlDeviceGetRunningProcessDetailList (R535.104 and later). */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+    unsigned long long usedGpuCcProtectedMemory;
+} nvmlProcessDetail_v1_t;
+
+typedef struct {
+    unsigned int version;             /* nvmlProcessDetailList_v1 */
+    unsigned int mode;                /* NVML_PROCESS_MODE_* */
+    unsigned int numProcArrayEntries; /* in: capacity of procArray; out: number of processes */
+    nvmlProcessDetail_v1_t *procArray;
+} nvmlProcessDetailList_t;
+
+/* nvmlDeviceGetConfComputeMemSizeInfo (R535 and later). */
+typedef struct {
+    unsigned long long protectedMemSizeKib;
+    unsigned long long unprotectedMemSizeKib;
+} nvmlConfComputeMemSizeInfo_t;
+
 _Static_assert(sizeof(nvmlMemory_t) == 24, "nvmlMemory_t layout");
 _Static_assert(sizeof(nvmlMemory_v2_t) == 40, "nvmlMemory_v2_t layout");
 _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t layout");
 _Static_assert(sizeof(nvmlProcessInfo_v1_t) == 16, "nvmlProcessInfo_v1_t layout");
 _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t layout");
 _Static_assert(sizeof(nvmlTemperature_t) == 12, "nvmlTemperature_t layout");
+_Static_assert(sizeof(nvmlProcessInfo_v3_t) == 32, "nvmlProcessInfo_v3_t layout");
+_Static_assert(sizeof(nvmlProcessDetail_v1_t) == 32, "nvmlProcessDetail_v1_t layout");
+_Static_assert(offsetof(nvmlProcessDetail_v1_t, usedGpuCcProtectedMemory) ==
+                   offsetof(nvmlProcessInfo_v3_t, usedGpuCcProtectedMemory) &&
+                   offsetof(nvmlProcessDetail_v1_t, gpuInstanceId) == offsetof(nvmlProcessInfo_v3_t, gpuInstanceId),
+               "nvmlProcessDetail_v1_t is nvmlProcessInfo_v3_t (put_process writes both)");
+_Static_assert(sizeof(nvmlProcessDetailList_t) == 24, "nvmlProcessDetailList_t layout");
+_Static_assert(sizeof(nvmlConfComputeMemSizeInfo_t) == 16, "nvmlConfComputeMemSizeInfo_t layout");
 
 /* ---- the simulated state ------------------------------------------------ */
 
@@ -144,6 +199,9 @@ enum {
     NS_MINOR_NUMBER = 1u << 11,
     NS_ENCODER = 1u << 12,
     NS_DECODER = 1u << 13,
+    NS_MEMORY_V1 = 1u << 14, /* nvmlDeviceGetMemoryInfo only */
+    NS_MEMORY_V2 = 1u << 15, /* nvmlDeviceGetMemoryInfo_v2 only */
+    NS_CONF_COMPUTE = 1u << 16,
 };
 
 static const struct {
@@ -157,6 +215,8 @@ static const struct {
     {"compute_mode", NS_COMPUTE_MODE}, {"mig_mode", NS_MIG_MODE},
     {"processes", NS_PROCESSES},     {"minor_number", NS_MINOR_NUMBER},
     {"encoder", NS_ENCODER},         {"decoder", NS_DECODER},
+    {"memory_v1", NS_MEMORY_V1},     {"memory_v2", NS_MEMORY_V2},
+    {"conf_compute", NS_CONF_COMPUTE},
 };
 
 struct gpu {
@@ -175,6 +235,7 @@ struct gpu {
     unsigned persistence, compute_mode, mig_current, mig_pending;
     long long lost_at_ns; /* CLOCK_MONOTONIC; < 0: never lost */
     unsigned not_supported; /* NS_* bits */
+    unsigned unknown;       /* NS_* bits whose queries answer NVML_ERROR_UNKNOWN (an intermittent driver error) */
 };
 
 enum { PID_MODE_TRANSLATE = 0, PID_MODE_HOST = 1 };
@@ -189,6 +250,7 @@ struct scenario {
     long long release_lag_ms;
     long long unknown_every;
     long long call_delay_ms;
+    unsigned process_v3_entry_bytes; /* sizeof(nvmlProcessInfo_t) or sizeof(nvmlProcessInfo_v3_t) */
     int gpu_count;
     struct gpu gpus[MAX_GPUS];
 };
@@ -505,15 +567,16 @@ static void set_gpu_field(struct gpu *g, const char *f, const char *v)
         g->mig_pending = (unsigned)parse_int(v, g->mig_pending);
     else if (!strcmp(f, "lost_at_ns"))
         g->lost_at_ns = parse_int(v, g->lost_at_ns);
-    else if (!strcmp(f, "not_supported")) {
-        g->not_supported = 0;
+    else if (!strcmp(f, "not_supported") || !strcmp(f, "unknown")) {
+        unsigned *bits = !strcmp(f, "unknown") ? &g->unknown : &g->not_supported;
+        *bits = 0;
         char tmp[512];
         copy_str(tmp, sizeof tmp, v);
         char *save = NULL;
         for (char *tok = strtok_r(tmp, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save))
             for (size_t k = 0; k < sizeof NS_NAMES / sizeof NS_NAMES[0]; k++)
                 if (!strcmp(tok, NS_NAMES[k].name))
-                    g->not_supported |= NS_NAMES[k].bit;
+                    *bits |= NS_NAMES[k].bit;
     }
     /* unknown fields are ignored (forward compatible) */
 }
@@ -525,6 +588,7 @@ static void parse_scenario(char *buf, struct scenario *sc)
     copy_str(sc->nvml_version, sizeof sc->nvml_version, "13.580.159.03");
     sc->cuda_version = 13000;
     sc->pid_mode = PID_MODE_TRANSLATE;
+    sc->process_v3_entry_bytes = sizeof(nvmlProcessInfo_t);
 
     /* gpu_count decides the default bus numbers, so find it first. */
     int count = 0;
@@ -576,7 +640,12 @@ static void parse_scenario(char *buf, struct scenario *sc)
             sc->unknown_every = parse_int(val, 0);
         else if (!strcmp(key, "call_delay_ms"))
             sc->call_delay_ms = parse_int(val, 0);
-        /* version, gpu_count (done above), hidden_symbols (read by `gpusim`), unknown keys: ignored */
+        else if (!strcmp(key, "process_v3_entry_bytes"))
+            sc->process_v3_entry_bytes = parse_int(val, 0) == (long long)sizeof(nvmlProcessInfo_v3_t)
+                                             ? sizeof(nvmlProcessInfo_v3_t)
+                                             : sizeof(nvmlProcessInfo_t); /* anything else: 24 */
+        /* version, gpu_count (done above), hidden_symbols (read by `gpusim`), driver_profile (a
+         * name for people), unknown keys: ignored */
     }
 }
 
@@ -678,6 +747,27 @@ static void refresh_procs(void)
  * so split after the LAST ')': the tokens after it start at field 3 (state),
  * and field 22 (starttime) is the 20th of them.
  */
+/*
+ * A thread-group leader in state Z whose other threads still run is a live process (only its
+ * main thread exited; proc(5): /proc/<pid>/task lists the live threads): the driver keeps its
+ * contexts, as it does for any process that has not exited.
+ */
+static int other_threads_run(int pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return 0;
+    int others = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.' && atoi(e->d_name) != pid)
+            others++;
+    closedir(d);
+    return others > 0;
+}
+
 static int pid_alive(int pid, unsigned long long starttime)
 {
     char path[64], buf[1024];
@@ -699,8 +789,11 @@ static int pid_alive(int pid, unsigned long long starttime)
     for (tok = strtok_r(rp + 1, " ", &save); tok; tok = strtok_r(NULL, " ", &save), field++) {
         if (field == 3)
             state = tok[0];
-        else if (field == 22)
-            return state != 'Z' && state != 'X' && parse_u64(tok, 0) == starttime;
+        else if (field == 22) {
+            if (parse_u64(tok, 0) != starttime || state == 'X')
+                return 0;
+            return state != 'Z' || other_threads_run(pid);
+        }
     }
     return 0;
 }
@@ -822,7 +915,7 @@ enum { QUERY = 0, IDENTITY = 1 };
 /*
  * The common prologue of device calls (calls that take a device handle).
  * Order of checks: initialized, valid handle, non-NULL arguments,
- * unknown_every, lost GPU (static identity queries excepted), not_supported.
+ * unknown_every, lost GPU (static identity queries excepted), unknown, not_supported.
  * Called with g_lock held (after enter()); on success *out is the GPU.
  */
 static nvmlReturn_t device_check(nvmlDevice_t h, int args_ok, int kind, unsigned ns_bit, const struct gpu **out)
@@ -837,6 +930,8 @@ static nvmlReturn_t device_check(nvmlDevice_t h, int args_ok, int kind, unsigned
         return NVML_ERROR_UNKNOWN;
     if (kind != IDENTITY && g->lost_at_ns >= 0 && mono_ns() >= g->lost_at_ns)
         return NVML_ERROR_GPU_IS_LOST;
+    if (g->unknown & ns_bit)
+        return NVML_ERROR_UNKNOWN;
     if (g->not_supported & ns_bit)
         return NVML_ERROR_NOT_SUPPORTED;
     *out = g;
@@ -1191,7 +1286,7 @@ static void memory_mib(const struct gpu *g, long long *total, long long *reserve
 
 NVMLAPI nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
-    DEVICE_CALL(device, memory != NULL, QUERY, NS_MEMORY);
+    DEVICE_CALL(device, memory != NULL, QUERY, NS_MEMORY | NS_MEMORY_V1);
     long long total, reserved, used, free_;
     memory_mib(g, &total, &reserved, &used, &free_);
     memory->total = MIB(total);
@@ -1202,7 +1297,7 @@ NVMLAPI nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *
 
 NVMLAPI nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
-    DEVICE_CALL(device, memory != NULL, QUERY, NS_MEMORY);
+    DEVICE_CALL(device, memory != NULL, QUERY, NS_MEMORY | NS_MEMORY_V2);
     if (memory->version != NVML_MEMORY_V2_VERSION)
         return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
     long long total, reserved, used, free_;
@@ -1329,9 +1424,9 @@ NVMLAPI nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int
         const char *needle;
         int major, minor;
     } table[] = {
-        {"B200", 10, 0}, {"B100", 10, 0}, {"H100", 9, 0}, {"H200", 9, 0}, {"H800", 9, 0}, {"H20", 9, 0},
-        {"A100", 8, 0},  {"A800", 8, 0},  {"A30", 8, 0},  {"L40", 8, 9},  {"L4", 8, 9},   {"A40", 8, 6},
-        {"A10", 8, 6},   {"T4", 7, 5},    {"V100", 7, 0},
+        {"GB10", 12, 1}, {"B200", 10, 0}, {"B100", 10, 0}, {"H100", 9, 0}, {"H200", 9, 0}, {"H800", 9, 0},
+        {"H20", 9, 0},   {"A100", 8, 0},  {"A800", 8, 0},  {"A30", 8, 0},  {"L40", 8, 9},  {"L4", 8, 9},
+        {"A40", 8, 6},   {"A10", 8, 6},   {"T4", 7, 5},    {"V100", 7, 0},
     };
     DEVICE_CALL(device, major != NULL && minor != NULL, QUERY, 0);
     *major = 9;
@@ -1355,6 +1450,50 @@ NVMLAPI nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, int *type)
 
 /* ---- running processes: the two-call protocol --------------------------- */
 
+/* The processes of <types> on the GPU that the caller sees (refresh_procs() first); malloc'd, may be NULL. */
+static struct seen_proc *seen_processes(const struct gpu *g, unsigned types, size_t *n, int *oom)
+{
+    refresh_procs();
+    struct seen_proc *seen = NULL;
+    *n = 0;
+    *oom = 0;
+    if (g_nprocs) {
+        seen = malloc(g_nprocs * sizeof *seen);
+        if (!seen) {
+            *oom = 1;
+            return NULL;
+        }
+    }
+    scan_gpu((unsigned)(g - g_sc.gpus), types, seen, n);
+    return seen;
+}
+
+/* One entry in one of the three layouts (entry_size: 16, 24 or 32 bytes). */
+static void put_process(void *infos, size_t i, size_t entry_size, const struct seen_proc *p)
+{
+    if (entry_size == sizeof(nvmlProcessInfo_v1_t)) {
+        nvmlProcessInfo_v1_t *e = (nvmlProcessInfo_v1_t *)infos + i;
+        memset(e, 0, sizeof *e);
+        e->pid = p->pid;
+        e->usedGpuMemory = p->used_bytes;
+    } else if (entry_size == sizeof(nvmlProcessInfo_v3_t)) {
+        nvmlProcessInfo_v3_t *e = (nvmlProcessInfo_v3_t *)infos + i;
+        memset(e, 0, sizeof *e);
+        e->pid = p->pid;
+        e->usedGpuMemory = p->used_bytes;
+        e->gpuInstanceId = NVML_INVALID_INSTANCE_ID; /* MIG off */
+        e->computeInstanceId = NVML_INVALID_INSTANCE_ID;
+        e->usedGpuCcProtectedMemory = 0; /* CC off */
+    } else {
+        nvmlProcessInfo_t *e = (nvmlProcessInfo_t *)infos + i;
+        memset(e, 0, sizeof *e);
+        e->pid = p->pid;
+        e->usedGpuMemory = p->used_bytes;
+        e->gpuInstanceId = NVML_INVALID_INSTANCE_ID; /* MIG off */
+        e->computeInstanceId = NVML_INVALID_INSTANCE_ID;
+    }
+}
+
 /*
  * nvml.h: "call this function with *infoCount = 0 [infos may be NULL]. The
  * return code will be NVML_ERROR_INSUFFICIENT_SIZE, or NVML_SUCCESS if none
@@ -1365,40 +1504,27 @@ NVMLAPI nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, int *type)
  *     appeared between the two calls);
  *   - else: N entries written, *infoCount = N, SUCCESS.
  * `entry_size` selects the layout: nvmlProcessInfo_v1_t (legacy unversioned
- * symbols) or nvmlProcessInfo_t (_v2 and _v3).
+ * symbols), nvmlProcessInfo_t (_v2), or 0 for the _v3 symbols: the scenario's
+ * process_v3_entry_bytes (nvmlProcessInfo_t, or nvmlProcessInfo_v3_t as early
+ * R535 libraries wrote).  The count is in entries of that layout.
  */
 static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCount, void *infos, unsigned types,
                                       size_t entry_size)
 {
     DEVICE_CALL(device, infoCount != NULL, QUERY, NS_PROCESSES);
-    refresh_procs();
-    struct seen_proc *seen = NULL;
-    if (g_nprocs) {
-        seen = malloc(g_nprocs * sizeof *seen);
-        if (!seen)
-            return leave(NVML_ERROR_UNKNOWN);
-    }
-    size_t n = 0;
-    scan_gpu((unsigned)(g - g_sc.gpus), types, seen, &n);
+    if (entry_size == 0)
+        entry_size = g_sc.process_v3_entry_bytes;
+    size_t n;
+    int oom;
+    struct seen_proc *seen = seen_processes(g, types, &n, &oom);
+    if (oom)
+        return leave(NVML_ERROR_UNKNOWN);
     if (*infoCount == 0 || infos == NULL || *infoCount < n) {
         *infoCount = (unsigned)n;
         ret = n == 0 ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
     } else {
-        for (size_t i = 0; i < n; i++) {
-            if (entry_size == sizeof(nvmlProcessInfo_v1_t)) {
-                nvmlProcessInfo_v1_t *e = (nvmlProcessInfo_v1_t *)infos + i;
-                memset(e, 0, sizeof *e);
-                e->pid = seen[i].pid;
-                e->usedGpuMemory = seen[i].used_bytes;
-            } else {
-                nvmlProcessInfo_t *e = (nvmlProcessInfo_t *)infos + i;
-                memset(e, 0, sizeof *e);
-                e->pid = seen[i].pid;
-                e->usedGpuMemory = seen[i].used_bytes;
-                e->gpuInstanceId = NVML_INVALID_INSTANCE_ID; /* MIG off */
-                e->computeInstanceId = NVML_INVALID_INSTANCE_ID;
-            }
-        }
+        for (size_t i = 0; i < n; i++)
+            put_process(infos, i, entry_size, &seen[i]);
         *infoCount = (unsigned)n;
         ret = NVML_SUCCESS;
     }
@@ -1420,9 +1546,62 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCou
     NVMLAPI nvmlReturn_t nvmlDeviceGet##Kind##RunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, \
                                                                   nvmlProcessInfo_t *infos)                     \
     {                                                                                                            \
-        return running_processes(device, infoCount, infos, type, sizeof(nvmlProcessInfo_t));                     \
+        return running_processes(device, infoCount, infos, type, 0);                                             \
     }
 
 PROCESS_QUERIES(Compute, T_COMPUTE)
 PROCESS_QUERIES(Graphics, T_GRAPHICS)
 PROCESS_QUERIES(MPSCompute, T_MPS)
+
+/*
+ * The versioned successor of the _v3 queries (nvml.h: "Get information about
+ * running processes on a device for input context"): plist->mode picks the
+ * kind, the same two-call protocol on plist->numProcArrayEntries with
+ * plist->procArray (NULL allowed in the first call), 32-byte entries.  Own
+ * checks after the common ones: .version (ARGUMENT_VERSION_MISMATCH), then
+ * .mode (INVALID_ARGUMENT unless compute, graphics or MPS).
+ */
+NVMLAPI nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, nvmlProcessDetailList_t *plist)
+{
+    DEVICE_CALL(device, plist != NULL, QUERY, NS_PROCESSES);
+    if (plist->version != NVML_PROCESS_DETAIL_LIST_V1_VERSION)
+        return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    unsigned types = plist->mode == NVML_PROCESS_MODE_COMPUTE    ? T_COMPUTE
+                     : plist->mode == NVML_PROCESS_MODE_GRAPHICS ? T_GRAPHICS
+                     : plist->mode == NVML_PROCESS_MODE_MPS      ? T_MPS
+                                                                 : 0;
+    if (!types)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    size_t n;
+    int oom;
+    struct seen_proc *seen = seen_processes(g, types, &n, &oom);
+    if (oom)
+        return leave(NVML_ERROR_UNKNOWN);
+    if (plist->numProcArrayEntries == 0 || plist->procArray == NULL || plist->numProcArrayEntries < n) {
+        plist->numProcArrayEntries = (unsigned)n;
+        ret = n == 0 ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
+    } else {
+        for (size_t i = 0; i < n; i++)
+            put_process(plist->procArray, i, sizeof(nvmlProcessDetail_v1_t), &seen[i]);
+        plist->numProcArrayEntries = (unsigned)n;
+        ret = NVML_SUCCESS;
+    }
+    free(seen);
+    return leave(ret);
+}
+
+/*
+ * Confidential Computing is never on here: SUCCESS with both sizes 0.  (nvml.h
+ * lists SUCCESS, UNINITIALIZED, INVALID_ARGUMENT and NOT_SUPPORTED "if this
+ * query is not supported by the device"; it says nothing of CC off, so what a
+ * CC-capable GPU with CC off answers is an assumption; `not_supported
+ * conf_compute` gives the other answer.)
+ */
+NVMLAPI nvmlReturn_t nvmlDeviceGetConfComputeMemSizeInfo(nvmlDevice_t device, nvmlConfComputeMemSizeInfo_t *memInfo)
+{
+    DEVICE_CALL(device, memInfo != NULL, QUERY, NS_CONF_COMPUTE);
+    (void)g;
+    memInfo->protectedMemSizeKib = 0;
+    memInfo->unprotectedMemSizeKib = 0;
+    return leave(NVML_SUCCESS);
+}

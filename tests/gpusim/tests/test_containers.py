@@ -72,14 +72,26 @@ def ours(pid, simdir):
     return False
 
 
+def in_ct_cgroup(pid, vmid, leaf=""):
+    """Does /proc/<pid>/cgroup's 0:: line read /lxc/<vmid>/ns<leaf> (leaf None: anywhere below ns)?"""
+    want = f"0::/lxc/{vmid}/ns"
+    for line in proc_read(pid, "cgroup").splitlines():
+        if leaf is None and (line == want or line.startswith(want + "/")):
+            return True
+        if leaf is not None and line == want + leaf:
+            return True
+    return False
+
+
 def find_procs(simdir, argv, vmid, timeout=10.0):
-    """Host pids of the live processes running exactly `argv` in cgroup lxc/<vmid>/ns."""
+    """Host pids of the live processes running exactly `argv` in the cgroup lxc/<vmid>/ns or
+    below it (pct exec and spawn: lxc/<vmid>/ns/.lxc)."""
     deadline = time.monotonic() + timeout
     want = "\0".join(argv).encode() + b"\0"
     while True:
         found = [p for p in all_pids()
                  if proc_read(p, "cmdline", True) == want
-                 and f"0::/lxc/{vmid}/ns" in proc_read(p, "cgroup").splitlines()
+                 and in_ct_cgroup(p, vmid, None)
                  and stat_state(p) not in (None, "Z")]
         if found or time.monotonic() >= deadline:
             return found
@@ -432,7 +444,9 @@ def test_container_processes_live_in_namespaces_and_cgroup(sim):
     assert len(pids) == 1, pids
     pid = pids[0]
     cg = proc_read(pid, "cgroup").splitlines()
-    assert "0::/lxc/9124/ns" in cg, cg  # what a PVE host shows for a container process
+    # What a PVE host shows for a process run by pct exec: lxc-attach's leaf .lxc of the
+    # container's cgroup (liblxc cgroup_attach_leaf; task_memcg=/lxc/<vmid>/ns/.lxc in PVE logs).
+    assert "0::/lxc/9124/ns/.lxc" in cg, cg
     assert os.readlink(f"/proc/{pid}/ns/pid") == os.readlink(f"/proc/{init}/ns/pid") != host_pidns
     assert os.readlink(f"/proc/{pid}/ns/uts") == os.readlink(f"/proc/{init}/ns/uts")
     assert os.readlink(f"/proc/{pid}/ns/mnt") == os.readlink(f"/proc/{init}/ns/mnt")
@@ -450,7 +464,7 @@ def test_container_processes_live_in_namespaces_and_cgroup(sim):
     assert sim.pct("exec", 9124, "--", "hostname").stdout == "gpu-ns\n"
     assert os.uname().nodename != "gpu-ns"  # the host's hostname is untouched
     r = sim.pct("exec", 9124, "--", "cat", "/proc/self/cgroup")
-    assert "0::/lxc/9124/ns" in r.stdout.splitlines()
+    assert "0::/lxc/9124/ns/.lxc" in r.stdout.splitlines()
     r = sim.pct("exec", 9124, "--", "readlink", "/proc/self/ns/pid")
     assert r.stdout.strip() == os.readlink(f"/proc/{init}/ns/pid")
 

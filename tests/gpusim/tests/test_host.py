@@ -199,11 +199,15 @@ def test_host_alloc_and_free_by_the_caller(gpusim_factory):
 def test_host_workload_holds_device_files_and_memory(gpusim_factory):
     host = gpusim_factory(gpus=4)
     pid = host.hold("1,3", mib=512, type="CG")
-    assert dev_files(host, pid) == ["nvidia-uvm", "nvidia1", "nvidia3", "nvidiactl"]
+    # CUDA's behaviour (the default): the node of every GPU of the host, its contexts on 1 and 3 only.
+    assert dev_files(host, pid) == ["nvidia-uvm", "nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl"]
     assert [(p["gpu"], p["types"], p["used_mib"]) for p in proc_lines(host, pid)] == [(1, "CG", 512), (3, "CG", 512)]
+    # only_own_devices: the simulator's old behaviour, the nodes of its own GPUs only.
+    own = host.hold("1,3", mib=1, only_own_devices=True)
+    assert dev_files(host, own) == ["nvidia-uvm", "nvidia1", "nvidia3", "nvidiactl"]
     st = host.status()
-    assert [g["memory_used_mib"] for g in st["gpus"]] == [0, 512, 0, 512]
-    assert st["gpus"][1]["pids"] == [pid]
+    assert [g["memory_used_mib"] for g in st["gpus"]] == [0, 513, 0, 513]
+    assert st["gpus"][1]["pids"] == sorted([pid, own])
     assert (pid, proctools.starttime(pid)) in proctools.read_owned(host.dir)
 
 
@@ -221,7 +225,8 @@ def test_host_device_only_daemon_like_persistenced(gpusim):
 
 
 def test_host_name_sets_comm_and_cmdline(gpusim):
-    pid = gpusim.hold([2], mib=100, name="python3 -m vllm.entrypoints.openai.api_server")
+    # only_own_devices: the nodes of its own GPU only (the default would open all eight)
+    pid = gpusim.hold([2], mib=100, name="python3 -m vllm.entrypoints.openai.api_server", only_own_devices=True)
     with open(f"/proc/{pid}/comm", encoding="utf-8") as f:
         assert f.read().strip() == "python3"
     cmd = proctools.cmdline(pid)
@@ -241,7 +246,8 @@ def test_host_tree_killing_the_parent_leaves_the_workers(gpusim):
     assert proc_lines(gpusim, parent) == []  # the API process holds no memory
     for i, w in enumerate(sorted(workers, key=lambda w: proc_lines(gpusim, w)[0]["gpu"])):
         assert [(p["gpu"], p["used_mib"]) for p in proc_lines(gpusim, w)] == [(i, 1000)]
-        assert dev_files(gpusim, w) == ["nvidia-uvm", f"nvidia{i}", "nvidiactl"]
+        # each worker, a CUDA process, holds the node of every GPU (its context only on GPU i)
+        assert dev_files(gpusim, w) == ["nvidia-uvm"] + [f"nvidia{g}" for g in range(8)] + ["nvidiactl"]
         assert (w, proctools.starttime(w)) in proctools.read_owned(gpusim.dir)
     gpusim.kill(parent)
     assert gone(parent)
@@ -602,7 +608,7 @@ def test_host_fixture_default_shape(gpusim):
     env = gpusim.env()
     assert env["GPUSIM_DIR"] == gpusim.dir and env["LD_LIBRARY_PATH"] == gpusim.path("lib")
     assert env["PATH"].split(":")[0] == gpusim.path("bin")
-    for tool in ("bin/nvidia-smi", "bin/pct", "ctbin/systemctl"):
+    for tool in ("bin/nvidia-smi", "bin/pct", "bin/systemctl", "ctbin/systemctl"):
         with open(gpusim.path(tool), encoding="utf-8") as f:
             assert f.readline() == f"#!{sys.executable}\n"
         assert os.access(gpusim.path(tool), os.X_OK)

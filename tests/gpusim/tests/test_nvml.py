@@ -765,11 +765,16 @@ def test_not_supported_fields(sim):
         "persistence": ["N.nvmlDeviceGetPersistenceMode(H[0])"],
         "compute_mode": ["N.nvmlDeviceGetComputeMode(H[0])"],
         "mig_mode": ["N.nvmlDeviceGetMigMode(H[0])"],
-        "processes": [f"N.nvmlDeviceGet{k}RunningProcesses{s}(H[0])" for k in ("Compute", "Graphics", "MPSCompute")
-                      for s in ("", "_v2")],
+        "processes": ([f"N.nvmlDeviceGet{k}RunningProcesses{s}(H[0])" for k in ("Compute", "Graphics", "MPSCompute")
+                       for s in ("", "_v2")]
+                      + [f"N.nvmlDeviceGetRunningProcessDetailList(H[0], N.nvmlProcessDetailList_v1, {m})"
+                         for m in range(3)]),
         "minor_number": ["N.nvmlDeviceGetMinorNumber(H[0])"],
         "encoder": ["N.nvmlDeviceGetEncoderUtilization(H[0])"],
         "decoder": ["N.nvmlDeviceGetDecoderUtilization(H[0])"],
+        "memory_v1": ["N.nvmlDeviceGetMemoryInfo(H[0])"],
+        "memory_v2": ["N.nvmlDeviceGetMemoryInfo(H[0], N.nvmlMemory_v2)"],
+        "conf_compute": ["N.nvmlDeviceGetConfComputeMemSizeInfo(H[0])"],
     }
     assert set(queries) == set(scenario.NOT_SUPPORTED_FIELDS)
     for field, qs in queries.items():

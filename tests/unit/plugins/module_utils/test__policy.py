@@ -80,3 +80,27 @@ def test_classify_protects_filters_and_walks_the_tree():
 def test_classify_without_tree_leaves_children():
     targets, _p, _s = classify([proc(100)], {}, tree=False, children={100: [101]}, read=lambda pid: proc(pid, ppid=100))
     assert [t["pid"] for t in targets] == [100]
+
+
+def test_filters_and_protect_see_the_raw_command_line_through_text_of():
+    # The reported command lines are redacted; match, exclude and protect see what text_of gives.
+    raw = {100: "vllm serve --api-key sk-tenant-a-0123456789", 101: "vllm serve --api-key sk-tenant-b-0123456789",
+           102: "vllm serve --api-key sk-tenant-c-0123456789"}
+    shown = [proc(pid, cmdline="vllm serve --api-key ****") for pid in (100, 101, 102)]
+    filters = {"match": compile_regex("match", "tenant-[ab]"), "exclude": compile_regex("exclude", "tenant-b")}
+    targets, protected, skipped = classify(shown, {}, protect=["tenant-c"], filters=filters, tree=False,
+                                           text_of=lambda p: raw[p["pid"]])
+    assert [t["pid"] for t in targets] == [100]
+    assert [s["pid"] for s in skipped] == [101] and "matches exclude" in skipped[0]["reason"]
+    assert [p["pid"] for p in protected] == [102]
+    assert all(t["cmdline"] == "vllm serve --api-key ****" for t in targets + skipped + protected)
+
+
+def test_without_text_of_the_reported_command_line_is_matched():
+    assert "does not match" in outside_filters(proc(10, cmdline="vllm --api-key ****"), match=compile_regex("match", "sk-"))
+
+
+@pytest.mark.parametrize("bad", ["١٢٩", "²", True, 10 ** 12])
+def test_validate_vmids_is_ascii_and_bounded(bad):
+    with pytest.raises(ValueError, match="^containers"):
+        validate_vmids([bad])

@@ -101,3 +101,35 @@ def test_is_kernel_thread(name, stat, cmdline, expected):
 )
 def test_split_cmdline(raw, expected):
     assert split_cmdline(raw) == expected
+
+
+@pytest.mark.parametrize("environ, systemd, expected", [
+    (b"PATH=/usr/bin\0container=lxc\0", "", True),
+    (b"container=lxc", "", True),
+    (b"PATH=/usr/bin\0HOME=/root\0", "", False),
+    (b"container=\0", "", False),
+    (b"", "lxc", True),
+    (b"", "", False),
+])
+def test_container_marker(environ, systemd, expected):
+    from ansible_collections.gpuops.gpu.plugins.module_utils._procs import container_marker
+
+    assert container_marker(environ, systemd) is expected
+
+
+@pytest.mark.parametrize("path, unit", [
+    ("/lxc/129/ns/system.slice/sglang.service", "sglang.service"),
+    ("/system.slice/vllm.service", "vllm.service"),
+    ("/system.slice/vllm.service/payload", "vllm.service"),
+    ("/gpusim-ab12/user.slice/user-0.slice/session-1.scope", None),
+    ("/lxc/129/ns/.lxc", None),
+    ("/lxc/129/ns", None),
+    ("/init.scope", None),
+    ("/system.slice/docker-0123abcd.scope", "docker-0123abcd.scope"),
+    ("/", None),
+    (None, None),
+])
+def test_unit_from_cgroup(path, unit):
+    from ansible_collections.gpuops.gpu.plugins.module_utils._procs import unit_from_cgroup
+
+    assert unit_from_cgroup(path) == unit

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
+from ansible_collections.gpuops.gpu.plugins.module_utils._holding import verdict
 from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import (
     build,
-    idle_verdict,
     is_protected,
     normalize_bus_id,
     select_gpus,
@@ -92,14 +92,22 @@ IDLE_CASES = [
     ("visible process in a container", _gpu(processes=[CT_PROC], memory={"used": 41984}), {}, False,
      ["used by pid 8812 (python3) in CT 129, 41 GiB"]),
     ("invisible process", _gpu(processes=[{"pid": 4242, "visible": False}]), {}, False, ["does not exist from here"]),
-    ("holder without a context", _gpu(holders=[{"pid": 77, "name": "python3", "files": ["/dev/nvidia3"], "protected": None}]),
-     {}, False, ["device file held by pid 77 (python3) (/dev/nvidia3)"]),
-    ("holders ignored when asked", _gpu(holders=[{"pid": 77, "name": "python3", "files": ["/dev/nvidia3"], "protected": None}]),
-     {"include_device_holders": False}, True, []),
-    ("holder of nvidiactl only: no context on this GPU", _gpu(holders=[{"pid": 78, "name": "python3", "files": ["/dev/nvidiactl"],
-                                                                       "protected": None, "shared_only": True}]), {}, True, []),
-    ("protected holder", _gpu(holders=[{"pid": 5, "name": "nvidia-persistenced", "files": ["/dev/nvidiactl"],
-                                        "protected": "NVIDIA daemon"}]), {}, True, []),
+    ("device holder, memory unaccounted", _gpu(memory={"used": 2048}, holders=[
+        {"pid": 77, "name": "python3", "files": ["/dev/nvidia3"], "protected": None, "evidence": "device"}]),
+     {}, False, ["device file held by pid 77 (python3) (/dev/nvidia3), and the driver's list may be incomplete",
+                 "2048 MiB used by processes not visible"]),
+    ("device holder, complete list at baseline: lingering", _gpu(holders=[
+        {"pid": 77, "name": "python3", "files": ["/dev/nvidia3"], "protected": None, "evidence": "device"}]),
+     {}, True, []),
+    ("holders ignored when asked", _gpu(memory={"used": 30}, processes_error="processes could not be read: x", holders=[
+        {"pid": 77, "name": "python3", "files": ["/dev/nvidia3"], "protected": None, "evidence": "device"}]),
+     {"include_device_holders": False}, False, ["processes could not be read: x"]),
+    ("holder of nvidiactl only: no context on this GPU", _gpu(memory={"used": 2048}, holders=[
+        {"pid": 78, "name": "python3", "files": ["/dev/nvidiactl"], "protected": None, "evidence": "control"}]),
+     {}, False, ["2048 MiB used by processes not visible"]),
+    ("protected device holder, list unreadable", _gpu(processes_error="processes could not be read: x", holders=[
+        {"pid": 5, "name": "nvidia-persistenced", "files": ["/dev/nvidia3"], "protected": "NVIDIA daemon",
+         "evidence": "device"}]), {}, False, ["processes could not be read: x"]),
     ("lost", _gpu(health={"status": "lost", "detail": "GPU is lost"}), {}, False, ["health lost: GPU is lost"]),
     ("utilization not checked by default", _gpu(utilization={"gpu": 100}), {}, True, []),
     ("utilization above the limit", _gpu(utilization={"gpu": 30}), {"max_utilization_pct": 10}, False, ["utilization 30%"]),
@@ -109,7 +117,8 @@ IDLE_CASES = [
 
 @pytest.mark.parametrize("name, gpu, kwargs, idle, phrases", IDLE_CASES, ids=[c[0] for c in IDLE_CASES])
 def test_idle_verdict(name, gpu, kwargs, idle, phrases):
-    got_idle, reasons = idle_verdict(gpu, **kwargs)
+    kwargs.setdefault("max_memory_used_mib", 64)
+    got_idle, reasons, _blockers, _lingering = verdict(gpu, **kwargs)
     assert got_idle is idle
     assert len(reasons) == len(phrases), reasons
     for phrase, reason in zip(phrases, reasons):
@@ -136,13 +145,14 @@ def test_build_attributes_processes_and_holders():
     assert g0["processes"][0]["container"] == {"kind": "lxc", "id": 129, "pid_in_container": 45}
     assert g0["processes"][0]["visible"] is True and g0["processes"][0]["type"] == "compute"
     assert g0["processes"][1]["visible"] is False and g0["processes"][1]["type"] == "compute+graphics"
-    # nvidiactl alone ties pid 200 to every GPU; pid 300 holds nvidia1, so it belongs to GPU 1 only
-    assert [(h["pid"], h["files"], bool(h["protected"]), h["shared_only"]) for h in g0["holders"]] == [
-        (200, ["/dev/nvidiactl"], True, True)]
-    assert [(h["pid"], h["files"], h["shared_only"]) for h in g1["holders"]] == [
-        (200, ["/dev/nvidiactl"], True), (300, ["/dev/nvidia1", "/dev/nvidiactl"], False)]
-    assert g0["idle"] is False and g1["idle"] is False
-    assert any("device file held by pid 300" in r for r in g1["busy_reasons"])
+    # nvidiactl alone is a control node, held on every GPU; pid 300 holds nvidia1: a device holder of GPU 1 only
+    assert [(h["pid"], h["files"], bool(h["protected"]), h["evidence"]) for h in g0["holders"]] == [
+        (200, ["/dev/nvidiactl"], True, "control")]
+    assert [(h["pid"], h["files"], h["evidence"]) for h in g1["holders"]] == [
+        (200, ["/dev/nvidiactl"], "control"), (300, ["/dev/nvidia1", "/dev/nvidiactl"], "device")]
+    assert g0["idle"] is False and g0["blockers"] == [100, 555]
+    # GPU 1: the driver's list is complete and the memory at baseline: pid 300 lingers, it does not block
+    assert g1["idle"] is True and g1["lingering"] == [300] and g1["blockers"] == []
 
 
 def test_build_without_minor_numbers_counts_nvidiaN_for_every_gpu():
@@ -151,10 +161,11 @@ def test_build_without_minor_numbers_counts_nvidiaN_for_every_gpu():
                                    "processes": []} for i in range(2)]}
     procs = {300: {"pid": 300, "name": "python3", "cmdline": "python3", "user": "ml", "uid": 1000, "ppid": 1,
                    "start_time": 3, "container": None}}
+    raw["gpus"][1]["processes_error"] = "processes could not be read: Unknown Error, 3 tries"
     snap = build(raw, read_process=procs.get, holders={300: ["/dev/nvidia1"]})
-    assert [[h["pid"] for h in g["holders"]] for g in snap["gpus"]] == [[300], [300]]
-    assert not any(h["shared_only"] for g in snap["gpus"] for h in g["holders"])
-    assert not any(g["idle"] for g in snap["gpus"])
+    assert [[(h["pid"], h["evidence"]) for h in g["holders"]] for g in snap["gpus"]] == [[(300, "device")], [(300, "device")]]
+    assert snap["gpus"][0]["idle"] and snap["gpus"][0]["lingering"] == [300]
+    assert not snap["gpus"][1]["idle"] and snap["gpus"][1]["blockers"] == [300]
 
 
 # --- a process list that could not be read --------------------------------------------------
@@ -174,7 +185,7 @@ def test_unreadable_process_list_is_never_idle(name, fields, reasons):
     gpu = {"index": 3, "health": {"status": "ok", "detail": None}, "memory": {"used": 0}, "utilization": {"gpu": 0},
            "processes": [], "holders": []}
     gpu.update(fields)
-    idle, why = idle_verdict(gpu)
+    idle, why, _blockers, _lingering = verdict(gpu, 64)
     assert idle is (not reasons)
     assert why == reasons
 

@@ -6,14 +6,16 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _wait
-from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import idle_verdict
+from ansible_collections.gpuops.gpu.plugins.module_utils._holding import verdict
 
 
 def make_gpu(used=0, procs=(), holders=(), status="ok"):
     gpu = {"index": 0, "memory": {"used": used}, "utilization": {"gpu": 0}, "health": {"status": status, "detail": "x"},
            "processes": [{"pid": p, "name": "python3", "visible": True} for p in procs],
-           "holders": [{"pid": h, "name": "python3", "start_time": 1, "files": ["/dev/nvidia0"], "protected": None} for h in holders]}
-    gpu["idle"], gpu["busy_reasons"] = idle_verdict(gpu)
+           "holders": [{"pid": h, "name": "python3", "start_time": 1, "files": ["/dev/nvidia0"], "protected": None,
+                        "evidence": "device"} for h in holders]}
+    gpu["idle"], gpu["busy_reasons"], blockers, _lingering = verdict(gpu, 64)
+    gpu["blockers"] = [b["pid"] for b in blockers]
     return gpu
 
 
@@ -71,7 +73,8 @@ def test_device_file_holder_is_followed_between_full_scans():
 
     def host(t, full):
         clock["t"] = t
-        return make_gpu(holders=[77] if full and t < gone_at else [])
+        # a device-file holder keeps the GPU busy while its memory is not accounted for by a context
+        return make_gpu(used=500 if t < gone_at else 0, holders=[77] if full and t < gone_at else [])
 
     done_at, _state, scans = run(host, alive=lambda pid, st: clock["t"] < gone_at)
     assert done_at == 2.5  # seen alive (cheaply) until 1.5, gone at 2.0, settled at 2.5
@@ -80,7 +83,8 @@ def test_device_file_holder_is_followed_between_full_scans():
 
 def test_a_holder_found_by_the_decisive_scan_restarts_the_clock():
     def host(t, full):
-        return make_gpu(holders=[55] if (full and 0.5 < t < 1.6) else [])
+        seen = full and 0.5 < t < 1.6
+        return make_gpu(used=500 if seen else 0, holders=[55] if seen else [])
     done_at, _state, _scans = run(host)
     assert done_at == 2.0  # found at t=1.0 by the confirming scan: settle runs again from there
 
@@ -93,8 +97,9 @@ def test_lost_gpu_fails_at_once():
 def test_diagnosis_and_progress_line():
     gpus = [dict(make_gpu(used=1200), index=2), dict(make_gpu(used=41984, procs=[8812]), index=5), dict(make_gpu(), index=6)]
     gpus[1]["processes"][0]["container"] = {"kind": "lxc", "id": 129}
-    assert _wait.diagnosis(gpus, 64) == ("GPU 2 holds 1200 MiB with no visible process (a leaked context, or a process in"
-                                         " another PID namespace); GPU 5 is used by pid 8812 (python3) in CT 129")
+    assert _wait.diagnosis(gpus, 64) == ("GPU 2: 1200 MiB used by processes not visible from this PID namespace (another"
+                                         " container or the host), or a leaked context; GPU 5 is used by pid 8812"
+                                         " (python3) in CT 129")
     line = _wait.progress_line(gpus, 12.2, 300)
     assert line == ("gpu_wait_idle: 1/3 GPUs idle; waiting on GPU 2 (1200 MiB), GPU 5 (41 GiB, pid 8812 python3, CT 129)"
                     " - 12 s of 300 s")

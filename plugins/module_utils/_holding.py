@@ -1,0 +1,310 @@
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Note that this module util is **PRIVATE** to the collection. It can have breaking changes at any time.
+# Do not use this from other collections or standalone plugins/modules!
+
+"""THE holding model: what holds a GPU, what keeps it busy, and what a release may stop.
+
+Pure; no I/O, no AnsibleModule. Every module, role table and report decides through this file.
+
+Evidence, per process and GPU:
+
+- ``context``: the driver lists the process on this GPU (it has a CUDA context there).
+- ``device``: it holds this GPU's ``/dev/nvidiaN`` and the driver lists no context for it here.
+  CUDA opens the device node of every GPU it can see when it initialises, so a device node
+  alone does not place a process on a GPU.
+- ``control``: it holds only the nodes every NVML or CUDA client holds (``nvidiactl``,
+  ``nvidia-uvm``, ``nvidia-uvm-tools``, ``nvidia-modeset``, ``nvidia-caps/*``): a monitoring
+  agent, an exporter, a notebook that imported torch.
+
+Busy: health not ok; a context (visible from here or not); memory or utilization above the
+thresholds; a process list that could not be read; or a ``device`` holder while the driver's
+list cannot be trusted to be complete (unreadable, or memory in use beyond what the listed
+contexts account for). A ``device`` holder of a GPU whose list is complete and whose memory is at
+baseline is ``lingering``: reported, not busy. ``control`` holders never make a GPU busy.
+
+Release targets for the selected GPUs: the processes with a context on one of them; the
+``device`` holders of one of them, unless the driver shows that process with contexts only on
+GPUs that are not selected; never a ``control``-only holder unless it is named in ``pids``.
+"""
+
+from __future__ import annotations
+
+import re
+
+CONTEXT = "context"
+DEVICE = "device"
+CONTROL = "control"
+CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+_GPU_NODE = re.compile(r"(?:^|/)nvidia(\d+)$")
+
+
+def node_of(path: str):
+    """('gpu', minor) for /dev/nvidiaN, ('control', None) for every other NVIDIA node."""
+    m = _GPU_NODE.search(path)
+    if m:
+        return ("gpu", int(m.group(1)))
+    return (CONTROL, None)
+
+
+def is_control_node(path: str) -> bool:
+    base = path.rsplit("/", 1)[-1]
+    return base in CONTROL_NODES or "/nvidia-caps/" in path
+
+
+def placement(files, minors) -> dict:
+    """How one holder's open NVIDIA nodes tie it to GPUs.
+
+    ``minors``: {minor number: GPU index} from the backend, or None when it could not give them.
+    Returns {"gpus": [indexes whose node it holds], "unplaced": bool} - ``unplaced`` when it
+    holds a ``nvidiaN`` that cannot be tied to a GPU (no minor numbers), which then counts for
+    every GPU so that none is called idle while something may hold it.
+    """
+    gpus = set()
+    unplaced = False
+    for path in files:
+        kind, minor = node_of(path)
+        if kind != "gpu":
+            continue
+        if minors is None or minor not in minors:
+            unplaced = True
+        else:
+            gpus.add(minors[minor])
+    return {"gpus": sorted(gpus), "unplaced": unplaced}
+
+
+def evidence_on(gpu_index: int, pid: int, context_pids, placed) -> str:
+    """The evidence a holder has on one GPU (see the module docstring)."""
+    if pid in context_pids:
+        return CONTEXT
+    if placed["unplaced"] or gpu_index in placed["gpus"]:
+        return DEVICE
+    return CONTROL
+
+
+def describe(proc: dict) -> str:
+    """'pid 8812 (python3) in CT 129' - how messages name a process."""
+    where = ""
+    ct = proc.get("container")
+    if ct:
+        where = f" in CT {ct['id']}"
+    name = proc.get("name")
+    return f"pid {proc['pid']}" + (f" ({name})" if name else "") + where
+
+
+def mib_text(value) -> str:
+    if value is None:
+        return "unknown"
+    return f"{value / 1024:.0f} GiB" if value >= 10240 else f"{value} MiB"
+
+
+def accounted_mib(gpu: dict) -> int:
+    return sum(p.get("used_mib") or 0 for p in gpu.get("processes") or [])
+
+
+def list_incomplete(gpu: dict, max_memory_used_mib: int) -> str:
+    """Why the driver's process list of a GPU cannot be trusted to be complete, or ''."""
+    if gpu.get("processes_error"):
+        return gpu["processes_error"]
+    used = (gpu.get("memory") or {}).get("used")
+    if used is not None and used - accounted_mib(gpu) > max_memory_used_mib:
+        return f"{used - accounted_mib(gpu)} MiB in use that the listed processes do not account for"
+    return ""
+
+
+def _unprotected(holders, evidence):
+    return [h for h in holders if h.get("evidence") == evidence and not h.get("protected")]
+
+
+def unaccounted_memory(used: int, index, in_container=None) -> str:
+    """What is true of memory in use with no process listed, by where the module runs.
+
+    In the host's PID namespace every process is visible: nothing holds the memory. In a
+    container (or when it cannot be told) the holder may be a process this namespace cannot see.
+    """
+    if in_container is False:
+        return (f"{used} MiB used and no process holds it: the driver is still freeing the memory of exited"
+                f" processes, or a context leaked (nvidia-smi -r -i {index} resets it once nothing holds it)")
+    return (f"{used} MiB used by processes not visible from this PID namespace (another container or the host),"
+            " or a leaked context")
+
+
+def verdict(gpu: dict, max_memory_used_mib: int, max_utilization_pct=None, include_device_holders=True,
+            in_container=None):
+    """(idle, busy_reasons, blockers, lingering) of one GPU of a snapshot.
+
+    ``blockers``: the processes that keep it busy (contexts, and device holders when the list is
+    incomplete); ``lingering``: device holders that do not.
+    """
+    reasons = []
+    blockers = []
+    health = gpu.get("health") or {}
+    if health.get("status", "ok") != "ok":
+        reasons.append(f"health {health.get('status')}: {health.get('detail')}")
+    if gpu.get("processes_error"):
+        reasons.append(gpu["processes_error"])
+    procs = gpu.get("processes") or []
+    for p in procs:
+        blockers.append(p)
+        if p.get("visible", True):
+            reasons.append(f"used by {describe(p)}" + (f", {mib_text(p.get('used_mib'))}" if p.get("used_mib") is not None else ""))
+        else:
+            reasons.append(f"used by pid {p['pid']}, which does not exist from here (a process in another PID"
+                           " namespace: the host or another container)")
+    lingering = []
+    if include_device_holders:
+        incomplete = list_incomplete(gpu, max_memory_used_mib)
+        for h in _unprotected(gpu.get("holders") or [], DEVICE):
+            if incomplete:
+                blockers.append(h)
+                reasons.append(f"device file held by {describe(h)} ({', '.join(h.get('files') or [])}), and the"
+                               f" driver's list may be incomplete ({incomplete})")
+            else:
+                lingering.append(h)
+    used = (gpu.get("memory") or {}).get("used")
+    if used is not None and used > max_memory_used_mib:
+        if gpu.get("processes_error"):
+            reasons.append(f"{used} MiB used")
+        elif not procs:
+            reasons.append(unaccounted_memory(used, gpu.get("index"), in_container))
+    util = (gpu.get("utilization") or {}).get("gpu")
+    if max_utilization_pct is not None and util is not None and util > max_utilization_pct:
+        reasons.append(f"utilization {util}% (more than {max_utilization_pct}%)")
+    return (not reasons, reasons, blockers, lingering)
+
+
+def context_gpus(gpus: list) -> dict:
+    """{pid: set of GPU indexes on which the driver lists it} over a whole snapshot."""
+    out = {}
+    for g in gpus:
+        for p in g.get("processes") or []:
+            out.setdefault(p["pid"], set()).add(g["index"])
+    return out
+
+
+def release_candidates(all_gpus: list, selected: set, include_device_holders=True, named_pids=()):
+    """(candidates, skipped) for a release of the GPUs with indexes in ``selected``.
+
+    ``candidates``: process dicts merged by pid with ``gpus`` (selected GPUs it holds) and
+    ``evidence`` (the strongest it has on them); ``skipped``: the holders that are not taken,
+    each with its ``reason``.
+    """
+    contexts = context_gpus(all_gpus)
+    named = set(named_pids or ())
+    merged, skipped = {}, {}
+    order = {CONTEXT: 0, DEVICE: 1, CONTROL: 2}
+
+    def take(proc, gpu_index, evidence, why=None):
+        entry = merged.setdefault(proc["pid"], dict(proc, gpus=[], evidence=evidence))
+        if order[evidence] < order[entry["evidence"]]:
+            entry["evidence"] = evidence
+            entry["gpus"] = []  # the GPUs of its strongest evidence: where it has a context, if any
+        if evidence == entry["evidence"] and gpu_index not in entry["gpus"]:
+            entry["gpus"].append(gpu_index)
+        if why:
+            entry["why"] = why
+        skipped.pop(proc["pid"], None)
+
+    def skip(proc, reason):
+        if proc["pid"] not in merged:
+            skipped.setdefault(proc["pid"], dict(proc, gpus=[], reason=reason))
+
+    for gpu in all_gpus:
+        if gpu["index"] not in selected:
+            continue
+        for p in gpu.get("processes") or []:
+            if p.get("visible") is False:
+                skip(p, "the driver reports this pid but it does not exist from this PID namespace"
+                        " (run on the host / Proxmox node to reach it)")
+                continue
+            take(p, gpu["index"], CONTEXT)
+        if not include_device_holders:
+            continue
+        for h in gpu.get("holders") or []:
+            ev = h.get("evidence")
+            if ev == CONTEXT:
+                continue  # listed above from the driver
+            if ev == DEVICE:
+                elsewhere = contexts.get(h["pid"], set())
+                if elsewhere and not elsewhere & selected:
+                    skip(h, "holds this GPU's device node as CUDA does for every GPU it can see, but the driver"
+                            " shows its context only on GPU(s) " + ", ".join(map(str, sorted(elsewhere)))
+                            + ", which are not selected")
+                    continue
+                take(h, gpu["index"], DEVICE)
+            elif h["pid"] in named:
+                take(h, gpu["index"], CONTROL, why="named in pids; it holds only the NVIDIA control nodes ("
+                     + ", ".join(h.get("files") or []) + ") and has no context on a selected GPU")
+            else:
+                skip(h, "holds only the NVIDIA control nodes (" + ", ".join(h.get("files") or [])
+                        + "), as every NVML or CUDA client does; it has no context on a selected GPU and keeps"
+                          " none busy. Name it in pids to stop it")
+    return list(merged.values()), list(skipped.values())
+
+
+# Processes that start and watch others: a workload's root is never above one of them.
+SUPERVISORS = ("systemd", "supervisord", "runsv", "runsvdir", "tini", "containerd-shim", "containerd-shim-runc-v2",
+               "conmon", "docker-init", "dumb-init", "s6-supervise", "lxc-start", "init")
+
+
+def workload_ancestors(proc: dict, read, stop_reason):
+    """The ancestors that belong to the workload of a holder: [(ancestor, why)], nearest first.
+
+    Walks up from ``proc`` while the parent is in the same cgroup, is not PID 1 of its PID
+    namespace, not a known supervisor, and ``stop_reason(parent)`` is '' (not protected, not an
+    ancestor of the module). A session leader with a controlling terminal (a login shell, a tmux
+    pane) is never joined; one without a terminal (a server that daemonized with setsid) is the
+    workload's root: it joins, and the walk ends there.
+    ``read(pid) -> dict|None`` gives ppid, name, cgroup, session, tty_nr and ns_pid.
+    """
+    out = []
+    seen = {proc["pid"]}
+    child = proc
+    while True:
+        ppid = child.get("ppid")
+        if not ppid or ppid in seen:
+            return out
+        parent = read(ppid)
+        if parent is None or parent.get("kernel_thread"):
+            return out
+        seen.add(ppid)
+        if parent["pid"] == 1 or parent.get("ns_pid") == 1:
+            return out
+        if parent.get("cgroup") is None or parent.get("cgroup") != proc.get("cgroup"):
+            return out
+        if (parent.get("name") or "") in SUPERVISORS or stop_reason(parent):
+            return out
+        leader = parent.get("session") == parent["pid"]
+        if leader and parent.get("tty_nr"):
+            return out
+        out.append((parent, f"parent of pid {child['pid']} in the same cgroup ({proc.get('cgroup')})"
+                            + (", the root of its session" if leader else "")))
+        if leader:
+            return out
+        child = parent
+
+
+_GLOB = re.compile(r"[*?\[]")
+
+
+def device_pattern_problem(pattern: str) -> str:
+    """Why a device_files pattern does not name NVIDIA device nodes ('' when it does).
+
+    A pattern must be an absolute path whose last component starts with ``nvidia`` (``/dev/nvidia*``,
+    ``/dev/nvidia3``, a simulator's ``/tmp/x/dev/nvidia*``) or that lies in ``nvidia-caps/``, with
+    no glob and no ``..`` in its directory part: anything else could match files that every
+    process of the machine holds (``/dev/null*``, ``/dev/pts/*``, ``/dev/*``).
+    """
+    if not pattern.startswith("/"):
+        return "must be an absolute path or glob (like /dev/nvidia*)"
+    head, _sep, base = pattern.rpartition("/")
+    parts = head.split("/")
+    if ".." in parts or "." in parts:
+        return "must not contain '.' or '..' components"
+    if _GLOB.search(head):
+        return "must not have a glob in its directory part"
+    if not (base.startswith("nvidia") or parts[-1] == "nvidia-caps"):
+        return "must name NVIDIA device nodes (a file name starting with nvidia, like /dev/nvidia*)"
+    return ""

@@ -1,0 +1,65 @@
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+from ansible_collections.gpuops.gpu.plugins.module_utils import _waiting
+from ansible_collections.gpuops.gpu.plugins.module_utils._errors import QueryTimeout
+
+# A program that starts a grandchild, writes its pid, and hangs: what a wedged nvidia-smi looks like.
+HANG = ("import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "open(sys.argv[1], 'w').write(str(child.pid))\n"
+        "time.sleep(60)\n")
+
+
+def gone(pid):
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def test_run_in_group_returns_rc_and_output():
+    rc, out, err = _waiting.run_in_group([sys.executable, "-c", "import os, sys; print(os.environ['LC_ALL']);"
+                                          " sys.stderr.write('e'); sys.exit(3)"], 10, "probe", {"LC_ALL": "C"})
+    assert (rc, out, err) == (3, "C\n", "e")
+    assert not _waiting._RUNNING
+
+
+def test_a_missing_program_answers_127():
+    rc, out, err = _waiting.run_in_group(["/nonexistent/nvidia-smi"], 5, "nvidia-smi")
+    assert rc == 127 and out == "" and "nvidia-smi" in err
+
+
+def test_on_timeout_the_whole_group_is_killed(tmp_path):
+    pidfile = tmp_path / "grandchild"
+    start = time.monotonic()
+    with pytest.raises(QueryTimeout, match="^nvidia-smi --query-gpu did not answer within 1 s and was killed"):
+        _waiting.run_in_group([sys.executable, "-c", HANG, str(pidfile)], 1.0, "nvidia-smi --query-gpu")
+    assert time.monotonic() - start < 5
+    grandchild = int(pidfile.read_text())
+    for _attempt in range(100):
+        if gone(grandchild):
+            break
+        time.sleep(0.02)
+    assert gone(grandchild)
+    assert not _waiting._RUNNING
+
+
+def test_kill_running_stops_what_is_still_running(tmp_path):
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    _waiting._RUNNING.add(proc)
+    _waiting._kill_running()
+    assert proc.poll() is not None and not _waiting._RUNNING
+    assert os.getpgid(os.getpid()) != proc.pid
