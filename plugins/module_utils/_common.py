@@ -67,6 +67,7 @@ class SnapshotTaker:
         # only, and the text that may be shown (redacted and cut, or None). The raw text is never returned.
         self._raw = {}
         self._shown = {}
+        self._texts = {}  # argv tuple -> (match text, shown text)
 
     def run_smi(self, argv):
         """One nvidia-smi run (argv list, no shell, LC_ALL=C) under query_timeout, in its own process group.
@@ -85,8 +86,13 @@ class SnapshotTaker:
         kept = {}
 
         def text(argv):
-            kept["raw"] = _redact.match_text(argv)
-            return _redact.redact_argv(argv, self.redact) if self.show_cmdline else None
+            # A command line does not change while a process lives: redact each one once per run.
+            key = tuple(argv)
+            if key not in self._texts:
+                self._texts[key] = (_redact.match_text(argv),
+                                    _redact.redact_argv(argv, self.redact) if self.show_cmdline else None)
+            kept["raw"], shown = self._texts[key]
+            return shown
 
         info = _procs.read_process(pid, cmdline=text)
         if info is None:
@@ -193,6 +199,7 @@ class SnapshotTaker:
             max_utilization_pct=self.params.get("max_utilization_pct"),
             include_device_holders=self.params["include_device_holders"],
             in_container=self.in_container(),
+            exe_of=_procs.read_exe,
         ))
 
     def in_container(self):

@@ -61,7 +61,7 @@ def outside_filters(proc: dict, containers=None, users=None, match=None, pids=No
 
 
 def classify(candidates: list, protected_pids: dict, protect=(), filters=None, tree=True, children=None, read=None,
-             text_of=None):
+             text_of=None, exe_of=None):
     """Sort candidates into (targets, protected, skipped).
 
     ``candidates``: process dicts (pid, name, cmdline, user, uid, ppid, start_time, container, gpus).
@@ -81,9 +81,7 @@ def classify(candidates: list, protected_pids: dict, protect=(), filters=None, t
     def protection(proc):
         check = dict(proc, cmdline=text_of(proc)) if text_of else dict(proc)
         context = proc.get("evidence") == "context"
-        if context and "exe" not in check and read is not None:
-            check["exe"] = (read(proc["pid"]) or {}).get("exe")
-        return protected_pids.get(proc["pid"]) or is_protected(check, protect, context=context)
+        return protected_pids.get(proc["pid"]) or is_protected(check, protect, context=context, exe_of=exe_of)
 
     for proc in candidates:
         pid = proc["pid"]
@@ -93,7 +91,7 @@ def classify(candidates: list, protected_pids: dict, protect=(), filters=None, t
             continue
         impostor = ""
         if proc.get("evidence") == "context":
-            impostor = daemon_impostor(proc, (read(pid) or {}).get("exe") if read else None)
+            impostor = daemon_impostor(proc, exe_of)
         if impostor:
             proc = dict(proc, why=impostor)
         why = outside_filters(proc, text_of=text_of, **filters)

@@ -146,11 +146,12 @@ def unit_from_cgroup(path):
     return None
 
 
-def _exe(path):
+def read_exe(pid: int, proc: str = "/proc"):
+    """The executable of a process (readlink /proc/<pid>/exe), or None; read only where a rule needs it."""
     import os
 
     try:
-        target = os.readlink(path)
+        target = os.readlink(f"{proc}/{pid}/exe")
     except OSError:
         return None
     return target[:-len(" (deleted)")] if target.endswith(" (deleted)") else target
@@ -256,9 +257,7 @@ def read_process(pid: int, proc: str = "/proc", cmdline=None):
         "container": container,
         "unit": unit_from_cgroup(cgroup_path(cgroup_text)),
         "kernel_thread": is_kernel_thread(st, raw_cmdline),
-        # Internal (never reported): the executable (name protection checks it) and what the
-        # workload-root walk of gpu_release compares.
-        "exe": _exe(f"{proc}/{pid}/exe"),
+        # Internal (never reported): what the workload-root walk of gpu_release compares.
         "session": st.session,
         "tty_nr": st.tty_nr,
         "cgroup": cgroup_path(cgroup_text),

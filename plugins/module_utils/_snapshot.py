@@ -88,20 +88,24 @@ def is_daemon_exe(exe, name: str) -> bool:
     return bool(exe) and any(exe == f"{d}/{name}" for d in DAEMON_DIRS)
 
 
-def daemon_impostor(proc: dict, exe) -> str:
-    """Why a context holder named like an NVIDIA daemon is not protected ('' when it is not named so)."""
+def daemon_impostor(proc: dict, exe_of=None) -> str:
+    """Why a context holder named like an NVIDIA daemon is not protected ('' when it is not named so).
+
+    ``exe_of(pid)`` reads the executable, only for a process that is named so.
+    """
     for name in sorted(_names(proc) & set(PROTECTED_NAMES)):
+        exe = proc.get("exe") or (exe_of(proc["pid"]) if exe_of else None)
         if not is_daemon_exe(exe, name):
             return (f"named {name} like an NVIDIA daemon, but it has a context and its executable is"
                     f" {exe or 'unknown'}, not the daemon's: treated as any other process")
     return ""
 
 
-def is_protected(proc: dict, extra=(), context=False) -> str:
+def is_protected(proc: dict, extra=(), context=False, exe_of=None) -> str:
     """The reason a process must never be signalled nor counted as a GPU user, or ''.
 
     A process named like an NVIDIA daemon is protected by its name, except when it holds a
-    context (``context``): then only when its executable (``exe``) is the daemon's.
+    context (``context``): then only when its executable (``exe``, else ``exe_of(pid)``) is the daemon's.
     """
     if proc is None:
         return ""
@@ -111,7 +115,8 @@ def is_protected(proc: dict, extra=(), context=False) -> str:
         return "kernel thread"
     names = _names(proc)
     for name in names:
-        if name in PROTECTED_NAMES and (not context or is_daemon_exe(proc.get("exe"), name)):
+        if name in PROTECTED_NAMES and (not context or is_daemon_exe(
+                proc.get("exe") or (exe_of(proc["pid"]) if exe_of else None), name)):
             return f"NVIDIA daemon ({name})"
     for pattern in extra:
         for name in names | {proc.get("cmdline") or ""}:
@@ -126,7 +131,7 @@ def _type_name(types) -> str:
 
 
 def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_used_mib=DEFAULT_MAX_MEMORY_USED_MIB,
-          max_utilization_pct=None, include_device_holders=True, in_container=None) -> dict:
+          max_utilization_pct=None, include_device_holders=True, in_container=None, exe_of=None) -> dict:
     """Assemble the facts from a raw backend snapshot.
 
     ``read_process(pid) -> dict|None`` enriches NVML's pids (None: the pid does not exist here);
@@ -177,7 +182,7 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
             continue
         placed = _holding.placement(files, known_minors)
         has_context = any(pid in pids for pids in context_pids.values())
-        reason = is_protected(details, protect, context=has_context)
+        reason = is_protected(details, protect, context=has_context, exe_of=exe_of)
         for gpu in gpus:
             evidence = _holding.evidence_on(gpu["index"], pid, context_pids[gpu["index"]], placed)
             if evidence == _holding.CONTEXT and not (placed["unplaced"] or gpu["index"] in placed["gpus"]):

@@ -360,7 +360,8 @@ def main() -> None:
         # The regexes see the raw command line (taker.match_text); every reported one is redacted.
         targets, protected, skipped = _policy.classify(
             found, protected_pids, protect=p["protect"], filters=filters, tree=p["tree"],
-            children=_procs.children_map() if p["tree"] else None, read=taker.read_process, text_of=taker.match_text)
+            children=_procs.children_map() if p["tree"] else None, read=taker.read_process, text_of=taker.match_text,
+            exe_of=_procs.read_exe)
     except _errors.GpuError as exc:  # a regex over its time budget: nothing was signalled
         fail(module, exc)
         return
