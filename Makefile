@@ -22,6 +22,8 @@ PYTEST := $(TOP)/.ci/pytest.sh $(VPY) -m pytest
 # ansible-test finds target Pythons as python3.X on PATH.
 export PATH := $(VENV)/bin:$(subst $(eval) ,:,$(strip $(TARGET_PYTHON_DIRS))):$(PATH)
 export ANSIBLE_COLLECTIONS_PATH := $(TOP)/build
+# Ansible's own files (tmp, galaxy cache) stay in the build directory, not in ~/.ansible.
+export ANSIBLE_HOME := $(TOP)/build/ansible-home
 export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: help venv sim layout test demo sanity lint units integration simtests packaging molecule bench-smoke bench docs gpu-smoke clean
@@ -55,13 +57,20 @@ layout: venv
 demo: venv sim layout
 	$(VPY) tests/gpusim/demo.py
 
+# `make test` must not install anything into the user's collections: it compares a listing of
+# ~/.ansible/collections before and after the gates.
+USER_COLLECTIONS := $(HOME)/.ansible/collections
 test: venv sim layout
 	@start=$$(date +%s); \
+	before=$$(find $(USER_COLLECTIONS) -maxdepth 4 -printf "%p %T@\n" 2>/dev/null | sort | md5sum); \
 	for gate in sanity lint units simtests packaging integration molecule bench-smoke; do \
 	  echo "=== gate: $$gate"; t0=$$(date +%s); \
 	  $(MAKE) --no-print-directory $$gate || { echo "=== gate FAILED: $$gate"; exit 1; }; \
 	  echo "=== gate ok: $$gate ($$(( $$(date +%s) - t0 )) s)"; \
 	done; \
+	after=$$(find $(USER_COLLECTIONS) -maxdepth 4 -printf "%p %T@\n" 2>/dev/null | sort | md5sum); \
+	if [ "$$before" != "$$after" ]; then echo "=== make test changed $(USER_COLLECTIONS): it must write nothing outside the checkout"; exit 1; fi; \
+	echo "=== $(USER_COLLECTIONS) unchanged by make test"; \
 	echo "=== make test: all gates passed in $$(( $$(date +%s) - start )) s"
 
 # --- gates -------------------------------------------------------------------------------------
