@@ -530,37 +530,23 @@ def workload_seen(result, gpu_index, minor, pid, mib):
     return out
 
 
-def held_nodes(pid):
-    """The NVIDIA device nodes a process holds open, read from /proc/<pid>/fd (and its threads')."""
-    nodes = set()
-    dirs = [f"/proc/{pid}/fd"]
-    try:
-        dirs += [f"/proc/{pid}/task/{t}/fd" for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        pass
-    for d in dirs:
-        try:
-            fds = os.listdir(d)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"{d}/{fd}")
-            except OSError:
-                continue
-            if os.path.basename(target).startswith("nvidia") or "/nvidia-caps/" in target:
-                nodes.add(target)
-    return sorted(nodes)
-
-
-def node_rule(pid, facts_result, gpu_index):
+def node_rule(pid, facts_result, gpu_index, runner):
     """What the workload shows of the device-node rule: its nodes, its context GPUs, and whether it
-    holds the node of GPUs it has no context on (CUDA opening every GPU it can see)."""
+    holds the node of GPUs it has no context on (CUDA opening every GPU it can see).
+
+    The nodes come from the collection's own scan (_procs.scan_fd_holders, threads' tables
+    included) and are placed on GPUs by its holding model (_holding.node_of).
+    """
+    if runner.colroot not in sys.path:
+        sys.path.insert(0, runner.colroot)
+    # pylint: disable-next=import-outside-toplevel,import-error
+    from ansible_collections.gpuops.gpu.plugins.module_utils import _holding, _procs
+
     gpus = [] if facts_result.get("failed") else facts_result["ansible_facts"]["gpu_devices"]
     minors = {g["minor_number"]: g["index"] for g in gpus if g.get("minor_number") is not None}
-    nodes = held_nodes(pid)
-    node_gpus = sorted({minors[int(os.path.basename(n)[6:])] for n in nodes
-                        if os.path.basename(n)[6:].isdigit() and int(os.path.basename(n)[6:]) in minors})
+    nodes = _procs.scan_fd_holders(runner.device_files or ["/dev/nvidia*"]).get(pid, [])
+    placed = [_holding.node_of(n) for n in nodes]
+    node_gpus = sorted({minors[minor] for kind, minor in placed if kind == "gpu" and minor in minors})
     context_gpus = sorted(g["index"] for g in gpus if any(p.get("pid") == pid for p in g.get("processes") or []))
     return {"nodes": nodes, "node_gpus": node_gpus, "context_gpus": context_gpus, "selected_gpu": gpu_index,
             "nodes_without_context": sorted(set(node_gpus) - set(context_gpus)),
@@ -623,7 +609,7 @@ def run(args, host, report):  # pylint: disable=too-many-locals,too-many-stateme
         # The device-node rule of the holding model (docs/holding-model.md): which NVIDIA nodes the
         # CUDA process holds, and on which GPUs the driver lists its context.
         everywhere = runner.module("gpu_facts", {"backend": "nvml", "protect": protect})[0]
-        work["device_nodes"] = node_rule(pid, everywhere, args.gpu)
+        work["device_nodes"] = node_rule(pid, everywhere, args.gpu, runner)
         for backend in BACKENDS:
             result = runner.module("gpu_facts", {"backend": backend, "gpus": [str(args.gpu)], "protect": protect})[0]
             work["seen"][backend] = workload_seen(result, args.gpu, gpu.get("minor_number"), pid, args.mib)

@@ -178,6 +178,7 @@ class _Library:
     def __init__(self):
         self.lib = getattr(pynvml, "nvmlLib", None) or ctypes.CDLL("libnvidia-ml.so.1")
         self._symbols = {}
+        self._queries = None
 
     def has(self, name: str) -> bool:
         if name not in self._symbols:
@@ -189,6 +190,28 @@ class _Library:
 
     def fn(self, name: str):
         return self._symbols[name] if self.has(name) else None
+
+    def process_queries(self) -> list:
+        """[(kind, symbol, function, entry structure)] of the process kinds this library can list (once)."""
+        if self._queries is None:
+            self._queries = []
+            for kind, name in PROCESS_KINDS:
+                symbol, struct = choose_process_query(self.has, name)
+                if symbol is not None:
+                    self._queries.append((kind, symbol, self.fn(symbol), struct))
+        return self._queries
+
+
+_LIBRARY = {}
+
+
+def _library() -> _Library:
+    """The _Library of the loaded libnvidia-ml, made once per process."""
+    lib = getattr(pynvml, "nvmlLib", None)
+    key = id(lib)
+    if key not in _LIBRARY:
+        _LIBRARY[key] = _Library()
+    return _LIBRARY[key]
 
 
 class _GpuReader:
@@ -289,12 +312,9 @@ class _GpuReader:
         merged = {}
         readable = False
         problems = []
-        for kind, name in PROCESS_KINDS:
-            symbol, struct = choose_process_query(self.lib.has, name)
-            if symbol is None:
-                continue
+        for kind, symbol, fn, struct in self.lib.process_queries():
             try:
-                infos = self._try(symbol, lambda symbol=symbol, struct=struct: _running(self.lib.fn(symbol), self.handle, struct))
+                infos = self._try(symbol, lambda fn=fn, struct=struct: _running(fn, self.handle, struct))
             except pynvml.NVMLError:
                 continue  # this kind is not supported here (e.g. graphics on a compute board)
             except _Failed as exc:
@@ -405,7 +425,7 @@ def query(deadline=None) -> dict:
     ``deadline`` (time.monotonic()) bounds the retries of transient errors.
     """
     init()
-    lib = _Library()
+    lib = _library()
     try:
         count = pynvml.nvmlDeviceGetCount()
     except pynvml.NVMLError as exc:
@@ -424,8 +444,9 @@ def query(deadline=None) -> dict:
     except pynvml.NVMLError:
         driver["cuda_driver_version"] = None
     branch = branch_of(driver["driver_version"])
-    symbol, struct = choose_process_query(lib.has)
-    driver["process_query"] = None if symbol is None else {"function": symbol, "entry_bytes": ctypes.sizeof(struct)}
+    compute = [q for q in lib.process_queries() if q[0] == "compute"]
+    driver["process_query"] = ({"function": compute[0][1], "entry_bytes": ctypes.sizeof(compute[0][3])}
+                               if compute else None)
     pid_max = read_pid_max()
     gpus = []
     for i in range(count):

@@ -132,17 +132,12 @@ def _locked(simdir: str, vmid: int) -> Iterator[None]:
 # --- cgroup2 --------------------------------------------------------------------------------------
 
 def cgroup2_mount() -> str:
-    """The machine's cgroup2 mount point (from /proc/self/mountinfo)."""
+    """The machine's cgroup2 mount point (cgroups.mount), as a ContainerError when there is none."""
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as f:
-            for line in f:
-                left, _sep, right = line.partition(" - ")
-                if right.split(" ", 1)[0] == "cgroup2":
-                    return left.split()[4].replace("\\040", " ")
-    except OSError as e:
-        raise ContainerError(f"cannot read /proc/self/mountinfo: {e.strerror}") from e
-    raise ContainerError("cgroup2 is not mounted (no cgroup2 entry in /proc/self/mountinfo): "
-                         "containers need a cgroup2 hierarchy to place their processes in lxc/<vmid>/ns")
+        return cgroups.mount()
+    except cgroups.CgroupError as e:
+        raise ContainerError(f"{e}: containers need a cgroup2 hierarchy to place their processes in"
+                             " lxc/<vmid>/ns") from e
 
 
 def cgroup_dirs(vmid: Union[int, str]) -> Tuple[str, str, str]:

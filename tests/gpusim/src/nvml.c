@@ -142,14 +142,8 @@ typedef struct {
     unsigned long long usedGpuCcProtectedMemory;
 } nvmlProcessInfo_v3_t;
 
-/* nvmlDeviceGetRunningProcessDetailList (R535.104 and later). */
-typedef struct {
-    unsigned int pid;
-    unsigned long long usedGpuMemory;
-    unsigned int gpuInstanceId;
-    unsigned int computeInstanceId;
-    unsigned long long usedGpuCcProtectedMemory;
-} nvmlProcessDetail_v1_t;
+/* nvmlDeviceGetRunningProcessDetailList (R535.104 and later): the same five fields, the same layout. */
+typedef nvmlProcessInfo_v3_t nvmlProcessDetail_v1_t;
 
 typedef struct {
     unsigned int version;             /* nvmlProcessDetailList_v1 */
