@@ -14,9 +14,12 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCHES = ("scan", "snapshot", "release", "wait")
-# Generous limits, for a hang only: a full run takes about 2.5 minutes on 2 cores, a smoke run 10 s.
+BENCHES = ("scan", "snapshot", "release", "wait", "e2e")
+# Generous limits, for a hang only: a full run takes about 7.5 minutes on 2 cores (e2e: 5 of them),
+# a smoke run 35 s (e2e: 25 s).
 LIMIT_S = {"smoke": 180, "full": 900}
+# e2e: 12 method/variant pairs, each of which may run into bench_e2e's own --timeout (30 s smoke, 120 s full) once.
+LIMIT_S_OF = {"e2e": {"smoke": 300, "full": 1800}}
 
 
 def run_one(name, smoke, limit):
@@ -43,11 +46,11 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="quick run for CI: small sizes, 1-2 repetitions")
     ap.add_argument("--only", nargs="+", choices=BENCHES, help="run only these benchmarks")
     args = ap.parse_args(argv)
-    limit = LIMIT_S["smoke" if args.smoke else "full"]
+    mode = "smoke" if args.smoke else "full"
     t0 = time.monotonic()
     outcome = []
     for name in args.only or BENCHES:
-        rc, took = run_one(name, args.smoke, limit)
+        rc, took = run_one(name, args.smoke, LIMIT_S_OF.get(name, LIMIT_S)[mode])
         outcome.append((name, rc, took))
     total = time.monotonic() - t0
     print(f"\n=== benchmarks{' (smoke)' if args.smoke else ''}: {total:.1f} s")

@@ -48,6 +48,7 @@ class ActionModule(ActionBase):
         start = time.monotonic()
         deadline = controller_deadline(args)
         state = None
+        first_look = None
         host = task_vars.get("inventory_hostname", "") if task_vars else ""
         while True:
             margs = dict(args, progress_slice=SLICE_SECONDS)
@@ -55,6 +56,10 @@ class ActionModule(ActionBase):
                 # The controller's clock carries the elapsed time across slices (round trips included).
                 margs["progress_state"] = dict(state, offset=time.monotonic() - start)
             res = self._execute_module(module_name=module, module_args=margs, task_vars=task_vars)
+            if state is None and "gpus_before" in res:
+                first_look = res["gpus_before"]  # only the first slice took it
+            elif "gpus_before" not in res and first_look is not None:
+                res["gpus_before"] = first_look
             if not res.get("pending"):
                 for key in ("pending", "progress", "progress_state"):
                     res.pop(key, None)

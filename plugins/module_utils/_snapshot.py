@@ -75,6 +75,16 @@ def select_gpus(gpus: list, selectors) -> list:
     return [chosen[i] for i in sorted(chosen)]
 
 
+def check_count(gpus: list, expected, then: str = "") -> None:
+    """The one GPU-count check (gpu_release before any signal, gpu_wait_idle at its first look);
+    ``then`` is added to the message (what was not done)."""
+    if expected is not None and len(gpus) != expected:
+        raise _errors.GpuError(
+            f"expected {expected} GPUs, the driver shows {len(gpus)}: a GPU fell off the bus"
+            f" (check dmesg for Xid 79), or the play runs on the wrong host{then}",
+            expected_count=expected, gpu_count=len(gpus))
+
+
 def _names(proc: dict) -> set:
     names = {proc.get("name") or ""}
     argv0 = (proc.get("cmdline") or "").split(" ", 1)[0]

@@ -308,8 +308,14 @@ def device_pattern_warnings(params: dict) -> list:
             for pattern in params["device_files"] if device_pattern_problem(pattern)]
 
 
+def expected_count(params: dict) -> None:
+    if params.get("expected_count") is not None:
+        integer("expected_count", params["expected_count"], 0, MAX_GPUS)
+
+
 def release(params: dict) -> dict:
     """gpu_release's own options; returns the filters (containers, users, match, pids, exclude)."""
+    expected_count(params)
     for name in ("grace_period", "kill_timeout"):
         number(name, params[name])
     for pid in params.get("pids") or []:
@@ -331,8 +337,7 @@ def wait(params: dict) -> None:
     settle = number("settle", params["settle"])
     if settle > timeout:
         _fail("settle", f"settle ({settle:g} s) must not be above timeout ({timeout:g} s)")
-    if params.get("expected_count") is not None:
-        integer("expected_count", params["expected_count"], 0, MAX_GPUS)
+    expected_count(params)
     if params.get("progress_slice") is not None:
         number("progress_slice", params["progress_slice"], above_low=True)
     state = params.get("progress_state")

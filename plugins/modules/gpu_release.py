@@ -111,6 +111,11 @@ options:
         and the supervisor.
     type: bool
     default: true
+  expected_count:
+    description:
+      - The number of GPUs the host must show. Any other number fails before anything is signalled, naming both
+        (a GPU fell off the bus, or the play runs on the wrong host). From 0 to 1024.
+    type: int
   all:
     description:
       - With no filter (O(containers), O(users), O(match), O(pids)), the release proceeds only when every target
@@ -228,6 +233,20 @@ places:
   returned: when the release was refused for that reason
   type: dict
   sample: {"CT 129": [8812], "CT 130": [9120]}
+gpus_before:
+  description:
+    - The selected GPUs as the release found them, before any signal, in the shape of M(gpuops.gpu.gpu_facts)
+      C(gpu_devices) (the filter P(gpuops.gpu.gpu_table#filter) renders it).
+  returned: when the GPUs could be read
+  type: list
+  elements: dict
+gpus:
+  description:
+    - The selected GPUs after the release (its last look, after the respawn watch); in check mode the same as
+      RV(gpus_before). Null when that look failed. Memory that the driver frees after an exit may still show here.
+  returned: when the release ran
+  type: list
+  elements: dict
 elapsed:
   description: Seconds the release took.
   returned: always
@@ -306,6 +325,7 @@ def main() -> None:
         fail_on_survivors=dict(type="bool", default=True),
         stop_units=dict(type="bool", default=True),
         all=dict(type="bool", default=False),
+        expected_count=dict(type="int"),
     )
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     p = module.params
@@ -326,6 +346,7 @@ def main() -> None:
 
     try:
         snap = taker.take(gather_holders=p["include_device_holders"])
+        _snapshot.check_count(snap["gpus"], p["expected_count"], ". Nothing was signalled.")
         before = _snapshot.select_gpus(snap["gpus"], p["gpus"])
     except _errors.GpuError as exc:
         fail(module, exc)
@@ -343,7 +364,7 @@ def main() -> None:
                 + ". Nothing was signalled. Retry (a transient driver error), raise query_timeout, or name the"
                   " processes to stop with pids.",
             changed=False, released=[], survivors=[], respawned=[], protected=[], skipped_processes=[],
-            unreadable_gpus=[g["index"] for g in unreadable])
+            unreadable_gpus=[g["index"] for g in unreadable], gpus_before=before)
         return
 
     me = os.getpid()
@@ -367,7 +388,7 @@ def main() -> None:
         return
     skipped.extend(invisible)
 
-    result = dict(changed=bool(targets), released=[], survivors=[], respawned=[], stopped_units=[],
+    result = dict(changed=bool(targets), released=[], survivors=[], respawned=[], stopped_units=[], gpus_before=before,
                   protected=[report(x, reason=x["reason"]) for x in protected],
                   skipped_processes=[report(x, reason=x["reason"]) for x in skipped])
 
@@ -390,6 +411,7 @@ def main() -> None:
     result["changed"] = bool(targets or plan)
 
     if module.check_mode:
+        result["gpus"] = before
         result["stopped_units"] = [dict(e, rc=None, seconds=None) for e in plan]
         result["released"] = [report(t, signals=[], seconds=None) for t in targets]
         if module._diff:
@@ -510,6 +532,7 @@ def main() -> None:
             break
         time.sleep(RESPAWN_POLL_S)
     result["changed"] = sent_any
+    result["gpus"] = after
     if result["respawned"]:
         module.warn("new holders appeared after the release: " + "; ".join(r["advice"] for r in result["respawned"]))
     if after is not None and module._diff:

@@ -138,6 +138,13 @@ gpus:
   returned: always
   type: list
   elements: dict
+gpus_before:
+  description:
+    - The selected GPUs at the first look, in the same shape as RV(gpus) - with RV(gpus), the before and after
+      of the wait without another M(gpuops.gpu.gpu_facts) call (the filter P(gpuops.gpu.gpu_table#filter) renders both).
+  returned: when the first look succeeded
+  type: list
+  elements: dict
 samples:
   description:
     - Per GPU index, a time series of C([seconds, used MiB, holder count]), one point per change - enough to
@@ -149,6 +156,10 @@ blockers:
   description: On failure, per GPU index, what holds it (pid, name, container, visible, files).
   returned: failure
   type: dict
+ready:
+  description: V(true) - every selected GPU is idle (a failed wait has no RV(ready); check mode has RV(would_wait)).
+  returned: success
+  type: bool
 would_wait:
   description: In check mode, whether the GPUs are busy now (the module would have to wait).
   returned: check_mode
@@ -274,12 +285,8 @@ def main() -> None:
 
     def snapshot(full):
         snap = taker.take(gather_processes=True, gather_holders=full and p["include_device_holders"])
-        if p["expected_count"] is not None and not checked_count["done"]:
-            if len(snap["gpus"]) != p["expected_count"]:
-                raise _errors.GpuError(
-                    f"expected {p['expected_count']} GPUs, the driver shows {len(snap['gpus'])}: a GPU fell off the bus"
-                    " (check dmesg for Xid 79), or the play runs on the wrong host",
-                    expected_count=p["expected_count"], gpu_count=len(snap["gpus"]))
+        if not checked_count["done"]:
+            _snapshot.check_count(snap["gpus"], p["expected_count"])
             checked_count["done"] = True
         try:
             selected = _snapshot.select_gpus(snap["gpus"], p["gpus"])
@@ -303,12 +310,14 @@ def main() -> None:
             gpus = snapshot(True)
             _wait._check_lost(gpus)
             module.exit_json(changed=False, would_wait=not all(g["idle"] for g in gpus), elapsed=0.0, polls=1,
-                             idle_gpus=[g["index"] for g in gpus if g["idle"]], gpus=gpus, samples={},
+                             idle_gpus=[g["index"] for g in gpus if g["idle"]], gpus=gpus, gpus_before=gpus, samples={},
                              confirmation=None,
                              msg=_wait.diagnosis(gpus, p["max_memory_used_mib"]) or "all selected GPUs are idle")
         slice_end = time.monotonic() + p["progress_slice"] if p["progress_slice"] else None
         while True:
             done, gpus = _wait.step(state, now(), snapshot, alive, p["settle"], FULL_SCAN_EVERY)
+            if not carried and "gpus_before" not in result:
+                result["gpus_before"] = gpus  # what the wait started from (later slices: the action plugin keeps it)
             result.update(polls=state["polls"], samples=state["samples"], gpus=gpus,
                           idle_gpus=[g["index"] for g in gpus if g["idle"]])
             if done:
@@ -318,7 +327,7 @@ def main() -> None:
                 if disagreement:
                     module.fail_json(msg=f"NVML says the GPUs are idle but nvidia-smi disagrees: {disagreement}",
                                      blockers=_wait.blockers(gpus), **result)
-                module.exit_json(msg=f"{len(gpus)} GPU(s) idle after {result['elapsed']:.2f} s", **result)
+                module.exit_json(msg=f"{len(gpus)} GPU(s) idle after {result['elapsed']:.2f} s", ready=True, **result)
             elapsed = now()
             if elapsed >= p["timeout"]:
                 gpus = snapshot(True)  # the diagnosis names device-file holders too

@@ -1,42 +1,120 @@
-"""gpuops.gpu.gpu_report over the simulated host: the table, and the Markdown and JSON reports."""
+"""gpuops.gpu.gpu_report over the simulated host, on the README's inventory: a node ``pve`` with 8
+GPUs and a container host ``gpu-ct`` (a container of pve; the README's CT 129 gets a vmid of its own
+here, because the simulator's containers are cgroups of this machine, shared with tests running next to these). Each physical GPU is counted once, the rows
+name the container host that owns a holder, and the report goes to gpu_report_dir or, under AWX
+or with no directory, to the job's artifact (set_stats), run with ansible-runner as AWX does."""
 
 import json
 import os
-import subprocess
 import sys
 
-INVENTORY = """\
-all:
-  vars:
-    ansible_connection: local
-    ansible_python_interpreter: {python}
-    gpuops_device_files: ["{simdir}/dev/nvidia*"]
-  children:
-    proxmox_nodes:
-      hosts:
-        pve: {{}}
-    gpu_hosts:
-      hosts:
-        gpu-ct: {{proxmox_node: pve, proxmox_vmid: 129}}
-"""
+import ansible_runner
+import pytest
+
+VMID = 6129
+INVENTORY = {
+    "all": {
+        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
+        "children": {
+            "proxmox_nodes": {"hosts": {"pve": {}}},
+            "gpu_hosts": {"hosts": {"gpu-ct": {"proxmox_node": "pve", "proxmox_vmid": VMID}}},
+        },
+    }
+}
 
 
-def test_gpu_report_writes_markdown_and_json(gpusim, collection, tmp_path):
-    pid = gpusim.hold(gpus=[0, 1], mib=40960)
-    inventory = tmp_path / "inventory.yml"
-    inventory.write_text(INVENTORY.format(python=sys.executable, simdir=gpusim.dir))
-    out = tmp_path / "report"
-    env = dict(gpusim.env(), ANSIBLE_COLLECTIONS_PATH=collection, ANSIBLE_NOCOLOR="1")
+@pytest.fixture
+def workload(gpusim):
+    """A holder of GPUs 0 and 1 inside the container, in its sglang.service."""
+    gpusim.ct_create(VMID)
+    gpusim.ct_start(VMID)
+    return gpusim.hold(gpus=[0, 1], mib=40960, ct=VMID, service="sglang")
+
+
+def report(host, collection, tmp_path, extravars=None, limit=None, more_hosts=None):
+    """Run the playbook under ansible-runner: (run, stdout, artifacts, the project directory)."""
+    pdd = tmp_path / "runner"
+    for sub in ("project", "inventory", "env"):
+        (pdd / sub).mkdir(parents=True)
+    (pdd / "project" / "site.yml").write_text("---\n- name: The fleet report\n  ansible.builtin.import_playbook: gpuops.gpu.gpu_report\n")
+    inventory = json.loads(json.dumps(INVENTORY))
+    inventory["all"]["vars"]["gpuops_device_files"] = [host.dir + "/dev/nvidia*"]
+    inventory["all"]["children"]["gpu_hosts"]["hosts"].update(more_hosts or {})
+    (pdd / "inventory" / "hosts.json").write_text(json.dumps(inventory))
+    env = {k: v for k, v in host.env().items() if k in ("PATH", "LD_LIBRARY_PATH", "GPUSIM_DIR")}
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
-    proc = subprocess.run(["ansible-playbook", "gpuops.gpu.gpu_report", "-i", str(inventory), "-e", f"gpu_report_dir={out}"],
-                          env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    rows = json.loads((out / "gpu_report.json").read_text())["rows"]
-    assert len(rows) == 16  # two hosts that see the same 8 GPUs
-    busy = [r for r in rows if r["host"] == "pve" and r["index"] in (0, 1)]
-    assert all(r["used_mib"] == 40960 and not r["idle"] and pid in r["holders"] for r in busy)
-    assert all(r["idle"] for r in rows if r["index"] > 1)
+    env.update(ANSIBLE_COLLECTIONS_PATH=collection, ANSIBLE_NOCOLOR="1")
+    (pdd / "env" / "envvars").write_text(json.dumps(env))
+    run = ansible_runner.run(private_data_dir=str(pdd), playbook="site.yml", quiet=True, extravars=extravars or {},
+                             limit=limit)
+    stdout = "".join(e.get("stdout", "") + "\n" for e in run.events)
+    assert run.status == "successful", stdout[-4000:]
+    stats = [e for e in run.events if e.get("event") == "playbook_on_stats"]
+    return run, stdout, stats[-1]["event_data"].get("artifact_data") or {}, pdd / "project"
+
+
+def written(tmp_path):
+    return sorted(str(p) for p in tmp_path.rglob("gpu_report*") if p.is_file()) + sorted(
+        str(p) for p in tmp_path.rglob("gpu-report"))
+
+
+def test_each_gpu_counted_once_and_holders_name_the_container_host(gpusim, workload, collection, tmp_path):
+    out = tmp_path / "report"
+    _run, stdout, artifacts, _project = report(gpusim, collection, tmp_path, {"gpu_report_dir": str(out)})
+    data = json.loads((out / "gpu_report.json").read_text())
+    rows = data["rows"]
+    assert len(rows) == 8 and data["gpus"] == 8 and data["busy"] == 2  # the node's 8 GPUs, not 16
+    assert {(r["host"], r["seen_from"]) for r in rows} == {("pve", "pve")}
+    busy = [r for r in rows if not r["idle"]]
+    assert [r["index"] for r in busy] == [0, 1]
+    for r in busy:
+        assert r["used_mib"] == 40960 and workload in r["holders"] and r["container_hosts"] == ["gpu-ct"]
+        assert f"pid {workload} " in r["holders_text"] and f"(CT {VMID} gpu-ct, sglang.service, 40960 MiB)" in r["holders_text"]
+    assert all(r["idle"] and r["holders"] == [] and r["health"] == "ok" for r in rows if r["index"] > 1)
     md = (out / "gpu_report.md").read_text()
-    assert "| host | GPU | name | used MiB |" in md
-    assert f"| pve | 0 | NVIDIA H200 | 40960 | 143771 | no | ok | {pid} python" in md
-    assert "pve                  GPU 0  NVIDIA H200" in proc.stdout
+    assert md.startswith("# GPU report\n") and "| host | GPU | name | used MiB | total MiB | idle | health | holders |" in md
+    assert f"| pve | 0 | NVIDIA H200 | 40960 | 143771 | no | ok | pid {workload} " in md
+    assert md.count("| pve |") == 8
+    # one table, printed by one task: a header line and a line per GPU
+    assert "host  GPU  name" in stdout and stdout.count("NVIDIA H200") >= 8
+    assert f"CT {VMID} gpu-ct, sglang.service" in stdout
+    # not under AWX and written to a directory: no artifact
+    assert "gpu_report" not in artifacts
+
+
+def test_limit_to_the_container_host_gathers_on_its_node(gpusim, workload, collection, tmp_path):
+    out = tmp_path / "report"
+    report(gpusim, collection, tmp_path, {"gpu_report_dir": str(out)}, limit="gpu-ct")
+    rows = json.loads((out / "gpu_report.json").read_text())["rows"]
+    assert len(rows) == 8
+    assert {(r["host"], r["seen_from"]) for r in rows} == {("gpu-ct", "pve")}
+    assert [r["index"] for r in rows if not r["idle"]] == [0, 1]
+    assert all(f"CT {VMID} gpu-ct" in r["holders_text"] for r in rows if not r["idle"])
+
+
+@pytest.mark.parametrize("limit", [None, "gpu-ct,gpu-ct2"])
+def test_two_containers_of_one_node_count_its_gpus_once(gpusim, collection, tmp_path, limit):
+    out = tmp_path / "report"
+    report(gpusim, collection, tmp_path, {"gpu_report_dir": str(out)}, limit=limit,
+           more_hosts={"gpu-ct2": {"proxmox_node": "pve", "proxmox_vmid": VMID + 1}})
+    rows = json.loads((out / "gpu_report.json").read_text())["rows"]
+    assert len(rows) == 8
+    assert {(r["host"], r["seen_from"]) for r in rows} == {("gpu-ct", "pve") if limit else ("pve", "pve")}
+
+
+def test_without_a_directory_nothing_is_written_and_the_report_is_the_artifact(gpusim, workload, collection, tmp_path):
+    _run, _stdout, artifacts, project = report(gpusim, collection, tmp_path)
+    assert written(tmp_path) == [] and not (project / "gpu-report").exists()
+    rep = artifacts["gpu_report"]
+    assert rep["gpus"] == 8 and rep["busy"] == 2 and len(rep["rows"]) == 8
+    assert [r["index"] for r in rep["rows"] if not r["idle"]] == [0, 1]
+    assert all(r["host"] == "pve" for r in rep["rows"])
+
+
+def test_under_awx_the_report_is_written_and_published(gpusim, collection, tmp_path):
+    out = tmp_path / "report"
+    _run, _stdout, artifacts, _project = report(gpusim, collection, tmp_path, {"gpu_report_dir": str(out), "awx_job_id": 42})
+    assert (out / "gpu_report.md").is_file() and (out / "gpu_report.json").is_file()
+    rep = artifacts["gpu_report"]
+    assert rep["gpus"] == 8 and rep["busy"] == 0 and all(r["idle"] for r in rep["rows"])
+    assert rep == json.loads((out / "gpu_report.json").read_text())

@@ -1,0 +1,334 @@
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: gpu_table
+short_description: The GPUs of one snapshot (or a before and an after) as short lines to print
+version_added: 0.1.0
+description:
+  - Renders GPU facts (C(ansible_facts.gpu_devices), or the C(gpus) of a M(gpuops.gpu.gpu_wait_idle) result) as a
+    list of lines that one M(ansible.builtin.debug) task prints - a header, then one line per GPU with its index,
+    name, used and total memory and what holds it (see the sample below).
+  - What holds a GPU is what the holding model put in its C(blockers) - the driver's processes first, then the
+    device-file holders that count. Each is named by its pid and name, then, in parentheses and when known, its
+    container, its systemd unit, C(device file) for a device-file holder, and the memory it uses; a pid that does
+    not exist from where the facts were gathered is said to be not visible from here. After three holders the line
+    says C(+N more).
+  - A GPU with no holder says V(idle), or why it is busy - its C(busy_reasons), each cut to about 70 characters
+    (the facts and the C(gpu_blockers) filter keep them whole).
+  - With O(before), each line shows the memory as before C(->) after, and the holders before C(->) after, the GPUs
+    matched by UUID (by index when a UUID is missing).
+  - Missing fields show as C(?).
+  - The same file holds the filters C(gpu_blockers) (the busy GPUs, one line each, for a failure message),
+    C(gpu_report_rows), C(gpu_report_table) and C(gpu_report_markdown) (the fleet report of the playbook
+    C(gpuops.gpu.gpu_report)).
+author:
+  - gpuops developers (@gpuops)
+options:
+  _input:
+    description: The GPUs now (after), a list of GPU dicts as the modules return them.
+    type: list
+    elements: dict
+    required: true
+  before:
+    description: The GPUs of an earlier snapshot, to show what changed.
+    type: list
+    elements: dict
+  host:
+    description: The host the GPUs belong to, for the header.
+    type: str
+    default: ''
+  seen_from:
+    description: The host the facts were gathered on (the Proxmox VE node of a container); shown when it is not O(host).
+    type: str
+    default: ''
+  title:
+    description: What the table is, for the header, such as V(before) or V(after).
+    type: str
+    default: ''
+  driver:
+    description: The driver - C(ansible_facts.gpu_driver) (its C(driver_version) and C(backend)), or a version string.
+    type: raw
+  gpu_count:
+    description: How many GPUs the driver shows (C(ansible_facts.gpu_count)); the header says how many of them are shown when it differs.
+    type: int
+"""
+
+EXAMPLES = r"""
+---
+- name: Show the GPUs
+  ansible.builtin.debug:
+    msg: >-
+      {{ ansible_facts.gpu_devices | gpuops.gpu.gpu_table(host=inventory_hostname, title='now',
+         driver=ansible_facts.gpu_driver, gpu_count=ansible_facts.gpu_count) }}
+
+- name: Show what a release changed
+  ansible.builtin.debug:
+    msg: "{{ waited.gpus | gpuops.gpu.gpu_table(before=facts_before.ansible_facts.gpu_devices, host=inventory_hostname, title='after') }}"
+
+- name: Fail with the busy GPUs, one line each
+  ansible.builtin.fail:
+    msg: "{{ waited.gpus | gpuops.gpu.gpu_blockers | join('; ') }}"
+  when: waited.gpus | rejectattr('idle') | list | length > 0
+"""
+
+RETURN = r"""
+_value:
+  description: The lines, a header first, then one line per GPU.
+  type: list
+  elements: str
+  sample:
+    - "after - gpu-ct: 8 GPU(s), driver 550.163.01 (nvml), seen from pve"
+    - "GPU 0  NVIDIA H200  130048 -> 0 / 143771 MiB  pid 8812 python3 (CT 129, sglang.service, 130048 MiB) -> idle"
+    - "GPU 1  NVIDIA H200    1200 -> 0 / 143771 MiB  pid 8813 (not visible from here) -> idle"
+    - "GPU 2  NVIDIA H200       0 -> 0 / 143771 MiB  idle -> idle"
+"""
+
+from ansible_collections.gpuops.gpu.plugins.module_utils import _wait
+
+MAX_HOLDERS = 3
+MAX_REASON = 72  # a table cuts a busy reason here; busy_reasons and gpu_blockers keep it whole
+UNKNOWN = "?"
+
+
+# --- one rule: what holds a GPU, and how a holder is named ------------------------------------------
+
+def _gpus(value) -> list:
+    return [g for g in (value or []) if isinstance(g, dict)]
+
+
+def _text(value) -> str:
+    return UNKNOWN if value is None or value == "" else str(value)
+
+
+def _memory(gpu: dict):
+    memory = gpu.get("memory") if isinstance(gpu.get("memory"), dict) else {}
+    return memory.get("used"), memory.get("total")
+
+
+def holders(gpu: dict) -> list:
+    """What keeps a GPU busy, by the holding model: the snapshot's ``blockers`` (_wait.holders_of)."""
+    entries = {key: [p for p in (gpu.get(key) or []) if isinstance(p, dict) and p.get("pid") is not None]
+               for key in ("processes", "holders")}
+    return _wait.holders_of(dict(gpu, **entries))
+
+
+def _container(ct, containers=None) -> str:
+    """'CT 129' (or 'CT 129 gpu-ct' when ``containers`` names its inventory host); '' when not in one."""
+    if not isinstance(ct, dict) or ct.get("id") is None:
+        return ""
+    kind = ct.get("kind") or "lxc"
+    text = f"CT {ct['id']}" if kind == "lxc" else f"{kind} {ct['id']}"
+    owner = (containers or {}).get(str(ct["id"])) if kind == "lxc" else None
+    return f"{text} {owner}" if owner else text
+
+
+def describe(proc: dict, mib=True, containers=None) -> str:
+    """'pid 8812 python3 (CT 129, sglang.service, 130048 MiB)' - how the tables name a holder."""
+    pid = _text(proc.get("pid"))
+    if proc.get("visible") is False:
+        return f"pid {pid} (not visible from here)"
+    extras = [e for e in (_container(proc.get("container"), containers), proc.get("unit") or "") if e]
+    if proc.get("evidence") == "device":
+        extras.append("device file")
+    if mib and proc.get("used_mib") is not None:
+        extras.append(f"{proc['used_mib']} MiB")
+    return f"pid {pid} {proc.get('name') or UNKNOWN}" + (f" ({', '.join(extras)})" if extras else "")
+
+
+def _cut(items: list, limit=MAX_HOLDERS) -> list:
+    return items if len(items) <= limit else items[:limit] + [f"+{len(items) - limit} more"]
+
+
+def _reasons(gpu: dict) -> list:
+    return [str(r) for r in gpu.get("busy_reasons") or [] if r]
+
+
+def _short(reason: str, limit=MAX_REASON) -> str:
+    """A reason cut at a word before ``limit`` characters, for a table line."""
+    if len(reason) <= limit:
+        return reason
+    cut = reason[:limit - 3].rsplit(" ", 1)[0].rstrip(",;:(")
+    return cut + "..."
+
+
+def state_text(gpu: dict, containers=None) -> str:
+    """What holds one GPU (at most three holders), else 'idle', else why it is busy; '?' when unknown."""
+    found = holders(gpu)
+    if found:
+        status = (gpu.get("health") or {}).get("status") if isinstance(gpu.get("health"), dict) else None
+        prefix = f"health {status}: " if status not in (None, "ok") else ""
+        return prefix + ", ".join(_cut([describe(h, containers=containers) for h in found]))
+    if gpu.get("idle") is True:
+        return "idle"
+    reasons = _reasons(gpu)
+    if reasons:
+        return "; ".join(_cut([_short(r) for r in reasons]))
+    return "busy" if gpu.get("idle") is False else UNKNOWN
+
+
+# --- gpu_table -----------------------------------------------------------------------------------
+
+def _key(gpu: dict):
+    return ("uuid", gpu["uuid"]) if gpu.get("uuid") else ("index", gpu.get("index"))
+
+
+def _pairs(after: list, before):
+    """[(before gpu or None, after gpu or None)] in after's order, then the GPUs only ``before`` had."""
+    if before is None:
+        return [(None, g) for g in after]
+    earlier = _gpus(before)
+    by_uuid = {g["uuid"]: g for g in earlier if g.get("uuid")}
+    by_index = {g.get("index"): g for g in earlier}
+    pairs, used = [], set()
+    for g in after:
+        match = by_uuid.get(g.get("uuid")) if g.get("uuid") else None
+        if match is None and not (g.get("uuid") and by_uuid):
+            match = by_index.get(g.get("index"))
+        if match is not None and id(match) in used:
+            match = None
+        if match is not None:
+            used.add(id(match))
+        pairs.append((match, g))
+    pairs.extend((g, None) for g in earlier if id(g) not in used)
+    return pairs
+
+
+def _header(count: int, host, seen_from, title, driver, gpu_count) -> str:
+    lead = " - ".join(str(p) for p in (title, host) if p)
+    gpus = f"{count} of {gpu_count} GPU(s)" if gpu_count is not None and gpu_count != count else f"{count} GPU(s)"
+    parts = [f"{lead}: {gpus}" if lead else gpus]
+    if isinstance(driver, dict):
+        if driver.get("driver_version"):
+            parts.append(f"driver {driver['driver_version']}" + (f" ({driver['backend']})" if driver.get("backend") else ""))
+    elif driver:
+        parts.append(f"driver {driver}")
+    if seen_from and seen_from != host:
+        parts.append(f"seen from {seen_from}")
+    return ", ".join(parts)
+
+
+def gpu_table(after, before=None, host="", seen_from="", title="", driver=None, gpu_count=None) -> list:
+    """A header and one line per GPU (see DOCUMENTATION)."""
+    pairs = _pairs(_gpus(after), before)
+    shown = [g for pair in pairs for g in pair if g is not None]
+    width = max([len(_text(g.get("name"))) for g in shown] or [1])
+    cells = []
+    for old, new in pairs:
+        now = new if new is not None else old
+        used_new = _text(_memory(new)[0]) if new is not None else UNKNOWN
+        total = _memory(new)[1] if new is not None else None
+        if total is None and old is not None:
+            total = _memory(old)[1]
+        same = (old is not None and new is not None and _memory(old)[0] == _memory(new)[0]
+                and state_text(old) == state_text(new))
+        if before is None or same:
+            # Nothing changed on this GPU (or there is no before): its state once, not "x -> x".
+            memory = [used_new]
+            what = state_text(new)
+        else:
+            memory = [_text(_memory(old)[0]) if old is not None else UNKNOWN, used_new]
+            what = (state_text(old) if old is not None else UNKNOWN) + " -> " + (state_text(new) if new is not None else "not seen")
+        cells.append((_text(now.get("index")), _text(now.get("name")), memory, _text(total), what))
+    pairs_of_memory = [c[2] for c in cells if len(c[2]) == 2]
+    widths = [max([len(m[i]) for m in pairs_of_memory] or [1]) for i in range(2)]
+    span = max([widths[0] + 4 + widths[1] if pairs_of_memory else 0] + [len(c[2][0]) for c in cells if len(c[2]) == 1])
+    total_width = max([len(c[3]) for c in cells] or [1])
+    lines = [_header(len(_gpus(after)), host, seen_from, title, driver, gpu_count)]
+    for index, name, memory, total, what in cells:
+        used = " -> ".join(m.rjust(w) for m, w in zip(memory, widths)) if len(memory) == 2 else memory[0].rjust(span)
+        lines.append(f"GPU {index:<2} {name:<{width}}  {used} / {total:>{total_width}} MiB  {what}")
+    return lines
+
+
+# --- gpu_blockers --------------------------------------------------------------------------------
+
+def gpu_blockers(gpus) -> list:
+    """'GPU 3: pid 8812 python3 (CT 129, sglang.service) 130048 MiB', one string per busy GPU."""
+    out = []
+    for gpu in _gpus(gpus):
+        if gpu.get("idle") is True:
+            continue
+        found = holders(gpu)
+        if found:
+            what = ", ".join(describe(h, mib=False) + (f" {h['used_mib']} MiB" if h.get("used_mib") is not None else "")
+                             for h in found)
+        else:
+            what = "; ".join(_reasons(gpu)) or "busy"
+        out.append(f"GPU {_text(gpu.get('index'))}: {what}")
+    return out
+
+
+# --- the fleet report ----------------------------------------------------------------------------
+
+def gpu_report_rows(gpus, host, seen_from=None, containers=None) -> list:
+    """One row per GPU for the fleet report; ``containers``: {vmid: inventory hostname} of the node's containers."""
+    owners = {str(k): str(v) for k, v in (containers or {}).items() if v}
+    rows = []
+    for gpu in _gpus(gpus):
+        used, total = _memory(gpu)
+        found = holders(gpu)
+        health = gpu.get("health") if isinstance(gpu.get("health"), dict) else {}
+        hosts = sorted({owners[str(h["container"]["id"])] for h in found if isinstance(h.get("container"), dict)
+                        and (h["container"].get("kind") or "lxc") == "lxc" and str(h["container"].get("id")) in owners})
+        rows.append({
+            "host": host, "seen_from": seen_from or host, "index": gpu.get("index"), "name": gpu.get("name"),
+            "uuid": gpu.get("uuid"), "used_mib": used, "total_mib": total, "idle": gpu.get("idle"),
+            "health": health.get("status"), "holders": [h["pid"] for h in found],
+            "holders_text": ", ".join(describe(h, containers=owners) for h in found),
+            "container_hosts": hosts, "busy_reasons": _reasons(gpu),
+        })
+    return rows
+
+
+def _idle_word(idle, yes="idle", no="busy") -> str:
+    return yes if idle is True else no if idle is False else UNKNOWN
+
+
+def _what(row: dict, short=True) -> str:
+    """The holders of a row, else why it is busy, else '-'."""
+    if row.get("holders_text"):
+        return row["holders_text"]
+    if row.get("idle") is not True and row.get("busy_reasons"):
+        reasons = [str(r) for r in row["busy_reasons"]]
+        return "; ".join(_cut([_short(r) for r in reasons]) if short else reasons)
+    return "-"
+
+
+def gpu_report_table(rows) -> list:
+    """A header line and one aligned line per row: host, GPU, name, used / total MiB, idle or busy, holders."""
+    rows = [r for r in rows or [] if isinstance(r, dict)]
+    used = [_text(r.get("used_mib")) for r in rows]
+    total = [_text(r.get("total_mib")) for r in rows]
+    wu, wt = max([len(u) for u in used] or [0]), max([len(t) for t in total] or [0])
+    cells = [("host", "GPU", "name", "used / total MiB", "state", "holders")]
+    for r, u, t in zip(rows, used, total):
+        cells.append((_text(r.get("host")), _text(r.get("index")), _text(r.get("name")), f"{u:>{wu}} / {t:<{wt}}",
+                      _idle_word(r.get("idle")), _what(r)))
+    widths = [max(len(c[i]) for c in cells) for i in range(5)]
+    return [("  ".join(c[i].ljust(widths[i]) for i in range(5)) + "  " + c[5]).rstrip() for c in cells]
+
+
+def _md(value) -> str:
+    return _text(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def gpu_report_markdown(rows) -> str:
+    """The report as Markdown: a title and one table row per GPU."""
+    lines = ["# GPU report", "", "| host | GPU | name | used MiB | total MiB | idle | health | holders |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in [r for r in rows or [] if isinstance(r, dict)]:
+        cells = [r.get("host"), r.get("index"), r.get("name"), r.get("used_mib"), r.get("total_mib"),
+                 _idle_word(r.get("idle"), "yes", "no"), r.get("health"), _what(r, short=False)]
+        lines.append("| " + " | ".join(_md(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+class FilterModule:
+    """gpuops.gpu table filters."""
+
+    def filters(self):
+        return {"gpu_table": gpu_table}

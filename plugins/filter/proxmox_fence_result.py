@@ -1,0 +1,134 @@
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: proxmox_fence_result
+short_description: The outcome of a fence, as the proxmox_fence role records it
+version_added: 0.1.0
+description:
+  - Turns the registered results of M(gpuops.gpu.proxmox_gpu_containers) and M(gpuops.gpu.gpu_release) (run with
+    C(failed_when=false), or skipped) into one dict - the containers fenced and skipped, the GPUs passed through to
+    them, the services and units stopped, the processes released, the containers shut down, whether anything
+    changed, the error of a failure, a one-line summary and what the role publishes with C(set_stats).
+  - The role C(gpuops.gpu.proxmox_fence) sets its fact C(proxmox_fence_result) with it; its logic lives here, unit-tested.
+author:
+  - gpuops developers (@gpuops)
+options:
+  _input:
+    description: The registered result of M(gpuops.gpu.proxmox_gpu_containers).
+    type: dict
+    required: true
+  release:
+    description: The registered result of M(gpuops.gpu.gpu_release), when it ran.
+    type: dict
+  method:
+    description: The fence method - V(processes) or V(shutdown).
+    type: str
+    default: processes
+  check_mode:
+    description: Whether the play runs in check mode (the modules' own word wins when they give it).
+    type: bool
+    default: false
+"""
+
+EXAMPLES = r"""
+---
+- name: Record what the fence did
+  ansible.builtin.set_fact:
+    proxmox_fence_result: "{{ containers | gpuops.gpu.proxmox_fence_result(release=release, method='processes') }}"
+"""
+
+RETURN = r"""
+_value:
+  description:
+    - C(method), C(containers) (the running vmids fenced), C(skipped) (C({vmid, reason})), C(gpus) (per vmid, the
+      GPU indexes passed through, null for every GPU), C(container_gpus) (their union, null for every GPU),
+      C(services_stopped) (C({vmid, unit})), C(released), C(respawned) and C(stopped_units) (from
+      M(gpuops.gpu.gpu_release)), C(shut_down) (vmids), C(gpus_before) (the GPUs before the release), C(changed),
+      C(check_mode), C(error) (null, or what failed), C(summary) (one line) and C(stats) (for C(set_stats)).
+  type: dict
+"""
+
+
+def _ran(result) -> bool:
+    return isinstance(result, dict) and bool(result) and not result.get("skipped")
+
+
+# The role variable behind a module option that a message starts with ("containers: ...").
+ROLE_VARIABLES = {"containers": "proxmox_fence_containers", "services": "proxmox_fence_services",
+                  "shutdown_timeout": "proxmox_fence_shutdown_timeout", "pct": "proxmox_fence_pct",
+                  "signal": "proxmox_fence_signal", "grace_period": "proxmox_fence_grace_period",
+                  "kill_timeout": "proxmox_fence_kill_timeout", "device_files": "proxmox_fence_device_files"}
+
+
+def _error(result, what):
+    """The msg of a module result registered with failed_when=false (neither module has one on success),
+    naming the role variable when the message is about a module option."""
+    if not (_ran(result) and "msg" in result):
+        return None
+    msg = str(result["msg"])
+    option, sep, rest = msg.partition(": ")
+    if sep and option in ROLE_VARIABLES:
+        return f"{ROLE_VARIABLES[option]}: {rest}"
+    return f"{what}: {msg}"
+
+
+def proxmox_fence_result(containers, release=None, method="processes", check_mode=False):
+    containers = containers if isinstance(containers, dict) else {}
+    release = release if isinstance(release, dict) else {}
+    running = list(containers.get("running") or [])
+    per_ct = {c["vmid"]: c.get("gpus") for c in containers.get("containers") or [] if c.get("vmid") in running}
+    if any(g is None for g in per_ct.values()):
+        union = None
+    else:
+        union = sorted({i for g in per_ct.values() for i in g})
+    services = [{"vmid": s.get("vmid"), "unit": s.get("unit")} for s in containers.get("services_stopped") or []]
+    released = list(release.get("released") or [])
+    respawned = list(release.get("respawned") or [])
+    units = list(release.get("stopped_units") or [])
+    shut_down = list(containers.get("shut_down") or [])
+    in_check = bool(containers.get("check_mode", check_mode))
+    error = _error(containers, "proxmox_gpu_containers") or _error(release, "gpu_release")
+    changed = bool(containers.get("changed")) or bool(release.get("changed"))
+
+    parts = []
+    if running:
+        parts.append("fenced CT " + ", CT ".join(str(v) for v in running) + f" ({method})")
+    elif not error:
+        parts.append("no running container to fence")
+    for s in services:
+        parts.append(f"stopped {s['unit']} in CT {s['vmid']}")
+    for u in units:
+        parts.append(f"stopped {u.get('unit')} in CT {u.get('container')}" if u.get("container") is not None
+                     else f"stopped {u.get('unit')}")
+    if error and not (running or released or shut_down):
+        pass  # it failed before anything ran: the error says it all
+    elif method == "processes":
+        pids = [r.get("pid") for r in released]
+        parts.append(f"released {len(pids)} process(es)" + (f" (pid {', '.join(map(str, pids))})" if pids else ""))
+    else:
+        parts.append(f"shut down {len(shut_down)} container(s)")
+    for s in containers.get("skipped_containers") or []:
+        parts.append(f"skipped CT {s.get('vmid')} ({s.get('reason')})")
+    if respawned:
+        parts.append("RESPAWNED pid " + ", ".join(str(r.get("pid")) for r in respawned)
+                     + " - a supervisor restarts the work: its unit was not stopped (see respawned[].advice)")
+    if error:
+        parts.append("failed (the error follows)")  # said once, by the role's last task
+    summary = ("Check mode, nothing was stopped - would have: " if in_check else "") + "; ".join(parts) \
+        + f"; changed={changed}"
+    stats = {"containers": running, "services_stopped": services, "released": [r.get("pid") for r in released],
+             "stopped_units": [{"unit": u.get("unit"), "container": u.get("container")} for u in units],
+             "shut_down": shut_down, "changed": changed, "check_mode": in_check, "error": error}
+    return dict(method=method, containers=running, skipped=list(containers.get("skipped_containers") or []), gpus=per_ct,
+                container_gpus=union, services_stopped=services, released=released, respawned=respawned,
+                stopped_units=units, shut_down=shut_down, gpus_before=release.get("gpus_before"), changed=changed,
+                check_mode=in_check, error=error, summary=summary, stats=stats)
+
+
+class FilterModule:
+    def filters(self):
+        return {"proxmox_fence_result": proxmox_fence_result}

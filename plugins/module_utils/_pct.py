@@ -1,0 +1,214 @@
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Note that this module util is **PRIVATE** to the collection. It can have breaking changes at any time.
+# Do not use this from other collections or standalone plugins/modules!
+
+"""What Proxmox VE's ``pct`` prints, parsed; the container ids and unit names it is given, validated.
+
+Pure: no AnsibleModule, no subprocess (proxmox_gpu_containers runs the commands). The formats are
+pve-container's (``src/PVE/CLI/pct.pm``; see the notes, section C): ``pct list`` is
+``"%-10s %-10s %-12s %-20s"`` of VMID, Status, Lock, Name with a blank Lock when there is none,
+and nothing at all (not even the header) when the node has no container; ``pct config`` prints
+``key: value`` for the sorted keys, then the raw ``lxc.*`` entries in file order.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ansible_collections.gpuops.gpu.plugins.module_utils import _holding, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils._errors import InvalidOption
+
+# systemctl is-active states in which the unit runs, or is about to (it is then stopped).
+ACTIVE_STATES = ("active", "activating", "deactivating", "reloading", "refreshing")
+# The character major of /dev/nvidiaN, nvidiactl (minor 255) and nvidia-modeset (254) (Linux devices.txt).
+NVIDIA_MAJOR = 195
+CONTROL_MINORS = (254, 255)
+# systemd.unit(5) allows up to 255 characters; the first one is never "-" (systemctl would take it
+# for an option).
+_UNIT = re.compile(r"[A-Za-z0-9:_.@\\][-A-Za-z0-9:_.@\\]*", re.ASCII)
+MAX_UNIT_CHARS = 255
+_DEV_KEY = re.compile(r"dev\d+")
+_CGROUP_KEYS = ("lxc.cgroup2.devices.allow", "lxc.cgroup.devices.allow")
+_ALLOW = re.compile(r"c\s+(\d+|\*):(\d+|\*)(?:\s+\S+)?", re.ASCII)
+
+
+def _split(values) -> list:
+    """A list (or one value) whose strings may hold comma-separated items: the items, stripped."""
+    if values is None:
+        return []
+    if not isinstance(values, (list, tuple)):
+        values = [values]
+    out = []
+    for value in values:
+        if isinstance(value, str) and "," in value:
+            out.extend(part.strip() for part in value.split(","))
+        else:
+            out.append(value)
+    return out
+
+
+def _unique(values) -> list:
+    seen = set()
+    return [v for v in values if not (v in seen or seen.add(v))]
+
+
+def validate_vmids(values) -> list:
+    """Container ids from ints, ASCII digit strings or a comma-separated string ("129,130"):
+    unique, in the order given; InvalidOption (a ValueError) naming ``containers`` and the bad value.
+    The bounds are _validate.vmids' (100 to 999999999, PVE's own)."""
+    return _unique(_validate.vmids(_split(values)))
+
+
+def validate_units(values) -> list:
+    """systemd unit names (``sglang``, ``sglang.service``, ``vllm@0.service``), also as a comma-separated
+    string: unique, in the order given; InvalidOption naming ``services`` and the bad name."""
+    out = []
+    for value in _split(values):
+        text = value.strip() if isinstance(value, str) else value
+        if not isinstance(text, str) or len(text) > MAX_UNIT_CHARS or not _UNIT.fullmatch(text):
+            raise InvalidOption(
+                f"services: {value!r} is not a systemd unit name (ASCII letters, digits and : _ . @ \\ -, not starting"
+                f" with -, at most {MAX_UNIT_CHARS} characters)", option="services", unit=str(value))
+        out.append(text)
+    return _unique(out)
+
+
+def parse_list(stdout: str) -> dict:
+    """``pct list`` -> {vmid: {"status": "running", "lock": "", "name": "gpu-ct"}}.
+
+    Rows are split on blanks; a row of three words has either a lock or a name, told apart by the
+    header's columns (a word that starts at or after the Name column is the name). Empty output is
+    a node with no container. A row that is not ``<vmid> <status> ...`` raises ValueError.
+    """
+    out = {}
+    name_col = None
+    for line in (stdout or "").splitlines():
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "VMID":
+            name_col = line.find("Name")
+            continue
+        if not _validate.is_ascii_digits(words[0]) or len(words) < 2 or len(words) > 4:
+            raise ValueError(f"pct list: cannot read the line {line.strip()!r} (expected VMID Status [Lock] [Name])")
+        lock, name = "", ""
+        if len(words) == 4:
+            lock, name = words[2], words[3]
+        elif len(words) == 3:
+            starts_at = line.find(words[2], line.find(words[1]) + len(words[1]))
+            if name_col is not None and 0 <= name_col and starts_at < name_col:
+                lock = words[2]
+            else:
+                name = words[2]
+        out[int(words[0])] = {"status": words[1], "lock": lock, "name": name}
+    return out
+
+
+def _device_path(value: str) -> str:
+    """The path of a ``devN`` value: ``/dev/nvidia0`` or ``path=/dev/nvidia0,mode=0666`` (any order)."""
+    for part in value.split(","):
+        key, eq, val = part.strip().partition("=")
+        if not eq:
+            return key
+        if key == "path":
+            return val.strip()
+    return ""
+
+
+def _is_nvidia_path(path: str) -> bool:
+    base = path.rstrip("/").rsplit("/", 1)[-1]
+    return path.startswith("/dev/") and (base.startswith("nvidia") or "/nvidia-caps/" in path)
+
+
+def parse_config(stdout: str) -> dict:
+    """``pct config <vmid>`` (or the config file) -> which NVIDIA devices the container gets.
+
+    Returns {"hostname", "passthrough", "minors", "devices", "lines"}:
+
+    - ``devN: /dev/nvidiaK`` and ``devN: path=/dev/nvidiaK,mode=...`` (PVE 8.1+ device
+      passthrough: the node and its cgroup permission) give GPU minor K;
+    - ``lxc.mount.entry: /dev/nvidiaK dev/nvidiaK none bind,optional,create=file`` (the source
+      path counts) gives minor K;
+    - ``lxc.cgroup2.devices.allow: c 195:K rwm`` (cgroup v1: ``lxc.cgroup.devices.allow``) gives
+      minor K; ``c 195:* rwm`` allows every minor: the minors are then those of the ``devN`` and
+      mount lines if there are any, else None - every GPU of the node, which cannot be narrowed;
+    - the control nodes (``nvidiactl``, ``nvidia-uvm``, ``nvidia-uvm-tools``, ``nvidia-modeset``,
+      ``nvidia-caps/*``, minors 254 and 255 of major 195) are passthrough, but no GPU;
+    - a cgroup line of another major (nvidia-uvm's is dynamic, 509 or so) cannot be told from any
+      other device's: it is neither passthrough nor listed in ``lines``;
+    - no NVIDIA line at all: passthrough False, minors [];
+    - lines after a ``[name]`` header belong to a snapshot and are ignored, and so are comments.
+
+    ``minors`` is sorted and unique; ``devices`` the NVIDIA paths of the devN and mount lines, in
+    order; ``lines`` the passthrough lines as printed (``key: value``).
+    """
+    hostname = None
+    minors, devices, lines = set(), [], []
+    every = False
+    nodes = False
+    for raw in (stdout or "").splitlines():
+        line = raw.strip()
+        if line.startswith("["):
+            break  # a snapshot section: the current config ends here
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key, value = key.strip(), value.strip()
+        if key == "hostname":
+            hostname = value
+            continue
+        path = None
+        if _DEV_KEY.fullmatch(key):
+            path = _device_path(value)
+        elif key == "lxc.mount.entry":
+            path = value.split()[0] if value.split() else ""
+        elif key in _CGROUP_KEYS:
+            m = _ALLOW.fullmatch(value)
+            if not m or m.group(1) != str(NVIDIA_MAJOR):
+                continue
+            lines.append(f"{key}: {value}")
+            if m.group(2) == "*":
+                every = True
+            elif int(m.group(2)) not in CONTROL_MINORS:
+                minors.add(int(m.group(2)))
+            continue
+        if path is None or not _is_nvidia_path(path):
+            continue
+        lines.append(f"{key}: {value}")
+        devices.append(path)
+        kind, minor = _holding.node_of(path)
+        if kind == "gpu":
+            nodes = True
+            minors.add(minor)
+    result = sorted(minors)
+    if every and not nodes:
+        result = None
+    return {"hostname": hostname, "passthrough": bool(lines), "minors": result, "devices": _unique(devices),
+            "lines": lines}
+
+
+def gpus_of(minors, gpu_minors: dict):
+    """(GPU indexes, unknown minors) of a container's minors, with {minor: index} from the driver.
+
+    ``minors`` None (every GPU) gives (None, []); a minor that no GPU of the node has is left out of
+    the indexes and listed in the unknown ones (a stale config, or a GPU that fell off the bus).
+    """
+    if minors is None:
+        return None, []
+    indexes = sorted({gpu_minors[m] for m in minors if m in gpu_minors})
+    unknown = sorted(m for m in minors if m not in gpu_minors)
+    return indexes, unknown
+
+
+def parse_is_active(stdout: str):
+    """``systemctl is-active <unit>`` -> (state, active): the first word it printed, and whether it is one of
+    ACTIVE_STATES. (None, False) when it printed nothing (systemctl did not run)."""
+    words = (stdout or "").split()
+    if not words:
+        return None, False
+    return words[0], words[0] in ACTIVE_STATES

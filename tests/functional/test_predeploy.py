@@ -1,0 +1,176 @@
+"""gpuops.gpu.predeploy as users run it (ansible-playbook, the README's inventory shape) on the
+simulated Proxmox VE node: under --limit, with a supervised service nobody named, with two
+tenants on one node, in check mode, on a failure and with a node that cannot be reached.
+
+Every workload is the simulator's (started by this test); the unreachable node is a closed port
+on loopback. vmids from 5129 up (see the fixture vmids) keep clear of the other suites (cgroups under lxc/ are machine-wide).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+from gpusimkit import container
+
+
+@pytest.fixture
+def vmids(request):
+    """Two vmids of this test's own: pytest-xdist runs the tests of this file in parallel, and the
+    simulator's containers are cgroups under lxc/<vmid>, shared by the whole machine."""
+    names = [item.name for item in request.session.items if item.fspath == request.node.fspath]
+    base = 5129 + 2 * names.index(request.node.name)
+    return base, base + 1
+
+
+def inventory(host, gpu_hosts, node_vars=None, extra_nodes=None):
+    nodes = {"pve": dict(node_vars or {})}
+    nodes.update(extra_nodes or {})
+    return {"all": {
+        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                 "gpuops_device_files": [host.dir + "/dev/nvidia*"]},
+        "children": {"proxmox_nodes": {"hosts": nodes}, "gpu_hosts": {"hosts": gpu_hosts}},
+    }}
+
+
+def playbook(host, collection, tmp_path, inv, *args, timeout=240):
+    path = tmp_path / "inventory.json"
+    path.write_text(json.dumps(inv))
+    env = dict(host.env(), ANSIBLE_COLLECTIONS_PATH=collection, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1",
+               ANSIBLE_HOME=str(tmp_path / "ansible-home"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
+               ANSIBLE_RETRY_FILES_ENABLED="0", ANSIBLE_HOST_KEY_CHECKING="0")
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
+    argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "gpuops.gpu.predeploy", "-i", str(path),
+            *args]
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0
+
+
+def recap(out, name):
+    m = re.search(rf"^{re.escape(name)}\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+"
+                  rf"skipped=(\d+)\s+rescued=(\d+)", out, re.M)
+    assert m, out[-3000:]
+    return dict(zip(("ok", "changed", "unreachable", "failed", "skipped", "rescued"), map(int, m.groups())))
+
+
+def alive(pid):
+    return os.path.exists(f"/proc/{pid}")
+
+
+def test_limit_to_the_gpu_host_fences_its_container_and_a_supervised_unit_stays_down(gpusim, collection, tmp_path, vmids):
+    """--limit gpu-ct (the node is not in the play) and proxmox_fence_services empty: the fence runs on
+    the node anyway, gpu_release stops the server's unit, and the run is ready."""
+    ct_a = vmids[0]
+    host = gpusim
+    host.fault(release_lag_ms=300)
+    host.ct_create(ct_a, hostname="gpu-ct")
+    host.ct_start(ct_a)
+    server = host.hold(gpus="0-7", mib=8192, ct=ct_a, tree=True, respawn=True, service="sglang")
+    inv = inventory(host, {"gpu-ct": {"proxmox_node": "pve", "proxmox_vmid": ct_a, "gpu_idle_expected_count": 8}})
+    rc, out, took = playbook(host, collection, tmp_path, inv, "--limit", "gpu-ct")
+    assert rc == 0, out[-4000:]
+    assert took < 60, out[-2000:]
+    assert recap(out, "gpu-ct")["failed"] == 0
+    assert f"stopped sglang.service in CT {ct_a}" in out, out[-3000:]
+    assert not alive(server)
+    time.sleep(1.5)  # the supervisor would have restarted it by now
+    state = host.systemctl("is-active", "sglang", ct=ct_a).stdout.strip()
+    assert state in ("inactive", "failed"), state
+    assert [g["memory_used_mib"] for g in host.status()["gpus"]] == [0] * 8
+
+
+def test_two_tenants_on_one_node_each_waits_on_its_own_gpus(gpusim, collection, tmp_path, vmids):
+    """CT A has GPUs 0-3, CT B GPUs 4-7: fencing and waiting for A leaves B's job running, and B's
+    busy GPUs do not fail A."""
+    ct_a, ct_b = vmids
+    host = gpusim
+    host.fault(release_lag_ms=300)
+    host.ct_create(ct_a, hostname="tenant-a", gpus="0-3")
+    container.create(host.dir, ct_b, "tenant-b", "4-7", devices_style="dev")
+    host.ct_start(ct_a)
+    host.ct_start(ct_b)
+    a = host.hold(gpus="0-3", mib=4096, ct=ct_a, tree=True, name="python3 -m vllm.entrypoints.api_server")
+    b = host.hold(gpus="4-7", mib=4096, ct=ct_b, tree=True, name="python3 train.py")
+    inv = inventory(host, {"tenant-a": {"proxmox_node": "pve", "proxmox_vmid": ct_a},
+                           "tenant-b": {"proxmox_node": "pve", "proxmox_vmid": ct_b}})
+    rc, out, _took = playbook(host, collection, tmp_path, inv, "--limit", "tenant-a", "-e", "gpu_idle_timeout=20")
+    assert rc == 0, out[-4000:]
+    assert not alive(a)
+    assert alive(b), "the other tenant's job was signalled"
+    # the table of tenant-a shows its four GPUs only
+    assert re.search(r"GPUs before -> after - tenant-a: 4 GPU\(s\), seen from pve", out), out[-3000:]
+
+
+def test_check_mode_reports_changed_where_a_real_run_changes_and_stops_nothing(gpusim, collection, tmp_path, vmids):
+    ct_a = vmids[0]
+    host = gpusim
+    host.ct_create(ct_a, hostname="gpu-ct")
+    host.ct_start(ct_a)
+    server = host.hold(gpus="0-7", mib=8192, ct=ct_a, tree=True, respawn=True, service="sglang")
+    inv = inventory(host, {"gpu-ct": {"proxmox_node": "pve", "proxmox_vmid": ct_a}})
+    rc, out, _took = playbook(host, collection, tmp_path, inv, "--check")
+    assert rc == 0, out[-4000:]
+    assert alive(server)
+    r = recap(out, "gpu-ct")
+    assert r["changed"] >= 1 and r["failed"] == 0, out[-3000:]
+    assert f"Check mode, nothing was stopped - would have: fenced CT {ct_a}" in out
+    # a real run changes, a second real run does not
+    rc, out, _took = playbook(host, collection, tmp_path, inv)
+    assert rc == 0 and not alive(server), out[-4000:]
+    rc, out, _took = playbook(host, collection, tmp_path, inv, "--check")
+    assert rc == 0 and recap(out, "gpu-ct")["changed"] == 0, out[-4000:]
+
+
+def test_a_failure_prints_one_small_error(gpusim, collection, tmp_path, vmids):
+    """A job on the host holds GPU 0 (outside the container's scope): the wait times out and the play
+    fails once, with the diagnosis and a line per busy GPU, no snapshot and no command lines."""
+    ct_a = vmids[0]
+    host = gpusim
+    host.ct_create(ct_a, hostname="gpu-ct", gpus="0-1")
+    host.ct_start(ct_a)
+    outsider = host.hold(gpus=[0], mib=2048, name="python3 secret-job.py --token=hunter2")
+    inv = inventory(host, {"gpu-ct": {"proxmox_node": "pve", "proxmox_vmid": ct_a, "gpu_idle_timeout": 2}})
+    rc, out, _took = playbook(host, collection, tmp_path, inv)
+    assert rc != 0
+    assert alive(outsider)
+    r = recap(out, "gpu-ct")
+    assert r["failed"] == 1 and r["rescued"] == 0, out[-3000:]
+    fatal = [line for line in out.splitlines() if line.startswith("fatal: ")]
+    assert len(fatal) == 1, out[-4000:]
+    assert "timed out after 2 s: GPU 0 is used by pid %d" % outsider in fatal[0]
+    assert "GPU 0: pid %d" % outsider in fatal[0]
+    assert "hunter2" not in out and "cmdline" not in fatal[0]
+    assert len(fatal[0]) < 1500, fatal[0]
+
+
+def test_a_node_that_cannot_be_reached_fails_its_gpu_host_at_once(gpusim, collection, tmp_path, vmids):
+    ct_a = vmids[0]
+    host = gpusim
+    inv = inventory(host, {"gpu-ct": {"proxmox_node": "pve-down", "proxmox_vmid": ct_a}},
+                    extra_nodes={"pve-down": {"ansible_connection": "ssh", "ansible_host": "127.0.0.1",
+                                              "ansible_port": 9, "ansible_ssh_common_args": "-o ConnectTimeout=3"}})
+    rc, out, took = playbook(host, collection, tmp_path, inv, "--limit", "gpu-ct", "-e", "gpu_idle_timeout=300")
+    assert rc != 0
+    assert took < 60, "it waited for a server that nobody stopped"
+    assert recap(out, "gpu-ct")["unreachable"] == 1, out[-3000:]
+    assert "pve-down" in out and re.search(r"(?i)connect", out)
+
+
+@pytest.mark.parametrize("serial", ["1", "50%"])
+def test_rolling_runs_with_predeploy_serial(gpusim, collection, tmp_path, vmids, serial):
+    ct_a, ct_b = vmids
+    host = gpusim
+    host.ct_create(ct_a, hostname="tenant-a", gpus="0-3")
+    host.ct_create(ct_b, hostname="tenant-b", gpus="4-7")
+    host.ct_start(ct_a)
+    host.ct_start(ct_b)
+    inv = inventory(host, {"tenant-a": {"proxmox_node": "pve", "proxmox_vmid": ct_a},
+                           "tenant-b": {"proxmox_node": "pve", "proxmox_vmid": ct_b}})
+    rc, out, _took = playbook(host, collection, tmp_path, inv, "-e", f"predeploy_serial={serial}")
+    assert rc == 0, out[-3000:]
+    # one batch per host: the wait play starts twice
+    assert out.count("PLAY [Fence and wait for each GPU host]") == 2, out[-3000:]

@@ -1,0 +1,190 @@
+"""proxmox_gpu_containers against the simulated node: real containers (namespaces, cgroups), the simulator's
+pct and systemctl, and the simulated driver for the GPUs' minor numbers."""
+
+import json
+import os
+import time
+
+import pytest
+from gpusimkit import container
+from gpusimkit import scenario as scn
+from modrun import alive, run_module_text
+
+NAME = "proxmox_gpu_containers"
+
+
+def run(host, collection, check_mode=False, diff=False, **args):
+    args.setdefault("pct", host.path("bin", "pct"))
+    return run_module_text(host, collection, NAME, args, check_mode=check_mode, diff=diff)[0]
+
+
+def gone(pid, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def mainpid(host, service, ct):
+    try:
+        with open(os.path.join(host.dir, "services", str(ct), f"{service}.mainpid"), encoding="utf-8") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@pytest.fixture
+def node(gpusim_factory):
+    """An 8-GPU node whose minor numbers are not the indexes (GPU i has minor 7 - i), with
+    4129 (lxc style, GPUs 0-3, running), 4130 (devN style, GPUs 4 and 5, running), 4131 (no passthrough,
+    running) and 4132 (lxc style, GPU 6, stopped)."""
+    host = gpusim_factory(release_lag_ms=0)
+    with scn.edit(host.dir) as sc:
+        for gpu in sc.gpus:
+            gpu.minor = 7 - gpu.index
+    container.create(host.dir, 4129, "gpu-a", "0-3", devices_style="lxc")
+    container.create(host.dir, 4130, "gpu-b", "4,5", devices_style="dev")
+    container.create(host.dir, 4131, "plain", None, devices_style="none")
+    container.create(host.dir, 4132, "gpu-c", "6", devices_style="lxc")
+    for vmid in (4129, 4130, 4131):
+        host.ct_start(vmid)
+    return host
+
+
+def by_vmid(res):
+    return {c["vmid"]: c for c in res["containers"]}
+
+
+def test_discovery_finds_the_passthrough_containers_and_their_gpus(node, collection):
+    res = run(node, collection)
+    assert not res.get("failed") and not res["changed"], res
+    cts = by_vmid(res)
+    assert sorted(cts) == [4129, 4130, 4132]  # 4131 passes nothing through
+    uuids = {g["index"]: g["uuid"] for g in node.status()["gpus"]}
+    assert (cts[4129]["minors"], cts[4129]["gpus"]) == ([4, 5, 6, 7], [0, 1, 2, 3])
+    assert (cts[4130]["minors"], cts[4130]["gpus"]) == ([2, 3], [4, 5])
+    assert cts[4130]["gpu_uuids"] == [uuids[4], uuids[5]]
+    assert (cts[4129]["name"], cts[4129]["status"], cts[4129]["running"], cts[4129]["passthrough"]) == \
+        ("gpu-a", "running", True, True)
+    assert (cts[4132]["status"], cts[4132]["running"], cts[4132]["minors"], cts[4132]["gpus"]) == ("stopped", False, [1], [6])
+    assert res["running"] == [4129, 4130]
+    assert res["skipped_containers"] == [{"vmid": 4132, "reason": "stopped"}]
+    assert res["gpus"] == [0, 1, 2, 3, 4, 5]  # the running containers' only
+    assert res["services_stopped"] == [] and res["shut_down"] == []
+    assert not res.get("warnings"), res["warnings"]
+
+    # The same through nvidia-smi (its XML report has the minor numbers)
+    smi = run(node, collection, backend="nvidia-smi")
+    assert {c["vmid"]: c["gpus"] for c in smi["containers"]} == {4129: [0, 1, 2, 3], 4130: [4, 5], 4132: [6]}
+
+    # A named container without passthrough is reported as such
+    res = run(node, collection, containers="4131,4130")
+    assert [(c["vmid"], c["passthrough"], c["gpus"]) for c in res["containers"]] == [(4131, False, []), (4130, True, [4, 5])]
+
+
+def test_every_minor_allowed_is_every_gpu_and_an_unreadable_driver_is_a_warning(gpusim_factory, collection):
+    host = gpusim_factory()
+    container.create(host.dir, 4140, "all-gpus", None, devices_style="none")
+    with open(container.config_path(host.dir, 4140), "a", encoding="utf-8") as f:
+        f.write("lxc.cgroup2.devices.allow: c 195:* rwm\n"
+                "lxc.mount.entry: /dev/nvidiactl dev/nvidiactl none bind,optional,create=file\n")
+    container.create(host.dir, 4141, "two", "2,3", devices_style="dev")
+    host.ct_start(4140)
+    host.ct_start(4141)
+    res = run(host, collection)
+    cts = by_vmid(res)
+    assert (cts[4140]["passthrough"], cts[4140]["minors"], cts[4140]["gpus"], cts[4140]["gpu_uuids"]) == (True, None, None, None)
+    assert cts[4141]["gpus"] == [2, 3] and res["gpus"] is None  # one of them gets every GPU
+
+    host.fault(init_error=9)  # the driver is not loaded
+    res = run(host, collection, backend="nvml")
+    assert not res.get("failed"), res
+    assert by_vmid(res)[4141]["gpus"] is None and by_vmid(res)[4141]["minors"] == [2, 3]
+    assert "cannot read the GPUs (the NVIDIA kernel driver is not loaded" in json.dumps(res.get("warnings")), res.get("warnings")
+
+
+def test_an_unknown_vmid_fails_and_nothing_is_stopped(node, collection):
+    worker = node.hold(gpus=[0], mib=2048, ct=4129, service="sglang", respawn=True)
+    res = run(node, collection, containers=[4129, 4133], services=["sglang"], state="shutdown")
+    assert res.get("failed")
+    assert res["msg"] == ("containers: no container 4133 on this node (pct list shows 4129, 4130, 4131, 4132)."
+                          " Nothing was stopped."), res["msg"]
+    assert alive(worker) and container.status(node.dir, 4129) == "running"
+
+
+@pytest.mark.parametrize("args, option", [
+    ({"containers": ["abc"]}, "containers: 'abc' is not a Proxmox VE container id"),
+    ({"containers": ["4129,99"]}, "containers: '99' is not a Proxmox VE container id"),
+    ({"services": ["sglang", "-now"]}, "services: '-now' is not a systemd unit name"),
+    ({"services": ["a;reboot"]}, "services: 'a;reboot' is not a systemd unit name"),
+    ({"shutdown_timeout": 86401}, "shutdown_timeout must be between 0 and 86400"),
+    ({"query_timeout": 0}, "query_timeout must be > 0"),
+])
+def test_bad_input_fails_naming_the_option_before_anything_runs(node, collection, args, option):
+    worker = node.hold(gpus=[0], mib=2048, ct=4129, service="sglang", respawn=True)
+    res = run(node, collection, **dict({"state": "shutdown", "services": ["sglang"]}, **args))
+    assert res.get("failed") and res["msg"].startswith(option), res["msg"]
+    assert alive(worker) and container.status(node.dir, 4129) == "running"
+
+
+def test_services_are_stopped_in_the_selected_container_only(node, collection):
+    a = node.hold(gpus=[0, 1], mib=4096, ct=4129, service="sglang", respawn=True, restart_delay=0.2)
+    b = node.hold(gpus=[4], mib=4096, ct=4130, service="sglang", respawn=True, restart_delay=0.2)
+    res = run(node, collection, containers=[4129, 4132], services=["sglang.service", "vllm"], diff=True)
+    assert not res.get("failed"), res
+    assert res["changed"] and res["skipped_containers"] == [{"vmid": 4132, "reason": "stopped"}]
+    (entry,) = res["services_stopped"]
+    assert (entry["vmid"], entry["unit"], entry["state_before"], entry["rc"]) == (4129, "sglang.service", "active", 0)
+    assert entry["seconds"] >= 0
+    assert res["diff"]["before"]["4129"] == {"status": "running", "services": {"sglang.service": "active", "vllm": "inactive"}}
+    assert res["diff"]["after"]["4129"]["services"] == {"sglang.service": "inactive", "vllm": "inactive"}
+    assert res["diff"]["before"]["4132"] == {"status": "stopped", "services": {}}
+    assert gone(a)
+    time.sleep(0.6)  # longer than the restart delay
+    assert mainpid(node, "sglang", 4129) is None  # stopped through systemd: not restarted
+    assert alive(b)  # the other container's workload
+    assert container.status(node.dir, 4129) == "running"
+
+    again = run(node, collection, containers=[4129], services=["sglang.service"])
+    assert not again["changed"] and again["services_stopped"] == []
+    node.systemctl("stop", "sglang", ct=4130)
+
+
+def test_check_mode_stops_nothing_and_says_what_would_be_stopped(node, collection):
+    a = node.hold(gpus=[0], mib=2048, ct=4129, service="sglang", respawn=True)
+    res = run(node, collection, check_mode=True, diff=True, services=["sglang"], state="shutdown")
+    assert not res.get("failed"), res
+    assert res["changed"]
+    assert res["services_stopped"] == [{"vmid": 4129, "unit": "sglang", "state_before": "active", "rc": None, "seconds": None}]
+    assert res["shut_down"] == [4129, 4130]
+    assert res["diff"]["after"]["4129"] == {"status": "stopped", "services": {"sglang": "inactive"}}
+    assert res["diff"]["before"]["4130"] == {"status": "running", "services": {"sglang": "inactive"}}
+    assert alive(a) and mainpid(node, "sglang", 4129) == a
+    assert [container.status(node.dir, v) for v in (4129, 4130)] == ["running", "running"]
+    node.systemctl("stop", "sglang", ct=4129)
+
+
+def test_shutdown_shuts_the_container_down(node, collection):
+    a = node.hold(gpus=[4], mib=2048, ct=4130, service="sglang", respawn=True)
+    other = node.hold(gpus=[0], mib=2048, ct=4129)
+    res = run(node, collection, containers=[4130], services=["sglang"], state="shutdown", shutdown_timeout=20)
+    assert not res.get("failed"), res
+    assert res["changed"] and res["shut_down"] == [4130] and [e["unit"] for e in res["services_stopped"]] == ["sglang"]
+    assert container.status(node.dir, 4130) == "stopped" and gone(a)
+    assert alive(other) and container.status(node.dir, 4129) == "running"
+    again = run(node, collection, containers=[4130], state="shutdown")
+    assert not again["changed"] and again["shut_down"] == [] and again["skipped_containers"] == [{"vmid": 4130, "reason": "stopped"}]
+
+
+def test_a_container_that_does_not_shut_down_fails_with_the_advice_and_force_stops_it(node, collection):
+    stubborn = node.hold(gpus=[0], mib=2048, ct=4129, ignore_term=True)
+    res = run(node, collection, containers=[4129], state="shutdown", shutdown_timeout=1)
+    assert res.get("failed") and res["shut_down"] == []
+    assert res["msg"].startswith("CT 4129 did not shut down (pct shutdown --timeout 1, rc 255): container did not stop."), res["msg"]
+    assert "force: true" in res["msg"] and "shutdown_timeout" in res["msg"]
+    assert alive(stubborn) and container.status(node.dir, 4129) == "running"
+    res = run(node, collection, containers=[4129], state="shutdown", shutdown_timeout=1, force=True)
+    assert not res.get("failed") and res["shut_down"] == [4129], res
+    assert container.status(node.dir, 4129) == "stopped" and gone(stubborn)

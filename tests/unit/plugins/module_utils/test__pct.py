@@ -1,0 +1,183 @@
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.gpuops.gpu.plugins.module_utils import _pct
+from ansible_collections.gpuops.gpu.plugins.module_utils._errors import InvalidOption
+
+FMT = "%-10s %-10s %-12s %-20s"  # pve-container src/PVE/CLI/pct.pm, `pct list`
+HEADER = FMT % ("VMID", "Status", "Lock", "Name")
+
+CONFIG_HEAD = """arch: amd64
+cores: 8
+hostname: gpu-ct
+memory: 32768
+net0: name=eth0,bridge=vmbr0,firewall=1,hwaddr=BC:24:11:AA:BB:CC,ip=dhcp,type=veth
+ostype: debian
+rootfs: local-lvm:vm-129-disk-0,size=32G
+swap: 512
+unprivileged: 1
+"""
+CONTROL_MOUNTS = """lxc.mount.entry: /dev/nvidiactl dev/nvidiactl none bind,optional,create=file
+lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file
+lxc.mount.entry: /dev/nvidia-uvm-tools dev/nvidia-uvm-tools none bind,optional,create=file
+lxc.mount.entry: /dev/nvidia-modeset dev/nvidia-modeset none bind,optional,create=file 0 0
+"""
+
+
+@pytest.mark.parametrize("text, passthrough, minors, devices, nlines", [
+    # PVE 8.1+ device passthrough, bare path and property string (path= first or not)
+    ("dev0: /dev/nvidia0\ndev1: /dev/nvidiactl\n", True, [0], ["/dev/nvidia0", "/dev/nvidiactl"], 2),
+    ("dev0: /dev/nvidia1,gid=44\ndev1: path=/dev/nvidia3,mode=0666\ndev2: mode=0666,path=/dev/nvidia-uvm\n",
+     True, [1, 3], ["/dev/nvidia1", "/dev/nvidia3", "/dev/nvidia-uvm"], 3),
+    # The classic recipe: every minor allowed, narrowed by the mount entries; control nodes are no GPU
+    ("lxc.cgroup2.devices.allow: c 195:* rwm\nlxc.cgroup2.devices.allow: c 509:* rwm\n"
+     "lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file\n"
+     "lxc.mount.entry: /dev/nvidia5 dev/nvidia5 none bind,optional,create=file\n" + CONTROL_MOUNTS,
+     True, [0, 5], ["/dev/nvidia0", "/dev/nvidia5", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
+                    "/dev/nvidia-modeset"], 7),
+    # Every minor allowed and no GPU node named: every GPU of the node
+    ("lxc.cgroup2.devices.allow: c 195:* rwm\n", True, None, [], 1),
+    ("lxc.cgroup2.devices.allow: c 195:* rwm\n" + CONTROL_MOUNTS, True, None,
+     ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"], 5),
+    # Specific minors (cgroup v2 and v1); 255 (nvidiactl) and 254 (nvidia-modeset) are control minors
+    ("lxc.cgroup2.devices.allow: c 195:2 rwm\nlxc.cgroup2.devices.allow: c 195:255 rwm\n", True, [2], [], 2),
+    ("lxc.cgroup.devices.allow: c 195:4 rw\nlxc.cgroup.devices.allow: c 195:254 rwm\n", True, [4], [], 2),
+    # Only control nodes: passthrough, no GPU
+    ("lxc.cgroup2.devices.allow: c 195:255 rwm\n" + CONTROL_MOUNTS, True, [], [
+        "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"], 5),
+    # Other devices are no NVIDIA passthrough (a DRI node, tun, a dynamic major alone)
+    ("lxc.cgroup2.devices.allow: c 226:* rwm\nlxc.mount.entry: /dev/dri dev/dri none bind,optional,create=dir\n"
+     "lxc.cgroup2.devices.allow: c 10:200 rwm\nlxc.cgroup2.devices.allow: c 509:* rwm\ndev0: /dev/dri/renderD128\n",
+     False, [], [], 0),
+    # Nothing at all
+    ("", False, [], [], 0),
+    # A snapshot section: its lines are not the container's
+    ("parent: before-upgrade\ndev0: /dev/nvidia1\n[before-upgrade]\ndev0: /dev/nvidia7\n"
+     "lxc.cgroup2.devices.allow: c 195:* rwm\n", True, [1], ["/dev/nvidia1"], 1),
+    ("[snap]\nlxc.cgroup2.devices.allow: c 195:* rwm\n", False, [], [], 0),
+    # Comments (the description) and odd lines are skipped
+    ("#dev0: /dev/nvidia3\nnot a key value line\ndev0: /dev/nvidia2\n", True, [2], ["/dev/nvidia2"], 1),
+])
+def test_parse_config(text, passthrough, minors, devices, nlines):
+    parsed = _pct.parse_config(CONFIG_HEAD + text)
+    assert parsed["hostname"] == "gpu-ct"
+    assert (parsed["passthrough"], parsed["minors"], parsed["devices"]) == (passthrough, minors, devices)
+    assert len(parsed["lines"]) == nlines
+    assert all(line.split(":", 1)[0] in text for line in parsed["lines"])
+
+
+def test_parse_config_lines_are_as_printed():
+    parsed = _pct.parse_config("dev1: path=/dev/nvidia3,mode=0666\nlxc.cgroup2.devices.allow: c 195:* rwm\n")
+    assert parsed["lines"] == ["dev1: path=/dev/nvidia3,mode=0666", "lxc.cgroup2.devices.allow: c 195:* rwm"]
+    assert parsed["minors"] == [3] and parsed["hostname"] is None
+
+
+@pytest.mark.parametrize("rows, expected", [
+    ([], {}),
+    ([("129", "running", "", "gpu-ct")], {129: {"status": "running", "lock": "", "name": "gpu-ct"}}),
+    ([("129", "running", "", "gpu-ct"), ("130", "stopped", "backup", "gpu-ct2")],
+     {129: {"status": "running", "lock": "", "name": "gpu-ct"}, 130: {"status": "stopped", "lock": "backup", "name": "gpu-ct2"}}),
+    ([("131", "stopped", "migrate", "")], {131: {"status": "stopped", "lock": "migrate", "name": ""}}),
+    ([("132", "running", "", "")], {132: {"status": "running", "lock": "", "name": ""}}),
+    ([("999999999", "running", "snapshot-delete", "a-very-long-container-name")],
+     {999999999: {"status": "running", "lock": "snapshot-delete", "name": "a-very-long-container-name"}}),
+])
+def test_parse_list(rows, expected):
+    # What pct prints: nothing at all without containers, else the header and one row each (trailing blanks).
+    text = "".join(FMT % r + "\n" for r in rows)
+    if rows:
+        text = HEADER + "\n" + text
+    assert _pct.parse_list(text) == expected
+
+
+@pytest.mark.parametrize("text", ["VMID Status Lock Name\nabc running\n", "VMID Status\n129\n",
+                                  "129 running backup name extra\n"])
+def test_parse_list_refuses_what_it_cannot_read(text):
+    with pytest.raises(ValueError, match="pct list"):
+        _pct.parse_list(text)
+
+
+@pytest.mark.parametrize("values, expected", [
+    ([], []),
+    (None, []),
+    ([129, "130", " 131 "], [129, 130, 131]),
+    ("129,130", [129, 130]),
+    (["129, 130", 129, 100, 999999999], [129, 130, 100, 999999999]),
+    (129, [129]),
+])
+def test_validate_vmids(values, expected):
+    assert _pct.validate_vmids(values) == expected
+
+
+@pytest.mark.parametrize("values, bad", [
+    (["abc"], "'abc'"),
+    ([99], "99"),
+    ([1000000000], "1000000000"),
+    (["129,x"], "'x'"),
+    (["129,,130"], "''"),
+    ([True], "True"),
+    ([-129], "-129"),
+    (["1e3"], "'1e3'"),
+    (["\u0661\u0662\u0663"], "'\u0661\u0662\u0663'"),
+    ([129.0], "129.0"),
+    (["129; rm -rf /"], "'129; rm -rf /'"),
+])
+def test_validate_vmids_names_the_bad_value(values, bad):
+    with pytest.raises(InvalidOption) as info:
+        _pct.validate_vmids(values)
+    assert str(info.value).startswith(f"containers: {bad} is not a Proxmox VE container id")
+    assert "100..999999999" in str(info.value) and info.value.details["option"] == "containers"
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("values, expected", [
+    ([], []),
+    (["sglang"], ["sglang"]),
+    ("sglang.service,vllm@0.service", ["sglang.service", "vllm@0.service"]),
+    (["a.service", "b:c", "x_y-z", "esc\\x2dd.mount", "a.service"], ["a.service", "b:c", "x_y-z", "esc\\x2dd.mount"]),
+])
+def test_validate_units(values, expected):
+    assert _pct.validate_units(values) == expected
+
+
+@pytest.mark.parametrize("bad", ["-sglang", "--now", "sg lang", "a;b", "$(reboot)", "", "x" * 256, "s\u00e9rvice",
+                                 "a/b", 5])
+def test_validate_units_names_the_bad_one(bad):
+    with pytest.raises(InvalidOption) as info:
+        _pct.validate_units(["ok.service", bad])
+    assert str(info.value).startswith(f"services: {bad!r} is not a systemd unit name")
+    assert info.value.details["option"] == "services"
+
+
+@pytest.mark.parametrize("minors, gpu_minors, expected", [
+    (None, {0: 0}, (None, [])),
+    ([], {0: 0}, ([], [])),
+    ([0, 5], {0: 0, 5: 5}, ([0, 5], [])),
+    ([64, 65], {64: 0, 65: 1, 66: 2}, ([0, 1], [])),
+    ([0, 7], {0: 0, 1: 1}, ([0], [7])),
+    ([3], {}, ([], [3])),
+])
+def test_gpus_of(minors, gpu_minors, expected):
+    assert _pct.gpus_of(minors, gpu_minors) == expected
+
+
+@pytest.mark.parametrize("stdout, expected", [
+    ("active\n", ("active", True)),
+    ("activating\n", ("activating", True)),
+    ("deactivating\n", ("deactivating", True)),
+    ("reloading\n", ("reloading", True)),
+    ("refreshing\n", ("refreshing", True)),
+    ("inactive\n", ("inactive", False)),
+    ("failed\n", ("failed", False)),
+    ("maintenance\n", ("maintenance", False)),
+    ("unknown\n", ("unknown", False)),
+    ("", (None, False)),
+    ("\n", (None, False)),
+])
+def test_parse_is_active(stdout, expected):
+    assert _pct.parse_is_active(stdout) == expected
