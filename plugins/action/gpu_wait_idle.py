@@ -38,7 +38,12 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         del tmp
-        args = {k: v for k, v in self._task.args.items() if k not in INTERNAL}
+        given = sorted(k for k in self._task.args if k in INTERNAL)
+        if given:
+            result.update(failed=True, msg=f"{', '.join(given)}: internal to gpu_wait_idle (its action plugin sets it to"
+                                           " slice the wait and print progress); remove it from the task")
+            return result
+        args = dict(self._task.args)
         module = "gpuops.gpu.gpu_wait_idle"
         if self._task.async_val or self._play_context.check_mode:
             # async: the module runs in one piece on the target; check mode: one look.

@@ -155,3 +155,26 @@ def step(state: dict, now: float, snapshot, alive, settle: float, full_scan_ever
             return False, gpus
         idle = all(g["idle"] for g in gpus)
     return idle and settled, gpus
+
+
+# After the last holder of a GPU has gone, the driver frees its memory within a second or two
+# (the release lag). For that long the wait looks more often, so that it returns soon after the
+# memory is freed rather than up to one poll interval later; then it goes back to its interval,
+# so that a leaked context (memory that is never freed) costs no more CPU than any busy GPU.
+FAST_SLEEP = 0.1
+FAST_WINDOW = 5.0
+
+
+def next_sleep(state: dict, now: float, gpus: list, sleep: float, settle: float, timeout: float) -> float:
+    """Seconds until the next poll: ``sleep``, shorter while memory is being freed (no holder left,
+    a GPU not idle yet, within FAST_WINDOW of the last holder), never past the moment the settle
+    window closes nor past the timeout."""
+    wait = sleep
+    no_holder = not state["known_holders"] and not any(holders_of(g) for g in gpus)
+    since = None if state["last_holder_at"] is None else now - state["last_holder_at"]
+    if no_holder and since is not None:
+        if not all(g["idle"] for g in gpus) and since < FAST_WINDOW:
+            wait = min(wait, FAST_SLEEP)
+        if since < settle:
+            wait = min(wait, settle - since)
+    return max(0.0, min(wait, timeout - now))

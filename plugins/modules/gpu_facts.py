@@ -54,8 +54,9 @@ seealso:
 
 EXAMPLES = r"""
 ---
-- name: Gather GPU facts
+- name: Gather GPU facts (as root - every process's /proc entries and open files)
   gpuops.gpu.gpu_facts:
+  become: true
 
 - name: Show what keeps each busy GPU busy
   ansible.builtin.debug:

@@ -66,7 +66,12 @@ options:
     type: float
     default: 0
   sleep:
-    description: Seconds between two looks (the poll interval), from 0.05 to 86400.
+    description:
+      - Seconds between two looks (the poll interval), from 0.05 to 86400.
+      - For 5 s after the last holder of the selected GPUs has gone, while the driver is still freeing its memory,
+        the module looks every 0.1 s (when O(sleep) is longer), and it looks again the moment the O(settle) window
+        closes, so that it returns soon after the GPUs are free. A GPU whose memory stays used with no holder (a
+        leaked context) is then looked at every O(sleep) seconds again.
     type: float
     default: 0.5
   settle:
@@ -88,11 +93,13 @@ options:
     type: bool
   progress_slice:
     description:
-      - Internal, set by the action plugin - return after this many seconds with the wait state so that the
-        controller can print progress. Do not set it yourself.
+      - Internal to the collection, not for tasks - the action plugin sets it (return after this many seconds with
+        the wait state, so that the controller can print progress), and a task that sets it fails.
     type: float
   progress_state:
-    description: Internal, set by the action plugin - the wait state carried from the previous slice.
+    description:
+      - Internal to the collection, not for tasks - the action plugin sets it (the wait state carried from the
+        previous slice), and a task that sets it fails.
     type: dict
 seealso:
   - module: gpuops.gpu.gpu_facts
@@ -101,10 +108,11 @@ seealso:
 
 EXAMPLES = r"""
 ---
-- name: Wait until all 8 GPUs are free (the pre-deploy check)
+- name: Wait until all 8 GPUs are free (the pre-deploy check; as root, to see every holder)
   gpuops.gpu.gpu_wait_idle:
     expected_count: 8
     timeout: 120
+  become: true
 
 - name: Wait for GPUs 0-3, counting a GPU above 10% utilization as busy
   gpuops.gpu.gpu_wait_idle:
@@ -344,7 +352,7 @@ def main() -> None:
                                  progress=_wait.progress_line(gpus, elapsed, p["timeout"], settling),
                                  elapsed=round(elapsed, 3), **{k: v for k, v in result.items() if k != "changed"},
                                  changed=False)
-            time.sleep(max(0.0, min(p["sleep"], p["timeout"] - elapsed)))
+            time.sleep(_wait.next_sleep(state, elapsed, gpus, p["sleep"], p["settle"], p["timeout"]))
     except _errors.GpuError as exc:
         fail(module, exc, **{k: v for k, v in result.items() if k != "changed"})
 

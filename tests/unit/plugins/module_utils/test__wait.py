@@ -104,3 +104,23 @@ def test_diagnosis_and_progress_line():
     assert line == ("gpu_wait_idle: 1/3 GPUs idle; waiting on GPU 2 (1200 MiB), GPU 5 (41 GiB, pid 8812 python3, CT 129)"
                     " - 12 s of 300 s")
     assert _wait.blockers(gpus)["5"][0]["pid"] == 8812
+
+
+def _gpu_state(idle, holders=()):
+    procs = [{"pid": p} for p in holders]
+    return {"index": 0, "idle": idle, "blockers": list(holders), "processes": procs, "holders": []}
+
+
+@pytest.mark.parametrize("last_holder_at, known, gpu, now, expect", [
+    pytest.param(0.0, {}, _gpu_state(False, [8812]), 1.0, 0.5, id="a holder: the interval"),
+    pytest.param(0.0, {"77": [77, 1]}, _gpu_state(False), 1.0, 0.5, id="a device-file holder followed: the interval"),
+    pytest.param(0.0, {}, _gpu_state(False), 1.2, 0.1, id="memory being freed: fast"),
+    pytest.param(0.0, {}, _gpu_state(False), 6.0, 0.5, id="still used 5 s after the last holder: a leak, the interval"),
+    pytest.param(0.0, {}, _gpu_state(True), 0.8, 0.2, id="idle: look again when settle closes"),
+    pytest.param(0.0, {}, _gpu_state(True), 2.0, 0.5, id="idle and settled: the interval"),
+    pytest.param(0.0, {}, _gpu_state(False), 9.95, 0.05, id="never past the timeout"),
+])
+def test_next_sleep(last_holder_at, known, gpu, now, expect):
+    state = dict(_wait.new_state(), last_holder_at=last_holder_at, known_holders=known)
+    timeout = 10.0 if now > 9 else 300.0
+    assert _wait.next_sleep(state, now, [gpu], 0.5, 1.0, timeout) == pytest.approx(expect)
