@@ -132,11 +132,15 @@ def unaccounted_memory(used: int, index, in_container=None) -> str:
 
 
 def verdict(gpu: dict, max_memory_used_mib: int, max_utilization_pct=None, include_device_holders=True,
-            in_container=None):
+            in_container=None, contexts=None):
     """(idle, busy_reasons, blockers, lingering) of one GPU of a snapshot.
 
     ``blockers``: the processes that keep it busy (contexts, and device holders when the list is
-    incomplete); ``lingering``: device holders that do not.
+    incomplete); ``lingering``: device holders that do not. ``contexts`` ({pid: GPU indexes the
+    driver lists it on}, context_gpus of the whole snapshot): a device holder that the driver lists
+    on other GPUs only, while this GPU's own list was read, holds this node as CUDA does for every
+    GPU it sees - memory here that the list does not account for is not its (a leak, or a process
+    this namespace cannot see), so it lingers, and the diagnosis names the memory.
     """
     reasons = []
     blockers = []
@@ -157,7 +161,8 @@ def verdict(gpu: dict, max_memory_used_mib: int, max_utilization_pct=None, inclu
     if include_device_holders:
         incomplete = list_incomplete(gpu, max_memory_used_mib)
         for h in _unprotected(gpu.get("holders") or [], DEVICE):
-            if incomplete:
+            elsewhere = (contexts or {}).get(h["pid"]) or set()
+            if incomplete and not (elsewhere and gpu.get("index") not in elsewhere and not gpu.get("processes_error")):
                 blockers.append(h)
                 reasons.append(f"device file held by {describe(h)} ({', '.join(h.get('files') or [])}), and the"
                                f" driver's list may be incomplete ({incomplete})")

@@ -206,10 +206,11 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
             holder["evidence"] = evidence
             gpu["holders"].append(holder)
 
+    contexts = _holding.context_gpus(gpus)
     for gpu in gpus:
         gpu["idle"], gpu["busy_reasons"], blockers, lingering = _holding.verdict(
             gpu, max_memory_used_mib, max_utilization_pct, include_device_holders and holders is not None,
-            in_container)
+            in_container, contexts)
         gpu["blockers"] = sorted({b["pid"] for b in blockers})
         gpu["lingering"] = sorted({h["pid"] for h in lingering})
     return {"driver": raw["driver"], "gpus": gpus}

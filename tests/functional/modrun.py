@@ -1,9 +1,15 @@
-"""Run a module of this checkout the way Ansible does: a fresh interpreter and an args file."""
+"""Run a module of this checkout the way Ansible does (a fresh interpreter and an args file), or in
+this process with patched arguments (run_module_in_process, for many runs: the fuzz tests)."""
 
+import contextlib
+import ctypes
+import importlib
+import io
 import json
 import os
 import subprocess
 import sys
+from unittest import mock
 
 
 def run_module(host, collection, name, args, prefix=(), check_mode=False):
@@ -11,14 +17,16 @@ def run_module(host, collection, name, args, prefix=(), check_mode=False):
     return run_module_text(host, collection, name, args, prefix, check_mode)[0]
 
 
-def run_module_text(host, collection, name, args, prefix=(), check_mode=False, diff=False):
-    """Like run_module; returns (result, everything the module printed on stdout and stderr)."""
+def run_module_text(host, collection, name, args, prefix=(), check_mode=False, diff=False, tag=""):
+    """Like run_module; returns (result, everything the module printed on stdout and stderr).
+
+    ``tag`` names the args file apart, for runs of one module at the same time."""
     payload = dict(args)
     if check_mode:
         payload["_ansible_check_mode"] = True
     if diff:
         payload["_ansible_diff"] = True
-    argsfile = os.path.join(host.dir, f"args-{name}.json")
+    argsfile = os.path.join(host.dir, f"args-{name}{tag}.json")
     with open(argsfile, "w", encoding="utf-8") as f:
         json.dump({"ANSIBLE_MODULE_ARGS": payload}, f)
     env = dict(host.env(), PYTHONPATH=collection)
@@ -37,3 +45,43 @@ def alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except FileNotFoundError:
         return False
+
+
+def run_module_in_process(host, collection, name, args, check_mode=False):
+    """Run one module in this process (as ansible-core's own testing helper does): patched
+    arguments, the host's environment, stdout captured, SystemExit caught.
+
+    Nothing is logged to syslog or the journal (``_ansible_no_log``): many runs would fill it.
+    Returns (result, stdout). Anything the module raises instead of calling exit_json or
+    fail_json propagates: a traceback where Ansible would show MODULE FAILURE. The first host run
+    this way loads its libnvidia-ml into the process; the library follows GPUSIM_DIR, so later
+    hosts are read through it (hosts of other driver profiles need run_module).
+    """
+    from ansible.module_utils.common import warnings  # noqa: PLC0415 (imported only where used)
+    from ansible.module_utils.testing import patch_module_args  # noqa: PLC0415
+
+    if collection not in sys.path:
+        sys.path.insert(0, collection)
+    if not _LOADED:
+        # pynvml opens "libnvidia-ml.so.1" by name: the loader finds the one loaded here by its SONAME.
+        _LOADED.append(ctypes.CDLL(os.path.join(host.dir, "lib", "libnvidia-ml.so.1")))
+    module = importlib.import_module(f"ansible_collections.gpuops.gpu.plugins.modules.{name}")
+    payload = dict(args, _ansible_no_log=True)
+    if check_mode:
+        payload["_ansible_check_mode"] = True
+    out = io.StringIO()
+    with patch_module_args(payload), mock.patch.dict(os.environ, host.env_vars()), \
+            mock.patch.dict(warnings._global_warnings, clear=True), \
+            mock.patch.dict(warnings._global_deprecations, clear=True), contextlib.redirect_stdout(out):
+        try:
+            module.main()
+        except SystemExit:
+            pass
+    text = out.getvalue()
+    try:
+        return json.loads(text), text
+    except ValueError:
+        raise AssertionError(f"{name} printed no JSON: {text[-2000:]}") from None
+
+
+_LOADED = []

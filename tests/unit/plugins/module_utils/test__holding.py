@@ -231,3 +231,22 @@ def test_device_pattern_problem(pattern, ok):
 def test_memory_without_a_process_says_what_is_true_where_the_module_runs(in_container, phrase):
     idle, reasons, _blockers, _lingering = verdict(gpu(index=3, used=1200), 64, in_container=in_container)
     assert not idle and len(reasons) == 1 and phrase in reasons[0] and reasons[0].startswith("1200 MiB used")
+
+
+@pytest.mark.parametrize("name, g, contexts, blockers, lingering", [
+    ("a CUDA job listed on GPU 7 only, unaccounted memory on GPU 2: the memory, not the job",
+     gpu(index=2, used=1200, holders=[(11, DEVICE, None)]), {11: {7}}, [], [11]),
+    ("listed on GPU 2 too (more memory than its context): a blocker", gpu(index=2, used=2400, procs=[(11, 1200)],
+                                                                         holders=[(12, DEVICE, None)]),
+     {11: {2}, 12: {2, 7}}, [11, 12], []),
+    ("listed nowhere: the device holder may be the memory's owner",
+     gpu(index=2, used=1200, holders=[(11, DEVICE, None)]), {}, [11], []),
+    ("this GPU's list unreadable: it may have a context here", gpu(index=2, used=1200, holders=[(11, DEVICE, None)],
+                                                                   error="Unknown Error"), {11: {7}}, [11], []),
+])
+def test_verdict_device_holder_listed_elsewhere(name, g, contexts, blockers, lingering):
+    idle, reasons, got_blockers, got_lingering = verdict(g, 64, in_container=False, contexts=contexts)
+    assert not idle
+    assert ([b["pid"] for b in got_blockers], [h["pid"] for h in got_lingering]) == (blockers, lingering), name
+    if not blockers:
+        assert any("no process holds it" in r for r in reasons), reasons
