@@ -33,7 +33,7 @@ help:
 	@echo "make test   - every gate: sanity, ansible-lint, units (Python $(HAVE_TARGET_PYTHONS)), simulator and functional tests,"
 	@echo "              packaging (build/install/ansible-doc, EE context, changelog, docs, support matrix), integration,"
 	@echo "              molecule, a benchmark smoke run"
-	@echo "make bench  - the full benchmarks (benchmarks/README.md)"
+	@echo "make bench  - the full benchmarks (benchmarks/README.md) and the fault matrix: docs/performance.md, scale.md, reliability.md"
 	@echo "make docs   - HTML docs in build/docs (docs/README.md)"
 	@echo "make gpu-smoke - the modules on this host's NVIDIA GPU: compare with nvidia-smi, time a release (GPU_SMOKE_ARGS=\"--mib 102400 --gpu 1\")"
 
@@ -107,8 +107,11 @@ docs: venv
 bench-smoke: venv sim
 	$(VPY) benchmarks/run.py --smoke
 
+# The full benchmarks write docs/performance.md and docs/scale.md (benchmarks/run.py, then
+# tools/performance_doc.py); the fault matrix writes docs/reliability.md.
 bench: venv sim
 	$(VPY) benchmarks/run.py
+	GPUOPS_WRITE_DOCS=1 $(PYTEST) -q -p no:cacheprovider tests/functional/test_fault_matrix.py
 
 # --- real hardware (not in make test: needs an NVIDIA GPU; make test runs it on the simulator) ---
 GPU_SMOKE_ARGS ?=

@@ -20,10 +20,10 @@ Methods (every run on a fresh host; round-robin, the order rotated per repetitio
       `pct exec 129 -- systemctl stop sglang`), then `nvidia-smi --query-gpu=memory.used` with
       `until: all <= 64`, `retries: 150`, `delay: 2`;
 - c   gpuops.gpu.gpu_release (containers: [129]) + gpuops.gpu.gpu_wait_idle (expected_count: 8) in
-      one play on pve (service: after a command task that stops the service, as in b);
+      one play on pve (service too: gpu_release stops the unit of the holders, stop_units);
 - d   `ansible-playbook gpuops.gpu.predeploy -i inventory.yml`, the README inventory
-      (service: `proxmox_fence_services: [sglang]`);
-- d0  (service only) the same with `proxmox_fence_services: []`;
+      which names no service (gpu_release stops the unit of the GPU holders);
+- d0  (service only) the same with `proxmox_fence_services: [sglang]` on the node;
 - e   d with `--limit gpu-ct`.
 
 Recorded per run: wall time of the command, CPU time of it and everything it ran
@@ -40,8 +40,10 @@ stopped with its process group and not repeated. SIGTERM/SIGINT tear everything 
 """
 
 import argparse
+import contextlib
 import json
 import os
+import random
 import re
 import resource
 import shlex
@@ -53,28 +55,35 @@ import time
 
 import benchlib
 
-VMID = 129
-OTHER_VMID = 130
+VMID = 129  # the seeds' container (--vmid); the second container is --other-vmid (default VMID + 1)
 GPUS = 8
 WORKER_MIB = 130048  # an SGLang worker with --mem-fraction-static 0.9 on an H200 (as make demo)
 LAG_MS = 1500
 THRESHOLD_MIB = 64  # the collection's default max_memory_used_mib; the hand-written loop uses the same
 SERVER_NAME = "python3 -m sglang.launch_server --tp 8"
 SERVICE = "sglang"
-SLEEP_CODE = "import time; time.sleep(3600)"
+# A bystander: a non-GPU python3 that sleeps, and records every catchable signal that would end it
+# (in the file named by its first argument) before it dies of it as it would have without the record.
+BYSTANDER_CODE = ("import os, signal, sys, time; "
+                  "h = lambda n, _f: (open(sys.argv[1], 'a').write(f'{n}\\n'), signal.signal(n, signal.SIG_DFL),"
+                  " os.kill(os.getpid(), n)); "
+                  "[signal.signal(s, h) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,"
+                  " signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGPIPE)]; "
+                  "time.sleep(3600)")
 
 METHODS = {
-    "a": "seeds: shell script (kill -9 python3 in CT 129, fuser -k, sleep 2, check, sleep 3, check)",
+    "a": "seeds: shell script (kill -9 python3 in CT {vmid}, fuser -k, sleep 2, check, sleep 3, check)",
     "a0": "seeds verbatim: no service stop",
     "b": "hand-written playbook: stop, until/retries 150/delay 2 over nvidia-smi",
-    "c": "gpu_release (containers: [129]) + gpu_wait_idle (expected_count: 8)",
+    "c": "gpu_release (containers: [{vmid}]) + gpu_wait_idle (expected_count: 8)",
     "d": "ansible-playbook gpuops.gpu.predeploy",
-    "d0": "predeploy, proxmox_fence_services: []",
+    "d0": "predeploy, proxmox_fence_services: [sglang]",
     "e": "predeploy --limit gpu-ct",
 }
 SERVICE_ONLY = ("a0", "d0")
 VARIANTS = ("hand", "service")
 SMOKE_METHODS = ("b", "c", "d")
+LATENCY_METHODS = ("b", "c", "d")
 
 PLAYBOOK_B = """\
 # What users write today: stop the server, then poll nvidia-smi until every GPU is free.
@@ -112,12 +121,6 @@ PLAYBOOK_C = """\
         device_files: "{{{{ gpuops_device_files }}}}"
 """
 
-STOP_TASK_C = """
-    - name: Stop the service that would restart the server
-      ansible.builtin.command: pct exec {vmid} -- systemctl stop {service}
-      changed_when: true
-"""
-
 SEED_SCRIPT = """\
 # The manual procedure of shared/seeds/, on the simulated node (the seeds run it over ssh).
 {stop}pct exec {vmid} -- bash -c "ps aux | grep python3 | grep -v grep | awk '{{print \\$2}}' | xargs -r kill -9"
@@ -130,6 +133,7 @@ sleep 3 && nvidia-smi | grep "0MiB" | wc -l
 PROFILE_CALLBACK = '''\
 import json
 import os
+import random
 import time
 
 from ansible.plugins.callback import CallbackBase
@@ -159,7 +163,7 @@ class CallbackModule(CallbackBase):
     def v2_playbook_on_task_start(self, task, is_conditional):
         self._close()
         role = task._role.get_name() if getattr(task, "_role", None) else None
-        self._current = {"task": task.get_name(), "role": role, "start": time.monotonic()}
+        self._current = {"task": task.get_name(), "role": role, "action": task.action, "start": time.monotonic()}
 
     v2_playbook_on_handler_task_start = v2_playbook_on_task_start
 
@@ -178,47 +182,71 @@ def python3():
     return candidate if os.path.exists(candidate) else sys.executable
 
 
-def setup(host, variant):
-    """CT 129 with the server, CT 130, three bystanders; returns what the checks need."""
+def setup(host, variant, vmids, rundir, exit_delay=None):
+    """CT <vmid> with the server, CT <other vmid>, three bystanders; returns what the checks need.
+
+    exit_delay: the server (API and workers) exits that many seconds after SIGTERM (default: at once)."""
     from gpusimkit import cgroups, container, proctools  # pylint: disable=import-outside-toplevel,import-error
 
-    host.ct_create(VMID, hostname="gpu-ct")
-    host.ct_start(VMID)
-    host.ct_create(OTHER_VMID, hostname="ct130", gpus=None)
-    host.ct_start(OTHER_VMID)
+    vmid, other = vmids
+    host.ct_create(vmid, hostname="gpu-ct")
+    host.ct_start(vmid)
+    host.ct_create(other, hostname=f"ct{other}", gpus=None)
+    host.ct_start(other)
     kwargs = {"respawn": True, "service": SERVICE} if variant == "service" else {}
-    api = host.hold(gpus="0-7", mib=WORKER_MIB, ct=VMID, tree=True, name=SERVER_NAME, **kwargs)
-    workers = sorted({p["pid"] for p in host.procs()[0]})
+    if exit_delay is not None:
+        kwargs["exit_delay"] = exit_delay
+    api = host.hold(gpus="0-7", mib=WORKER_MIB, ct=vmid, tree=True, name=SERVER_NAME, **kwargs)
+    gpu_procs = host.procs()[0]
+    workers = sorted({p["pid"] for p in gpu_procs})
     server = {pid: proctools.starttime(pid) for pid in [api] + workers}
     py3 = python3()
     env = host.env()
+    logs = {}
+
+    def argv(name, *extra):
+        logs[name] = os.path.join(rundir, f"signals-{len(logs)}.log")
+        return [py3, "-c", BYSTANDER_CODE, logs[name], *extra]
+
+    names = (f"python3 in CT {vmid}", f"python3 in CT {other} (sglang.bench_serving)",
+             "python3 on the node (sglang-metrics)")
     bystanders = {
-        f"python3 in CT {VMID}": container.spawn(host.dir, VMID, [py3, "-c", SLEEP_CODE], env),
-        f"python3 in CT {OTHER_VMID} (sglang.bench_serving)":
-            container.spawn(host.dir, OTHER_VMID, [py3, "-c", SLEEP_CODE, "sglang.bench_serving"], env),
-        "python3 on the node (sglang-metrics)":
-            proctools.spawn_via_driver(host.dir, [py3, "-c", SLEEP_CODE, "sglang-metrics"], env,
-                                       cgroup=cgroups.session_path(host.dir)),
+        names[0]: container.spawn(host.dir, vmid, argv(names[0]), env),
+        names[1]: container.spawn(host.dir, other, argv(names[1], "sglang.bench_serving"), env),
+        names[2]: proctools.spawn_via_driver(host.dir, argv(names[2], "sglang-metrics"), env,
+                                             cgroup=cgroups.session_path(host.dir)),
     }
     by = {name: (pid, proctools.starttime(pid)) for name, pid in bystanders.items()}
     nspids = {proctools.nspid(pid) for pid in server}
-    return {"api": api, "workers": workers, "server": server, "server_nspids": nspids, "bystanders": by}
+    # the GPU contexts of the server: their exits (the driver's procs file) date the release exactly
+    contexts = sorted({(p["pid"], p["starttime"]) for p in gpu_procs if p["used_mib"] > 0})
+    return {"vmid": vmid, "other_vmid": other, "api": api, "workers": workers, "server": server,
+            "server_nspids": nspids, "bystanders": by, "bystander_logs": logs, "contexts": contexts,
+            "exit_delay_s": exit_delay}
 
 
 def pkill_is_scoped(host, env, scene):
-    """`pct exec 129 -- pgrep -f sglang` sees exactly the server (container pids), not the bystanders
-    elsewhere that have "sglang" in their command lines: pkill -f is then confined to CT 129."""
-    proc = subprocess.run(["pct", "exec", str(VMID), "--", "pgrep", "-f", "sglang"], env=env, capture_output=True,
-                          text=True, check=False, timeout=30)
+    """`pct exec <vmid> -- pgrep -f sglang` sees exactly the server (container pids), not the bystanders
+    elsewhere that have "sglang" in their command lines: pkill -f is then confined to the container."""
+    proc = subprocess.run(["pct", "exec", str(scene["vmid"]), "--", "pgrep", "-f", "sglang"], env=env,
+                          capture_output=True, text=True, check=False, timeout=30)
     seen = {int(x) for x in proc.stdout.split() if x.isdigit()}
     return proc.returncode == 0 and seen == scene["server_nspids"], sorted(seen)
 
 
-def service_active(host):
-    """`pct exec 129 -- systemctl is-active sglang` (the unit's files name pids of the container's namespace)."""
-    proc = subprocess.run(["pct", "exec", str(VMID), "--", "systemctl", "is-active", SERVICE], env=host.env(),
+def service_active(host, vmid):
+    """`pct exec <vmid> -- systemctl is-active sglang` (the unit's files name pids of the container's namespace)."""
+    proc = subprocess.run(["pct", "exec", str(vmid), "--", "systemctl", "is-active", SERVICE], env=host.env(),
                           capture_output=True, text=True, check=False, timeout=60)
     return proc.returncode == 0
+
+
+def signals_received(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [int(x) for x in f.read().split() if x.isdigit()]
+    except OSError:
+        return []
 
 
 def observe(host, scene):
@@ -230,6 +258,10 @@ def observe(host, scene):
     holders = sorted({p["pid"] for p in status["processes"] if p["alive"]})
     left = [pid for pid, start in scene["server"].items() if proctools.alive(pid, start)]
     dead = [name for name, (pid, start) in scene["bystanders"].items() if not proctools.alive(pid, start)]
+    signals = {name: signals_received(path) for name, path in scene["bystander_logs"].items()}
+    running = {str(v): container.status(host.dir, v) == "running" for v in (scene["vmid"], scene["other_vmid"])}
+    outside = sorted(set(dead) | {name for name, sigs in signals.items() if sigs}) + \
+        [f"CT {v} stopped" for v, up in running.items() if not up]
     return {
         "ready": len(used) == GPUS and all(u <= THRESHOLD_MIB for u in used),
         "used_mib": used,
@@ -239,9 +271,13 @@ def observe(host, scene):
         "respawned": bool(holders) and not left,
         "bystanders_alive": not dead,
         "bystanders_dead": dead,
-        "containers_running": {str(v): container.status(host.dir, v) == "running" for v in (VMID, OTHER_VMID)},
+        "bystander_signals": {name: sigs for name, sigs in signals.items() if sigs},
+        # outside the scope (the server's processes): a bystander signalled or dead, a container stopped
+        "signalled_outside": outside,
+        "containers_running": running,
         # the container's systemctl (service variant): still active means it restarts the server
-        "service_active": (service_active(host) if any(s["name"] == SERVICE for s in status["services"]) else None),
+        "service_active": (service_active(host, scene["vmid"]) if any(s["name"] == SERVICE for s in status["services"])
+                           else None),
     }
 
 
@@ -274,14 +310,14 @@ def ansible_playbook():
     return path if os.path.exists(path) else os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
 
 
-def inventory_text(host, services):
+def inventory_text(host, services, vmid, python):
     """make demo's inventory (the README's, local connection), with proxmox_fence_services set to
-    `services` on pve (None: not set at all)."""
+    `services` on pve (None: not set at all) and ansible_python_interpreter `python`."""
     # PyYAML: ansible-core's dependency; demo: tests/gpusim/demo.py (tests/gpusim is on sys.path)
     import yaml  # pylint: disable=import-outside-toplevel
     from demo import INVENTORY  # pylint: disable=import-outside-toplevel,import-error
 
-    inv = yaml.safe_load(INVENTORY.format(python=sys.executable, simdir=host.dir, vmid=VMID))
+    inv = yaml.safe_load(INVENTORY.format(python=python, simdir=host.dir, vmid=vmid))
     nodes = inv["all"]["children"]["proxmox_nodes"]["hosts"]
     pve = dict(nodes.get("pve") or {})
     pve.pop("proxmox_fence_services", None)
@@ -297,31 +333,33 @@ def write(path, text):
     return path
 
 
-def prepare(method, variant, host, rundir, scoped, scene):
-    """The command line of a method, and the files it needs in rundir."""
+def prepare(method, variant, host, rundir, scoped, scene, python):
+    """The command line of a method, and the files it needs in rundir (python: the inventory's interpreter)."""
     service = variant == "service"
-    stop = f"pct exec {VMID} -- systemctl stop {SERVICE}"
+    vmid = scene["vmid"]
+    stop = f"pct exec {vmid} -- systemctl stop {SERVICE}"
     if method in ("a", "a0"):
         devdir = host.path("dev")
         if os.path.realpath(devdir).startswith("/dev") or not os.path.realpath(devdir).startswith(
                 os.path.realpath(host.dir) + os.sep):
             raise RuntimeError(f"refusing fuser -k outside the simulated host: {devdir}")
-        script = SEED_SCRIPT.format(stop=stop + "\n" if service and method == "a" else "", vmid=VMID,
+        script = SEED_SCRIPT.format(stop=stop + "\n" if service and method == "a" else "", vmid=vmid,
                                     devglob=shlex.quote(devdir) + "/nvidia*")
         return ["bash", write(os.path.join(rundir, "seed.sh"), script)]
-    services = [SERVICE] if service and method in ("d", "e") else ([] if method == "d0" else None)
-    inventory = write(os.path.join(rundir, "inventory.yml"), inventory_text(host, services))
+    # The README inventory names no service (gpu_release stops the unit of each GPU holder); d0 names it.
+    services = [SERVICE] if method == "d0" else None
+    inventory = write(os.path.join(rundir, "inventory.yml"), inventory_text(host, services, vmid, python))
     argv = [ansible_playbook(), "-i", inventory]
     if method == "b":
-        kill = stop if service else (f"pct exec {VMID} -- pkill -f sglang" if scoped else
+        kill = stop if service else (f"pct exec {vmid} -- pkill -f sglang" if scoped else
                                      # not confined to the container: the pids the harness knows
                                      "kill " + " ".join(str(p) for p in sorted(scene["server"])))
         return argv + [write(os.path.join(rundir, "stop_and_wait.yml"),
-                             PLAYBOOK_B.format(vmid=VMID, stop=shlex.quote(kill), threshold=THRESHOLD_MIB))]
+                             PLAYBOOK_B.format(vmid=vmid, stop=shlex.quote(kill), threshold=THRESHOLD_MIB))]
     if method == "c":
-        stop_task = STOP_TASK_C.format(vmid=VMID, service=SERVICE) if service else "\n"
+        stop_task = "\n"  # the service variant too: gpu_release stops the holders' unit itself (stop_units)
         return argv + [write(os.path.join(rundir, "release_and_wait.yml"),
-                             PLAYBOOK_C.format(vmid=VMID, gpus=GPUS, stop_task=stop_task))]
+                             PLAYBOOK_C.format(vmid=vmid, gpus=GPUS, stop_task=stop_task))]
     argv.insert(1, "gpuops.gpu.predeploy")
     return argv + (["--limit", "gpu-ct"] if method == "e" else [])
 
@@ -342,18 +380,22 @@ def stop_group(proc):
             continue
 
 
-def run_command(argv, env, cwd, timeout, log_path):
-    """Run argv in its own session; returns (rc or "timeout", wall s, CPU s of it and its children)."""
+def run_command(argv, env, cwd, timeout, log_path, during=None):
+    """Run argv in its own session; returns (rc or "timeout", wall s, CPU s of it and its children, start).
+
+    during: a context manager factory called with the command's pid, entered while it runs."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,  # pylint: disable=consider-using-with
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-            stop_group(proc)
+            with during(proc.pid) if during else contextlib.nullcontext():
+                try:
+                    rc = proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    rc = "timeout"
+                    stop_group(proc)
         except BaseException:
             stop_group(proc)
             raise
@@ -376,26 +418,55 @@ def tail(path, n=4000):
 RECAP_RE = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)", re.M)
 
 
-def run_one(ws, args, variant, method, rep, index):
-    """One method on a fresh simulated host; never raises for the method's own failure."""
-    rundir = ws.path(f"run-{index:03d}-{variant}-{method}")
+def read_profile(path, t0, wall):
+    """The --profile-tasks callback's file, relative to the command's start t0."""
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        prof = json.load(f)
+    first = prof["tasks"][0]["start"] if prof["tasks"] else prof["end"]
+    return {"startup_s": first - t0, "callback_loaded_s": prof["loaded"] - t0,
+            "tasks": [{"task": t["task"], "role": t["role"], "action": t.get("action"), "seconds": t["seconds"]}
+                      for t in prof["tasks"]],
+            "after_last_task_s": t0 + wall - prof["end"]}
+
+
+def run_one(ws, args, variant, method, rep, index, exit_delay=None, part="e2e"):
+    """One method on a fresh simulated host; never raises for the method's own failure.
+
+    exit_delay: the server takes that long to exit after SIGTERM (the latency part's random phase)."""
+    rundir = ws.path(f"{part}-{index:03d}-{variant}-{method}")
     os.makedirs(rundir)
     entry = {"variant": variant, "method": method, "rep": rep, "order": index}
     with benchlib.sim_host(gpus=GPUS, release_lag_ms=LAG_MS) as host:
-        scene = setup(host, variant)
+        scene = setup(host, variant, (args.vmid, args.other_vmid), rundir, exit_delay)
+        if exit_delay is not None:
+            entry["server_exit_delay_s"] = exit_delay
         env = ansible_env(ws, dict(host.env(), PYTHONDONTWRITEBYTECODE="1"), args.profile_tasks)
         scoped = None
         if method == "b" and variant == "hand":
             scoped, seen = pkill_is_scoped(host, env, scene)
             entry["pkill_scope"] = {"confined_to_ct": scoped, "pgrep_in_ct": seen,
                                     "server_nspids": sorted(scene["server_nspids"])}
-        argv = prepare(method, variant, host, rundir, scoped, scene)
+        # the inventory's interpreter: Python, with each module's CPU time recorded (the split below)
+        python = benchlib.interpreter_wrapper(os.path.join(rundir, "python"), "pve and gpu-ct")
+        argv = prepare(method, variant, host, rundir, scoped, scene, python)
         profile = os.path.join(rundir, "profile.json")
         env["GPUOPS_E2E_PROFILE"] = profile
         log = os.path.join(rundir, "output.log")
-        rc, wall, cpu, t0 = run_command(argv, env, rundir, args.timeout, log)
+        with benchlib.ExitWatcher(host, scene["contexts"]) as exits:
+            rc, wall, cpu, t0 = run_command(argv, env, rundir, args.timeout, log)
         entry.update({"rc": rc, "wall_s": wall, "cpu_s": cpu})
+        if method in ("a", "a0"):  # no controller: the script runs on the node
+            entry.update({"node_cpu_s": cpu, "controller_cpu_s": None, "module_runs": 0})
+        else:  # the modules and what they ran (nvidia-smi, pct); the rest is ansible-playbook and its workers
+            node_cpu, runs = benchlib.wrapper_cpu(python + ".cpu")
+            entry.update({"node_cpu_s": node_cpu, "controller_cpu_s": max(0.0, cpu - node_cpu), "module_runs": runs})
         entry.update(observe(host, scene))
+        freed = exits.freed_at(LAG_MS / 1000.0)
+        entry["memory_freed_after_start_s"] = None if freed is None else freed - t0
+        # detection latency: from the moment the last GPU's memory is freed to the command's exit
+        entry["latency_s"] = None if freed is None else t0 + wall - freed
         out = tail(log, 200000)
         entry["recap"] = {m[0]: {"ok": int(m[1]), "changed": int(m[2]), "failed": int(m[4])}
                           for m in RECAP_RE.findall(out)}
@@ -403,14 +474,9 @@ def run_one(ws, args, variant, method, rep, index):
             entry["seed_counts"] = [int(x) for x in out.split() if x.isdigit()][-2:]
         if rc != 0 or not entry["ready"]:
             entry["output_tail"] = out[-3000:]
-        if os.path.exists(profile):
-            with open(profile, encoding="utf-8") as f:
-                prof = json.load(f)
-            first = prof["tasks"][0]["start"] if prof["tasks"] else prof["end"]
-            entry["profile"] = {"startup_s": first - t0, "callback_loaded_s": prof["loaded"] - t0,
-                                "tasks": [{"task": t["task"], "role": t["role"], "seconds": t["seconds"]}
-                                          for t in prof["tasks"]],
-                                "after_last_task_s": t0 + wall - prof["end"]}
+        entry["profile"] = read_profile(profile, t0, wall)
+        if entry["profile"] is None:
+            del entry["profile"]
     return entry
 
 
@@ -427,32 +493,104 @@ def plan(args):
     return out
 
 
-def summarize(runs, variant, methods):
+def latency_plan(args):
+    """[(rep, method, server exit delay)]: the hand variant, round-robin, one random delay per repetition
+    (the same for every method of the repetition)."""
+    rng = random.Random(args.seed)
+    out = []
+    methods = list(args.latency_methods)
+    for rep in range(args.latency_reps):
+        delay = round(rng.uniform(0.0, args.shutdown_max), 3)
+        shift = rep % len(methods)
+        out += [(rep, m, delay) for m in methods[shift:] + methods[:shift]]
+    return out
+
+
+def method_text(method, args):
+    return METHODS[method].format(vmid=args.vmid)
+
+
+def cpu_cell(value):
+    return "-" if value is None else f"{value:.2f} s"
+
+
+def count_cell(count, n):
+    return f"{count}/{n}"
+
+
+def stats(runs, key):
+    values = [r[key] for r in runs if r.get(key) is not None]
+    if not values:
+        return {"median": None, "min": None, "max": None, "mean": None, "n": 0}
+    return {"median": benchlib.median(values), "min": min(values), "max": max(values), "mean": benchlib.mean(values),
+            "n": len(values)}
+
+
+def method_summary(rs, base_median, key="wall_s"):
+    """The figures of one method's runs (key: what the ratio to (b) is taken of)."""
+    s = {"n": len(rs), "wall": stats(rs, "wall_s"), "latency": stats(rs, "latency_s"),
+         "cpu_median_s": benchlib.median([r["cpu_s"] for r in rs]),
+         "controller_cpu_median_s": benchlib.median([r["controller_cpu_s"] for r in rs
+                                                     if r.get("controller_cpu_s") is not None]),
+         "node_cpu_median_s": benchlib.median([r["node_cpu_s"] for r in rs if r.get("node_cpu_s") is not None]),
+         "ready": sum(r["ready"] for r in rs), "server_gone": sum(r["server_gone"] for r in rs),
+         "bystanders_alive": sum(r["bystanders_alive"] for r in rs), "respawned": sum(r["respawned"] for r in rs),
+         "signalled_outside": sum(1 for r in rs if r["signalled_outside"]),
+         "rc": sorted({str(r["rc"]) for r in rs})}
+    # kept under the names of the earlier JSON too
+    s.update(wall_median_s=s["wall"]["median"], wall_min_s=s["wall"]["min"], wall_max_s=s["wall"]["max"])
+    s["ratio_to_b"] = benchlib.ratio(s["latency" if key == "latency_s" else "wall"]["median"], base_median)
+    return s
+
+
+def range_cell(st):
+    if st["median"] is None:
+        return "-"
+    return f"{st['median']:.2f} s ({st['min']:.2f}-{st['max']:.2f})"
+
+
+def outcome_cells(s):
+    n = s["n"]
+    return [count_cell(s["ready"], n),
+            count_cell(s["server_gone"], n) + (f" (respawned {s['respawned']})" if s["respawned"] else ""),
+            count_cell(s["bystanders_alive"], n), count_cell(s["signalled_outside"], n), ",".join(s["rc"])]
+
+
+def summarize(runs, variant, methods, args):
     f = benchlib.fmt
     rows, summary = [], {}
-    base = [r["wall_s"] for r in runs if r["variant"] == variant and r["method"] == "b"]
-    base_median = benchlib.median(base)
+    base_median = benchlib.median([r["wall_s"] for r in runs if r["variant"] == variant and r["method"] == "b"])
     for m in methods:
         rs = [r for r in runs if r["variant"] == variant and r["method"] == m]
         if not rs:
             continue
-        walls = [r["wall_s"] for r in rs]
-        med = benchlib.median(walls)
-        s = {"n": len(rs), "wall_median_s": med, "wall_min_s": min(walls), "wall_max_s": max(walls),
-             "ratio_to_b": benchlib.ratio(med, base_median), "cpu_median_s": benchlib.median([r["cpu_s"] for r in rs]),
-             "ready": sum(r["ready"] for r in rs), "server_gone": sum(r["server_gone"] for r in rs),
-             "bystanders_alive": sum(r["bystanders_alive"] for r in rs), "respawned": sum(r["respawned"] for r in rs),
-             "rc": sorted({str(r["rc"]) for r in rs})}
-        summary[m] = s
-        n = len(rs)
-        rows.append([f"({m}) {METHODS[m]}", f"{med:.2f} s ({min(walls):.2f}-{max(walls):.2f})",
-                     f(s["ratio_to_b"], "x"), f"{s['cpu_median_s']:.2f} s", f"{s['ready']}/{n}",
-                     f"{s['server_gone']}/{n}" + (f" (respawned {s['respawned']})" if s["respawned"] else ""),
-                     f"{s['bystanders_alive']}/{n}", ",".join(s["rc"])])
+        s = summary[m] = method_summary(rs, base_median)
+        rows.append([f"({m}) {method_text(m, args)}", range_cell(s["wall"]), f(s["ratio_to_b"], "x"),
+                     cpu_cell(s["controller_cpu_median_s"]), cpu_cell(s["node_cpu_median_s"])] + outcome_cells(s))
     return rows, summary
 
 
-def notes(runs, variant):
+def summarize_latency(runs, args):
+    f = benchlib.fmt
+    rows, summary = [], {}
+    base = [r["latency_s"] for r in runs if r["method"] == "b" and r.get("latency_s") is not None]
+    base_median = benchlib.median(base)
+    for m in args.latency_methods:
+        rs = [r for r in runs if r["method"] == m]
+        if not rs:
+            continue
+        s = summary[m] = method_summary(rs, base_median, key="latency_s")
+        rows.append([f"({m}) {method_text(m, args)}", range_cell(s["latency"]),
+                     "-" if s["latency"]["mean"] is None else f"{s['latency']['mean']:.2f} s",
+                     f(s["ratio_to_b"], "x"), range_cell(s["wall"]), cpu_cell(s["controller_cpu_median_s"]),
+                     cpu_cell(s["node_cpu_median_s"])] + outcome_cells(s))
+    return rows, summary
+
+
+HEADERS_TAIL = ["ready", "server gone", "bystanders alive", "signalled outside the scope", "rc"]
+
+
+def notes(runs, variant, args):
     out = []
     order = {m: i for i, m in enumerate(METHODS)}
     for r in sorted(runs, key=lambda r: (order[r["method"]], r["rep"])):
@@ -461,6 +599,8 @@ def notes(runs, variant):
         what = []
         if r["bystanders_dead"]:
             what.append("killed bystander(s): " + ", ".join(r["bystanders_dead"]))
+        for name, sigs in (r.get("bystander_signals") or {}).items():
+            what.append(f"{name} received signal(s) {', '.join(signal.Signals(s).name for s in sigs)}")
         if r["service_active"]:
             what.append(f"service {SERVICE} still active")
         if r["respawned"]:
@@ -470,7 +610,7 @@ def notes(runs, variant):
         if r.get("seed_counts"):
             what.append(f"the seed's counts said {r['seed_counts']}")
         if r.get("pkill_scope") and not r["pkill_scope"]["confined_to_ct"]:
-            what.append("pkill -f not confined to CT 129: killed by pid instead")
+            what.append(f"pkill -f not confined to CT {args.vmid}: killed by pid instead")
         if r["rc"] == "timeout":
             what.append(f"no result within --timeout, stopped after {r['wall_s']:.0f} s")
         elif r["rc"] != 0:
@@ -482,10 +622,11 @@ def notes(runs, variant):
     return out
 
 
-def profile_table(runs, variant, method):
-    rs = [r for r in runs if r["variant"] == variant and r["method"] == method and r.get("profile")]
+def profile_rows(rs):
+    """[task, role, median s, runs] of runs that have a profile: start-up, each task, the exit."""
+    rs = [r for r in rs if r.get("profile")]
     if not rs:
-        return
+        return []
     names, per = [], {}
     for r in rs:
         for t in r["profile"]["tasks"]:
@@ -496,13 +637,21 @@ def profile_table(runs, variant, method):
                 per[key] = []
             per[key].append(t["seconds"])
     rows = [["(start-up: interpreter, imports, inventory, playbook)", "-",
-             f"{statistics.median(r['profile']['startup_s'] for r in rs):.3f} s", ""]]
+             statistics.median(r["profile"]["startup_s"] for r in rs), len(rs)]]
     for key in names:
-        rows.append([key[1], key[0], f"{statistics.median(per[key]):.3f} s", len(per[key])])
+        rows.append([key[1], key[0], statistics.median(per[key]), len(per[key])])
     rows.append(["(after the last task: stats, exit)", "-",
-                 f"{statistics.median(r['profile']['after_last_task_s'] for r in rs):.3f} s", ""])
+                 statistics.median(r["profile"]["after_last_task_s"] for r in rs), len(rs)])
+    return rows
+
+
+def profile_table(runs, variant, method):
+    rs = [r for r in runs if r["variant"] == variant and r["method"] == method and r.get("profile")]
+    rows = profile_rows(rs)
+    if not rows:
+        return
     benchlib.table(f"Per-task time, ({method}) {variant}, median of {len(rs)} run(s)", ["task", "role", "median", "runs"],
-                   rows)
+                   [[name, role, f"{sec:.3f} s", n] for name, role, sec, n in rows])
 
 
 def working_tree():
@@ -513,32 +662,39 @@ def working_tree():
     return {"head": git("rev-parse", "HEAD"), "changed": (git("status", "--porcelain") or "").splitlines()}
 
 
-def run(args):
-    runs = []
-    tree, started = working_tree(), benchlib.machine()
-    timed_out, skipped = set(), []
-    with benchlib.workspace("gpubench-e2e-") as ws:
-        for index, (rep, variant, method) in enumerate(plan(args)):
-            print(f"  rep {rep + 1}/{args.reps} {variant:<7} ({method})", end=" ", flush=True)
-            if (variant, method) in timed_out:  # a hang costs --timeout once, not once per repetition
-                skipped.append({"variant": variant, "method": method, "rep": rep})
-                print("skipped: it timed out in an earlier repetition", flush=True)
-                continue
-            entry = run_one(ws, args, variant, method, rep, index)
-            runs.append(entry)
-            if entry["rc"] == "timeout":
-                timed_out.add((variant, method))
-            print(f"rc {entry['rc']}, {entry['wall_s']:.2f} s, ready {benchlib.fmt(entry['ready'])}", flush=True)
+def execute(ws, args, plan_items, part):
+    """Run (rep, variant, method, exit delay) items; a method that timed out is not run again."""
+    runs, skipped, timed_out = [], [], set()
+    total = len(plan_items)
+    for index, (rep, variant, method, delay) in enumerate(plan_items):
+        label = f"  {part} {index + 1}/{total} rep {rep + 1} {variant:<7} ({method})"
+        print(label + (f" server exits {delay:.2f} s after SIGTERM" if delay is not None else ""), end=" ", flush=True)
+        if (variant, method) in timed_out:  # a hang costs --timeout once, not once per repetition
+            skipped.append({"variant": variant, "method": method, "rep": rep})
+            print("skipped: it timed out in an earlier repetition", flush=True)
+            continue
+        entry = run_one(ws, args, variant, method, rep, index, exit_delay=delay, part=part)
+        runs.append(entry)
+        if entry["rc"] == "timeout":
+            timed_out.add((variant, method))
+        latency = entry.get("latency_s")
+        print(f"rc {entry['rc']}, {entry['wall_s']:.2f} s"
+              + (f", {latency:.2f} s after the memory was freed" if latency is not None else "")
+              + f", ready {benchlib.fmt(entry['ready'])}", flush=True)
+    return runs, skipped
+
+
+def print_e2e(runs, skipped, args):
     summary = {}
     for variant in args.variants:
-        rows, summary[variant] = summarize(runs, variant, args.methods)
+        rows, summary[variant] = summarize(runs, variant, args.methods, args)
         if not rows:
             continue
         title = (f"End to end, variant {variant} ({'supervised service sglang, respawn' if variant == 'service' else 'hand-started server'}),"
                  f" {args.reps} repetition(s), a fresh simulated node per run (8 x H200, release lag {LAG_MS} ms)")
-        benchlib.table(title, ["method", "wall median (min-max)", "ratio to (b)", "CPU", "ready", "server gone",
-                               "bystanders alive", "rc"], rows)
-        for line in notes(runs, variant):
+        benchlib.table(title, ["method", "wall median (min-max)", "ratio to (b)", "CPU controller", "CPU node"]
+                       + HEADERS_TAIL, rows)
+        for line in notes(runs, variant, args):
             print(line)
         for method in sorted({x["method"] for x in skipped if x["variant"] == variant}):
             print(f"- ({method}) {sum(1 for x in skipped if x['variant'] == variant and x['method'] == method)}"
@@ -547,12 +703,47 @@ def run(args):
             for method in args.methods:
                 if method not in ("a", "a0"):
                     profile_table(runs, variant, method)
+    return summary
+
+
+def print_latency(runs, skipped, args):
+    rows, summary = summarize_latency(runs, args)
+    if not rows:
+        return summary
+    benchlib.table(f"Detection latency: from the moment the last GPU's memory is freed to the command's exit,"
+                   f" hand variant, {args.latency_reps} repetition(s), the server exiting a random 0..{args.shutdown_max:g} s"
+                   f" after SIGTERM (release lag {LAG_MS} ms)",
+                   ["method", "latency median (min-max)", "latency mean", "ratio to (b)", "wall median (min-max)",
+                    "CPU controller", "CPU node"] + HEADERS_TAIL, rows)
+    for line in notes(runs, "hand", args):
+        print(line)
+    for method in sorted({x["method"] for x in skipped}):
+        print(f"- ({method}) {sum(1 for x in skipped if x['method'] == method)} repetition(s) skipped:"
+              f" it timed out after {args.timeout:g} s")
+    return summary
+
+
+def run(args):
+    tree, started = working_tree(), benchlib.machine()
+    with benchlib.workspace("gpubench-e2e-") as ws:
+        runs, skipped = execute(ws, args, [(rep, v, m, None) for rep, v, m in plan(args)], "e2e")
+        summary = print_e2e(runs, skipped, args) if runs else {}
+        latency_runs, latency_skipped = execute(ws, args, [(rep, "hand", m, d) for rep, m, d in latency_plan(args)],
+                                                "latency")
+        latency = print_latency(latency_runs, latency_skipped, args) if latency_runs else {}
     result = {"name": "e2e", "smoke": args.smoke, "machine": started, "loadavg_at_end": os.getloadavg(),
               "params": {"reps": args.reps, "variants": args.variants, "methods": args.methods, "gpus": GPUS,
                          "worker_mib": WORKER_MIB, "release_lag_ms": LAG_MS, "threshold_mib": THRESHOLD_MIB,
-                         "timeout_s": args.timeout, "profile_tasks": args.profile_tasks,
-                         "ansible_playbook": ansible_playbook(), "methods_text": METHODS},
-              "working_tree": tree, "summary": summary, "runs": runs, "skipped": skipped}
+                         "timeout_s": args.timeout, "profile_tasks": args.profile_tasks, "vmid": args.vmid,
+                         "other_vmid": args.other_vmid, "ansible_playbook": ansible_playbook(),
+                         "methods_text": {m: method_text(m, args) for m in METHODS},
+                         "latency_reps": args.latency_reps, "latency_methods": args.latency_methods,
+                         "shutdown_max_s": args.shutdown_max, "seed": args.seed},
+              "working_tree": tree, "summary": summary, "runs": runs, "skipped": skipped,
+              # per-task medians ([task, role, seconds, runs]) of each Ansible method that ran with --profile-tasks
+              "profiles": {v: {m: profile_rows([r for r in runs if r["variant"] == v and r["method"] == m])
+                               for m in args.methods if m not in ("a", "a0")} for v in args.variants},
+              "latency": {"summary": latency, "runs": latency_runs, "skipped": latency_skipped}}
     benchlib.write_json("e2e", result)
     return result
 
@@ -565,13 +756,33 @@ def csv_list(text, choices, what):
     return items
 
 
+def vmid_arg(text):
+    value = int(text)
+    if not 100 <= value <= 999999999:
+        raise argparse.ArgumentTypeError(f"{text}: a Proxmox VE vmid is 100..999999999")
+    return value
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help=f"quick: 1 repetition, both variants, methods {','.join(SMOKE_METHODS)}")
-    ap.add_argument("--reps", type=int, help="repetitions (default 5; smoke 1)")
+    ap.add_argument("--smoke", action="store_true",
+                    help=f"quick: 1 repetition, both variants, methods {','.join(SMOKE_METHODS)}; 1 latency repetition")
+    ap.add_argument("--reps", type=int, help="repetitions of the end-to-end part (default 5; smoke 1; 0: skip it)")
     ap.add_argument("--methods", type=lambda t: csv_list(t, tuple(METHODS), "--methods"),
                     help=f"comma list of {','.join(METHODS)} (default all; a0 and d0 run in the service variant only)")
     ap.add_argument("--variants", type=lambda t: csv_list(t, VARIANTS, "--variants"), help="hand,service (default both)")
+    ap.add_argument("--latency-reps", type=int,
+                    help="repetitions of the detection-latency part (default 10; smoke 1; 0: skip it)")
+    ap.add_argument("--latency-methods", type=lambda t: csv_list(t, LATENCY_METHODS, "--latency-methods"),
+                    help=f"comma list of {','.join(LATENCY_METHODS)} (default all three; the ratios are to b)")
+    ap.add_argument("--shutdown-max", type=float, default=2.0,
+                    help="latency part: the server exits a random 0..S s after SIGTERM (default 2, the hand-written"
+                         " loop's delay: a random phase of its polls)")
+    ap.add_argument("--seed", type=int, default=1, help="random seed of the latency part's exit delays (default 1)")
+    ap.add_argument("--vmid", type=vmid_arg, default=VMID,
+                    help=f"the server's container (default {VMID}, the seeds'); containers are machine-wide cgroups"
+                         " (lxc/<vmid>): pick one no one else uses")
+    ap.add_argument("--other-vmid", type=vmid_arg, help="the second container, without GPUs (default --vmid + 1)")
     ap.add_argument("--timeout", type=float,
                     help="stop a method's command after S seconds, recorded as rc 'timeout', and skip its later"
                          " repetitions (default 120; smoke 30). A method that works returns in a few seconds; one"
@@ -579,10 +790,17 @@ def main(argv=None):
     ap.add_argument("--profile-tasks", action="store_true",
                     help="record each Ansible task's time (a callback in the temp dir) and print a per-task table")
     args = ap.parse_args(argv)
-    args.reps = args.reps or (1 if args.smoke else 5)
+    args.reps = args.reps if args.reps is not None else (1 if args.smoke else 5)
+    args.latency_reps = args.latency_reps if args.latency_reps is not None else (1 if args.smoke else 10)
     args.timeout = args.timeout or (30.0 if args.smoke else 120.0)
     args.methods = args.methods or list(SMOKE_METHODS if args.smoke else METHODS)
+    args.latency_methods = args.latency_methods or list(LATENCY_METHODS)
     args.variants = args.variants or list(VARIANTS)
+    args.other_vmid = args.other_vmid or args.vmid + 1
+    if args.other_vmid == args.vmid:
+        ap.error("--other-vmid must differ from --vmid")
+    if args.reps < 0 or args.latency_reps < 0 or args.shutdown_max < 0:
+        ap.error("--reps, --latency-reps and --shutdown-max must be >= 0")
     benchlib.install_signal_handlers()
     try:
         run(args)

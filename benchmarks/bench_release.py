@@ -64,6 +64,7 @@ def seed(pids, sleep_s):
 
 
 def run(args):
+    started = benchlib.machine()  # the machine and its load when the measurement starts
     scen = {"sigterm": [], "seed": [], "exit_delay": [], "tree": []}
     with benchlib.workspace("gpubench-rel-") as ws, benchlib.sim_host(gpus=8) as host:
         env = ws.env(host.env())
@@ -92,7 +93,7 @@ def run(args):
     summary["ratio_ours_wall_seed"] = benchlib.ratio(summary["ours_wall_s"], seed_wall)
     summary["ratio_ours_elapsed_seed"] = benchlib.ratio(summary["ours_elapsed_s"], seed_wall)
     summary["ratio_ours_gone_seed"] = benchlib.ratio(summary["ours_max_seconds"], seed_wall)
-    result = {"name": "release", "smoke": args.smoke, "machine": benchlib.machine(),
+    result = {"name": "release", "smoke": args.smoke, "machine": started,
               "params": {"workers": args.workers, "reps": args.reps, "exit_delay_s": args.exit_delay, "seed_sleep_s": args.seed_sleep},
               "summary": summary, "runs": scen}
     f = benchlib.fmt

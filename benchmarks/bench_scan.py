@@ -8,9 +8,10 @@ Starts N real idle processes (`sleep 600`) and a few holders (Python children th
 - naive: os.listdir(/proc/<pid>/fd) + os.readlink + fnmatch of every link (no prefix test).
 
 Reports the median wall time, the ratio ours/fuser (the issue's target: <= 0.7) and the CPU time
-of one scan. Every process it started is killed (by pid) at the end.
+of one scan, for each size (--procs 500,2000,5000: the idle processes are added to the last size's).
+Every process it started is killed (by pid) at the end.
 
-    .venv/bin/python benchmarks/bench_scan.py [--smoke] [--procs N] [--reps R]
+    .venv/bin/python benchmarks/bench_scan.py [--smoke] [--procs N[,N...]] [--reps R]
 """
 
 import argparse
@@ -97,7 +98,51 @@ def stop_holders(holders):
         proc.stdout.close()
 
 
+def measure(args, methods, expected, size):
+    """One size: warm-up, then args.reps round-robin repetitions of every method."""
+    samples = {name: [] for name in methods}
+    cpu = {name: [] for name in methods}
+    found = {}
+    nprocs = benchlib.process_count()
+    for name, fn in methods.items():  # warm-up: dentry caches, the page cache of fuser
+        found[name] = fn()[0]
+    for _rep in range(args.reps):
+        for name, fn in methods.items():
+            out, wall, used = fn()
+            samples[name].append(wall)
+            cpu[name].append(used)
+            found[name] = out
+    med = {k: benchlib.median(v) for k, v in samples.items()}
+    return {
+        "idle_processes": size, "processes_on_machine": nprocs,
+        "median_s": med, "cpu_s_median": {k: benchlib.median(v) for k, v in cpu.items()}, "samples_s": samples,
+        "found_expected_holders": {k: sorted(v) == sorted(expected) for k, v in found.items()},
+        "ratio_ours_fuser": benchlib.ratio(med["ours"], med.get("fuser")),
+        "ratio_ours_naive": benchlib.ratio(med["ours"], med["naive"]),
+    }
+
+
+def print_size(args, r, have_fuser):
+    f = benchlib.fmt
+    med, cpu_med, agree = r["median_s"], r["cpu_s_median"], r["found_expected_holders"]
+    rows = [
+        ["ours: _procs.scan_fd_holders (in-process)", f(med["ours"], "ms"), f(cpu_med["ours"], "ms"), "1.00x",
+         f(agree.get("ours"))],
+        ["fuser <files> (psmisc, subprocess)" if have_fuser else "fuser: not installed",
+         f(med.get("fuser"), "ms"), f(cpu_med.get("fuser"), "ms"), f(r["ratio_ours_fuser"], "x"), f(agree.get("fuser"))],
+        ["naive Python scan (fnmatch every fd)", f(med["naive"], "ms"), f(cpu_med["naive"], "ms"),
+         f(r["ratio_ours_naive"], "x"), f(agree.get("naive"))],
+    ]
+    benchlib.table(f"Device-file holder scan: {r['processes_on_machine']} processes on the machine ({r['idle_processes']}"
+                   f" idle started here, {args.holders} holders), median of {args.reps}",
+                   ["method", "median wall", "CPU / scan", "ours / this", "found the holders"], rows)
+    print(f"ratio ours/fuser: {f(r['ratio_ours_fuser'], 'x')} (target <= 0.70)")
+
+
 def run(args):
+    started = benchlib.machine()  # the machine and its load when the measurement starts
+    have_fuser = shutil.which("fuser") is not None
+    results = []
     with benchlib.workspace("gpubench-scan-") as ws:
         ws.activate()
         # pylint: disable-next=import-outside-toplevel,import-error
@@ -112,64 +157,35 @@ def run(args):
         pattern = os.path.join(devdir, "nvidia*")
         files = sorted(glob.glob(pattern))
         held = [os.path.join(devdir, n) for n in names[:9]]  # nvidia0..7 and nvidiactl
-        have_fuser = shutil.which("fuser") is not None
 
         holders = []
-        samples = {"ours": [], "fuser": [], "naive": []}
-        cpu = {"ours": [], "fuser": [], "naive": []}
-        found = {}
-        with benchlib.idle_processes(args.procs):
-            try:
-                holders = start_holders(args.holders, held)
-                expected = {p.pid for p in holders}
-                nprocs = benchlib.process_count()
-                methods = {
-                    "ours": lambda: timed_inprocess(lambda: set(_procs.scan_fd_holders([pattern]))),
-                    "naive": lambda: timed_inprocess(lambda: set(naive_scan([pattern]))),
-                }
-                if have_fuser:
-                    methods["fuser"] = lambda: timed_child(lambda: fuser_scan(files))
-                for name, fn in methods.items():  # warm-up: dentry caches, the page cache of fuser
-                    found[name] = fn()[0]
-                for _rep in range(args.reps):
-                    for name, fn in methods.items():
-                        out, wall, used = fn()
-                        samples[name].append(wall)
-                        cpu[name].append(used)
-                        found[name] = out
-            finally:
-                stop_holders(holders)
+        idle = benchlib.IdleProcesses()
+        try:
+            holders = start_holders(args.holders, held)
+            expected = {p.pid for p in holders}
+            methods = {
+                "ours": lambda: timed_inprocess(lambda: set(_procs.scan_fd_holders([pattern]))),
+                "naive": lambda: timed_inprocess(lambda: set(naive_scan([pattern]))),
+            }
+            if have_fuser:
+                methods["fuser"] = lambda: timed_child(lambda: fuser_scan(files))
+            for size in args.procs:  # ascending: each size adds idle processes to the last one's
+                idle.start(size - len(idle.procs))
+                results.append(measure(args, methods, expected, size))
+                print_size(args, results[-1], have_fuser)
+        finally:
+            idle.stop()
+            stop_holders(holders)
 
-    med = {k: benchlib.median(v) for k, v in samples.items()}
-    cpu_med = {k: benchlib.median(v) for k, v in cpu.items()}
-    agree = {k: sorted(v) == sorted(expected) for k, v in found.items()}
     result = {
         "name": "scan",
         "smoke": args.smoke,
-        "machine": benchlib.machine(),
+        "machine": started,
         "params": {"idle_processes": args.procs, "holders": args.holders, "reps": args.reps,
-                   "processes_on_machine": nprocs, "fuser": shutil.which("fuser") or "not installed"},
-        "median_s": med,
-        "cpu_s_median": cpu_med,
-        "samples_s": samples,
-        "found_expected_holders": agree,
-        "ratio_ours_fuser": benchlib.ratio(med["ours"], med.get("fuser")),
-        "ratio_ours_naive": benchlib.ratio(med["ours"], med["naive"]),
+                   "fuser": shutil.which("fuser") or "not installed"},
+        "sizes": results,
         "target": {"ratio_ours_fuser_max": 0.7},
     }
-    rows = [
-        ["ours: _procs.scan_fd_holders (in-process)", benchlib.fmt(med["ours"], "ms"), benchlib.fmt(cpu_med["ours"], "ms"),
-         "1.00x", benchlib.fmt(agree.get("ours"))],
-        ["fuser <files> (psmisc, subprocess)" if have_fuser else "fuser: not installed",
-         benchlib.fmt(med.get("fuser"), "ms"), benchlib.fmt(cpu_med.get("fuser"), "ms"),
-         benchlib.fmt(benchlib.ratio(med["ours"], med.get("fuser")), "x"), benchlib.fmt(agree.get("fuser"))],
-        ["naive Python scan (fnmatch every fd)", benchlib.fmt(med["naive"], "ms"), benchlib.fmt(cpu_med["naive"], "ms"),
-         benchlib.fmt(result["ratio_ours_naive"], "x"), benchlib.fmt(agree.get("naive"))],
-    ]
-    benchlib.table(f"Device-file holder scan: {nprocs} processes on the machine ({args.procs} idle started here,"
-                   f" {args.holders} holders), median of {args.reps}",
-                   ["method", "median wall", "CPU / scan", "ours / this", "found the holders"], rows)
-    print(f"ratio ours/fuser: {benchlib.fmt(result['ratio_ours_fuser'], 'x')} (target <= 0.70)")
     benchlib.write_json("scan", result)
     return result
 
@@ -177,11 +193,13 @@ def run(args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="small and quick: 200 processes, 2 repetitions")
-    ap.add_argument("--procs", type=int, help="idle processes to start (default 2000; smoke 200)")
+    ap.add_argument("--procs", type=benchlib.sizes_arg,
+                    help="idle processes to start, or a comma list of sizes measured one after the other"
+                         " (default 2000; smoke 200; run.py's full run: 500,2000,5000)")
     ap.add_argument("--holders", type=int, default=3, help="processes that hold the device files (default 3)")
     ap.add_argument("--reps", type=int, help="repetitions (default 9; smoke 2)")
     args = ap.parse_args(argv)
-    args.procs = args.procs if args.procs is not None else (200 if args.smoke else 2000)
+    args.procs = args.procs if args.procs is not None else [200 if args.smoke else 2000]
     args.reps = args.reps or (2 if args.smoke else 9)
     benchlib.install_signal_handlers()
     run(args)

@@ -11,9 +11,11 @@ LD_LIBRARY_PATH set before the process starts, so this script re-execs itself):
   (the same fields the collection's nvidia-smi backend reads).
 
 Also shown, for information: the first take() of a process (NVML initialisation included) and
-the collection's nvidia-smi backend. Reports medians and the ratios ours/nvidia-smi.
+the collection's nvidia-smi backend. Reports medians and the ratios ours/nvidia-smi. With --idle
+500,2000,5000 it measures again with that many idle processes (`sleep`) on the machine: the
+snapshot's holder scan reads every process's fds, nvidia-smi does not.
 
-    .venv/bin/python benchmarks/bench_snapshot.py [--smoke] [--procs N] [--reps R]
+    .venv/bin/python benchmarks/bench_snapshot.py [--smoke] [--procs N] [--idle N[,N...]] [--reps R]
 """
 
 import argparse
@@ -90,52 +92,71 @@ def child(args):
     return 0
 
 
+def measure(ws, host, args, idle_count):
+    argv = [sys.executable, __file__, "--child", "--device-glob", benchlib.device_glob(host), "--reps", str(args.reps)]
+    nprocs = benchlib.process_count()
+    proc = subprocess.run(argv, env=ws.env(host.env()), capture_output=True, text=True, check=False, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the measuring child failed (rc {proc.returncode}): {proc.stderr[-3000:]}")
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    med = {k: benchlib.median(v) for k, v in data["samples_s"].items()}
+    return {
+        "idle_processes": idle_count, "processes_on_machine": nprocs,
+        "median_s": med, "cold_s": data["cold_s"], "samples_s": data["samples_s"], "seen": data["seen"],
+        "backend": data["backend"],
+        "ratio_ours_nvidia_smi": benchlib.ratio(med["ours_nvml"], med["nvidia_smi"]),
+        "ratio_ours_cold_nvidia_smi": benchlib.ratio(data["cold_s"]["ours_nvml"], med["nvidia_smi"]),
+    }
+
+
+def print_size(args, r):
+    f = benchlib.fmt
+    med, seen, smi = r["median_s"], r["seen"], r["median_s"]["nvidia_smi"]
+    rows = [
+        ["ours: SnapshotTaker.take(), NVML, in-process", f(med["ours_nvml"], "ms"), f(r["ratio_ours_nvidia_smi"], "x"),
+         f"{seen['ours_nvml'][0]} GPUs, {seen['ours_nvml'][1]} procs, {seen['ours_nvml'][2]} holders"],
+        ["ours: first take() in a process (NVML init included)", f(r["cold_s"]["ours_nvml"], "ms"),
+         f(r["ratio_ours_cold_nvidia_smi"], "x"), ""],
+        ["today: nvidia-smi --query-gpu + --query-compute-apps", f(smi, "ms"), "1.00x",
+         f"{seen['nvidia_smi'][0]} GPU rows, {seen['nvidia_smi'][1]} process rows"],
+        ["(info) ours with backend=nvidia-smi", f(med["ours_smi_backend"], "ms"),
+         f(benchlib.ratio(med["ours_smi_backend"], smi), "x"),
+         f"{seen['ours_smi_backend'][1]} procs, {seen['ours_smi_backend'][2]} holders"],
+    ]
+    benchlib.table(f"Snapshot of 8 GPUs with {args.procs} GPU processes, {r['processes_on_machine']} processes on the"
+                   f" machine ({r['idle_processes']} idle started here), median of {args.reps}",
+                   ["method", "median wall", "this / nvidia-smi", "what it saw"], rows)
+    print(f"ratio ours/nvidia-smi: {f(r['ratio_ours_nvidia_smi'], 'x')}"
+          f" (first take in a process: {f(r['ratio_ours_cold_nvidia_smi'], 'x')})")
+
+
 def parent(args):
+    started = benchlib.machine()  # the machine and its load when the measurement starts
+    results = []
     with benchlib.workspace("gpubench-snap-") as ws, benchlib.sim_host(gpus=8) as host:
         t0 = time.monotonic()
         for index in range(args.procs):
             host.hold([index % 8], mib=args.mib)
         setup = time.monotonic() - t0
-        argv = [sys.executable, __file__, "--child", "--device-glob", benchlib.device_glob(host), "--reps", str(args.reps)]
-        proc = subprocess.run(argv, env=ws.env(host.env()), capture_output=True, text=True, check=False, timeout=600)
-        if proc.returncode != 0:
-            raise RuntimeError(f"the measuring child failed (rc {proc.returncode}): {proc.stderr[-3000:]}")
-        data = json.loads(proc.stdout.strip().splitlines()[-1])
+        idle = benchlib.IdleProcesses()
+        try:
+            for size in args.idle:  # ascending: each size adds idle processes to the last one's
+                idle.start(size - len(idle.procs))
+                results.append(measure(ws, host, args, size))
+                print_size(args, results[-1])
+        finally:
+            idle.stop()
 
-    med = {k: benchlib.median(v) for k, v in data["samples_s"].items()}
     result = {
         "name": "snapshot",
         "smoke": args.smoke,
-        "machine": benchlib.machine(),
-        "params": {"gpus": 8, "workloads": args.procs, "mib_each": args.mib, "reps": args.reps, "setup_s": setup},
-        "median_s": med,
-        "cold_s": data["cold_s"],
-        "samples_s": data["samples_s"],
-        "seen": data["seen"],
-        "backend": data["backend"],
-        "ratio_ours_nvidia_smi": benchlib.ratio(med["ours_nvml"], med["nvidia_smi"]),
-        "ratio_ours_cold_nvidia_smi": benchlib.ratio(data["cold_s"]["ours_nvml"], med["nvidia_smi"]),
+        "machine": started,
+        "params": {"gpus": 8, "workloads": args.procs, "mib_each": args.mib, "reps": args.reps, "setup_s": setup,
+                   "idle_processes": args.idle},
+        "sizes": results,
         "note": "the simulator's nvidia-smi is a Python program over the simulated library: its cost is mostly"
                 " interpreter start-up, where a real nvidia-smi spends its time in the driver",
     }
-    seen = data["seen"]
-    smi = med["nvidia_smi"]
-    rows = [
-        ["ours: SnapshotTaker.take(), NVML, in-process", benchlib.fmt(med["ours_nvml"], "ms"),
-         benchlib.fmt(result["ratio_ours_nvidia_smi"], "x"),
-         f"{seen['ours_nvml'][0]} GPUs, {seen['ours_nvml'][1]} procs, {seen['ours_nvml'][2]} holders"],
-        ["ours: first take() in a process (NVML init included)", benchlib.fmt(data["cold_s"]["ours_nvml"], "ms"),
-         benchlib.fmt(result["ratio_ours_cold_nvidia_smi"], "x"), ""],
-        ["today: nvidia-smi --query-gpu + --query-compute-apps", benchlib.fmt(smi, "ms"), "1.00x",
-         f"{seen['nvidia_smi'][0]} GPU rows, {seen['nvidia_smi'][1]} process rows"],
-        ["(info) ours with backend=nvidia-smi", benchlib.fmt(med["ours_smi_backend"], "ms"),
-         benchlib.fmt(benchlib.ratio(med["ours_smi_backend"], smi), "x"),
-         f"{seen['ours_smi_backend'][1]} procs, {seen['ours_smi_backend'][2]} holders"],
-    ]
-    benchlib.table(f"Snapshot of 8 GPUs with {args.procs} processes, median of {args.reps}",
-                   ["method", "median wall", "this / nvidia-smi", "what it saw"], rows)
-    print(f"ratio ours/nvidia-smi: {benchlib.fmt(result['ratio_ours_nvidia_smi'], 'x')}"
-          f" (first take in a process: {benchlib.fmt(result['ratio_ours_cold_nvidia_smi'], 'x')})")
     benchlib.write_json("snapshot", result)
     return result
 
@@ -146,6 +167,9 @@ def main(argv=None):
     ap.add_argument("--procs", type=int, help="workloads to hold (default 50; smoke 8)")
     ap.add_argument("--mib", type=int, default=256, help="MiB each workload holds (default 256)")
     ap.add_argument("--reps", type=int, help="repetitions (default 9; smoke 1)")
+    ap.add_argument("--idle", type=benchlib.sizes_arg, default=[0],
+                    help="idle processes (sleep) to start on the machine besides the workloads, or a comma list of"
+                         " sizes measured one after the other (default 0; run.py's full run: 500,2000,5000)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--device-glob", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -161,6 +161,7 @@ def cpu_cost(ws, host, env, args):
 
 
 def run(args):
+    started = benchlib.machine()  # the machine and its load when the measurement starts
     with benchlib.workspace("gpubench-wait-") as ws, benchlib.sim_host(gpus=8, release_lag_ms=args.lag_ms) as host:
         env = ws.env(host.env())
         busy = [host.hold(gpus, mib=40960) for gpus in args.workers]
@@ -188,7 +189,7 @@ def run(args):
         "ours_manual": benchlib.ratio(summary["ours"]["mean_latency_s"], summary["manual"]["mean_latency_s"]),
     }
     result = {
-        "name": "wait" if not args.jitter else f"wait-jitter{args.jitter:g}", "smoke": args.smoke, "machine": benchlib.machine(),
+        "name": "wait" if not args.jitter else f"wait-jitter{args.jitter:g}", "smoke": args.smoke, "machine": started,
         "params": {"release_lag_ms": args.lag_ms, "settle_s": args.settle, "sleep_s": args.sleep, "reps": args.reps,
                    "idiomatic_delay_s": args.delay, "idiomatic_task_overhead_s": args.task_overhead,
                    "manual_sleeps_s": [args.manual_first, args.manual_second], "threshold_mib": THRESHOLD_MIB,

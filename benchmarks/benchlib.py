@@ -5,16 +5,20 @@ run, side by side, and reports ratios. Nothing here asserts on time: a benchmark
 when it crashes.
 """
 
+import argparse
 import contextlib
 import json
 import os
+import platform
 import resource
+import shlex
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -119,7 +123,11 @@ def sim_host(**kwargs):
     from gpusimkit.host import SimHost  # pylint: disable=import-outside-toplevel
 
     base = tempfile.mkdtemp(prefix="gpub-")
-    host = SimHost.up(os.path.join(base, "h"), **kwargs)
+    try:
+        host = SimHost.up(os.path.join(base, "h"), **kwargs)  # on a failure (or SIGTERM) up() tears itself down
+    except BaseException:
+        shutil.rmtree(base, ignore_errors=True)
+        raise
     try:
         yield host
     finally:
@@ -127,6 +135,45 @@ def sim_host(**kwargs):
         shutil.rmtree(base, ignore_errors=True)
         if report.get("errors"):
             print(f"warning: gpusim down: {report['errors']}", file=sys.stderr)
+
+
+class ExitWatcher:
+    """Collects the exit times of GPU contexts from a simulated host's driver (its `procs` file).
+
+    The driver lists an exited context, with its exit time (CLOCK_MONOTONIC, the clock of
+    time.monotonic()), until its release lag has passed, then drops it: so the file is read every
+    `interval` seconds while a command runs, and the moment the last GPU's memory is freed is
+    exact: the last exit plus the lag (as bench_wait.py reads it)."""
+
+    def __init__(self, host, keys, interval=0.05):
+        self.host, self.keys, self.interval = host, set(keys), interval
+        self.exits = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _poll(self):
+        for key, exit_ns in self.host.procs()[1].items():
+            if key in self.keys:
+                self.exits.setdefault(key, exit_ns)
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            self._poll()
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self._poll()
+
+    def freed_at(self, lag_s):
+        """The last exit + lag on the time.monotonic() clock, or None while a context has not exited."""
+        if not self.keys or any(key not in self.exits for key in self.keys):
+            return None
+        return max(self.exits[key] for key in self.keys) / 1e9 + lag_s
 
 
 def device_glob(host):
@@ -161,6 +208,17 @@ def idle_processes(count):
         yield idle.start(count)
     finally:
         idle.stop()
+
+
+def sizes_arg(text):
+    """argparse type: a number of processes, or a comma list of them (ascending, deduplicated)."""
+    try:
+        sizes = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text}: a number or a comma list, e.g. 500,2000,5000") from None
+    if not sizes or sizes[0] < 0:
+        raise argparse.ArgumentTypeError(f"{text}: numbers >= 0")
+    return sizes
 
 
 def process_count():
@@ -211,13 +269,91 @@ def table(title, headers, rows):
     sys.stdout.flush()
 
 
+def _first_line_with(path, prefix):
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(prefix):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def machine():
-    return {"cpus": os.cpu_count(), "python": sys.version.split()[0], "processes_at_start": process_count(),
-            "loadavg": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+    """The machine and the moment: what docs/performance.md names (tools/performance_doc.py)."""
+    mem_kib = _first_line_with("/proc/meminfo", "MemTotal")
+    return {"cpus": os.cpu_count(), "cpu_model": _first_line_with("/proc/cpuinfo", "model name") or platform.processor(),
+            "memory_gib": round(int(mem_kib.split()[0]) / 1048576, 1) if mem_kib else None,
+            "kernel": platform.release(), "python": sys.version.split()[0], "processes_at_start": process_count(),
+            "loadavg": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def command_line():
+    """How this benchmark was started, relative to the checkout (for the JSON and the docs)."""
+    argv = list(sys.argv)
+    if argv and os.path.isabs(argv[0]) and argv[0].startswith(ROOT + os.sep):
+        argv[0] = os.path.relpath(argv[0], ROOT)
+    exe = os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(ROOT + os.sep) else sys.executable
+    return " ".join(shlex.quote(a) for a in [exe] + argv)
+
+
+# A per-host interpreter (ansible_python_interpreter) for the local connection: the simulated host's
+# environment, then Python; the module's CPU time (and that of what it ran: nvidia-smi, pct) is
+# appended to a log by the shell's `times`, so that a run's CPU splits into the modules' ("the
+# target") and the rest (ansible-playbook, its workers, the local connection's shell commands).
+INTERPRETER = """\
+#!/bin/sh
+# ansible_python_interpreter of {what}: {purpose}
+{exports}{python} "$@"
+rc=$?
+times >>{cpu_log}
+exit $rc
+"""
+
+
+def interpreter_wrapper(path, what, env_vars=None, cpu_log=None, python=None):
+    """Write the wrapper above to ``path`` (mode 755) and return it; ``cpu_log`` defaults to ``path``.cpu."""
+    env_vars = env_vars or {}
+    exports = "".join(f"{k}={shlex.quote(v)}; export {k}\n" for k, v in sorted(env_vars.items()))
+    purpose = ("this simulated host's PATH, LD_LIBRARY_PATH and GPUSIM_DIR, then Python" if env_vars
+               else "Python, the module's CPU time recorded")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(INTERPRETER.format(what=what, purpose=purpose, exports=exports,
+                                   python=shlex.quote(python or sys.executable),
+                                   cpu_log=shlex.quote(cpu_log or path + ".cpu")))
+    os.chmod(path, 0o755)
+    return path
+
+
+def _seconds(text):
+    """`times` writes 0m0.120000s: minutes and seconds."""
+    minutes, _sep, secs = text.rstrip("s").partition("m")
+    return int(minutes) * 60 + float(secs)
+
+
+def wrapper_cpu(path):
+    """(CPU seconds of the modules run through an interpreter_wrapper, module runs) from its log.
+
+    `times` prints two lines: the shell's own user/system times, then its children's (the module
+    and everything it waited for); only the second counts."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [ln.split() for ln in f if ln.strip()]
+    except OSError:
+        return 0.0, 0
+    total, runs = 0.0, 0
+    for index in range(1, len(lines), 2):
+        if len(lines[index]) == 2:
+            total += _seconds(lines[index][0]) + _seconds(lines[index][1])
+            runs += 1
+    return total, runs
 
 
 def write_json(name, data):
     """results/<name>.json for a full run; results/smoke/<name>.json for a smoke run (never clobbers a full one)."""
+    data.setdefault("command", command_line())
     folder = os.path.join(RESULTS, "smoke") if data.get("smoke") else RESULTS
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{name}.json")

@@ -4,29 +4,50 @@ Each benchmark runs as its own process, prints its table and writes benchmarks/r
 --smoke: small sizes and one or two repetitions, a few seconds each (what `make test` runs);
 its figures mean nothing, it only proves the benchmarks still run. The exit status is non-zero
 only when a benchmark crashes (or hangs past its time limit), never because of a timing.
+A full run (not --smoke) ends with tools/performance_doc.py, which regenerates docs/performance.md
+and the figures of docs/scale.md from benchmarks/results/*.json; run.json there records this run.
 """
 
 import argparse
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
 
+import benchlib
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCHES = ("scan", "snapshot", "release", "wait", "e2e")
-# Generous limits, for a hang only: a full run takes about 7.5 minutes on 2 cores (e2e: 5 of them),
-# a smoke run 35 s (e2e: 25 s).
+ROOT = os.path.dirname(HERE)
+BENCHES = ("scan", "snapshot", "release", "wait", "e2e", "fleet")
+# What a full run adds to each script's defaults: the scan and the snapshot at three machine sizes,
+# the per-task profile of the end-to-end methods (docs/scale.md reasons from it).
+SIZES = "500,2000,5000"
+FULL_ARGS = {"scan": ["--procs", SIZES], "snapshot": ["--idle", SIZES], "e2e": ["--profile-tasks"]}
+# Generous limits, for a hang only: a full run takes about 14 minutes on 2 cores (e2e: 7 of them,
+# fleet: 4.5), a smoke run about 50 s (e2e: 35 s, fleet: 8 s).
 LIMIT_S = {"smoke": 180, "full": 900}
-# e2e: 12 method/variant pairs, each of which may run into bench_e2e's own --timeout (30 s smoke, 120 s full) once.
-LIMIT_S_OF = {"e2e": {"smoke": 300, "full": 1800}}
+# e2e: 12 method/variant pairs and 3 latency methods, each of which may run into bench_e2e's own --timeout
+# (30 s smoke, 120 s full) once; fleet: 7 playbook runs over up to 64 hosts.
+LIMIT_S_OF = {"e2e": {"smoke": 300, "full": 2400}, "fleet": {"smoke": 300, "full": 2400}}
+DOC_TOOL = os.path.join(ROOT, "tools", "performance_doc.py")
 
 
-def run_one(name, smoke, limit):
-    argv = [sys.executable, os.path.join(HERE, f"bench_{name}.py")] + (["--smoke"] if smoke else [])
-    print(f"\n=== bench {name}{' (smoke)' if smoke else ''}", flush=True)
+def bench_argv(name, args):
+    argv = [sys.executable, os.path.join(HERE, f"bench_{name}.py")]
+    argv += ["--smoke"] if args.smoke else FULL_ARGS.get(name, [])
+    if name == "e2e" and args.vmid is not None:
+        argv += ["--vmid", str(args.vmid)]
+    if name == "fleet" and args.fleet_vmid_base is not None:
+        argv += ["--vmid-base", str(args.fleet_vmid_base)]
+    return argv
+
+
+def run_one(name, argv, smoke, limit):
+    print(f"\n=== bench {name}{' (smoke)' if smoke else ''}: {' '.join(shlex.quote(a) for a in argv[1:])}", flush=True)
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=os.path.dirname(HERE))  # pylint: disable=consider-using-with
+    proc = subprocess.Popen(argv, cwd=ROOT)  # pylint: disable=consider-using-with
     try:
         rc = proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
@@ -38,6 +59,10 @@ def run_one(name, smoke, limit):
             proc.wait()
         print(f"bench {name}: no result after {limit} s, stopped", flush=True)
         rc = "hung"
+    except BaseException:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait()
+        raise
     return rc, time.monotonic() - t0
 
 
@@ -45,18 +70,34 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="Run the benchmarks (tables on stdout, JSON in benchmarks/results/).")
     ap.add_argument("--smoke", action="store_true", help="quick run for CI: small sizes, 1-2 repetitions")
     ap.add_argument("--only", nargs="+", choices=BENCHES, help="run only these benchmarks")
+    ap.add_argument("--vmid", type=int, help="bench_e2e's container (its default: 129, the seeds')")
+    ap.add_argument("--fleet-vmid-base", type=int, help="bench_fleet's first container (its default: 7300)")
+    ap.add_argument("--no-docs", action="store_true", help="a full run: do not regenerate docs/performance.md and docs/scale.md")
     args = ap.parse_args(argv)
     mode = "smoke" if args.smoke else "full"
+    started = benchlib.machine()
     t0 = time.monotonic()
     outcome = []
     for name in args.only or BENCHES:
-        rc, took = run_one(name, args.smoke, LIMIT_S_OF.get(name, LIMIT_S)[mode])
-        outcome.append((name, rc, took))
+        argv_one = bench_argv(name, args)
+        rc, took = run_one(name, argv_one, args.smoke, LIMIT_S_OF.get(name, LIMIT_S)[mode])
+        outcome.append({"name": name, "rc": rc, "seconds": took,
+                        "command": " ".join(shlex.quote(os.path.relpath(a, ROOT) if a.startswith(ROOT + os.sep) else a)
+                                            for a in argv_one)})
     total = time.monotonic() - t0
     print(f"\n=== benchmarks{' (smoke)' if args.smoke else ''}: {total:.1f} s")
-    for name, rc, took in outcome:
-        print(f"  {name:<9} {'ok' if rc == 0 else f'FAILED ({rc})':<12} {took:6.1f} s   benchmarks/results/{'smoke/' if args.smoke else ''}{name}.json")
-    failed = [name for name, rc, _took in outcome if rc != 0]
+    for o in outcome:
+        status = "ok" if o["rc"] == 0 else f"FAILED ({o['rc']})"
+        print(f"  {o['name']:<9} {status:<12} {o['seconds']:6.1f} s"
+              f"   benchmarks/results/{'smoke/' if args.smoke else ''}{o['name']}.json")
+    benchlib.write_json("run", {"name": "run", "smoke": args.smoke, "machine": started, "total_s": total,
+                                "finished": time.strftime("%Y-%m-%d %H:%M:%S %z"), "benches": outcome})
+    failed = [o["name"] for o in outcome if o["rc"] != 0]
+    if not args.smoke and not args.no_docs:
+        print(f"\n=== docs: {os.path.relpath(DOC_TOOL, ROOT)}", flush=True)
+        doc = subprocess.run([sys.executable, DOC_TOOL], cwd=ROOT, check=False)
+        if doc.returncode != 0:
+            failed.append("tools/performance_doc.py")
     if failed:
         print(f"crashed: {', '.join(failed)}")
         return 1

@@ -36,7 +36,6 @@ all:
     proxmox_nodes:
       hosts:
         pve:
-          proxmox_fence_services: [sglang]
     gpu_hosts:
       hosts:
         gpu-ct:
