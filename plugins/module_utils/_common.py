@@ -13,8 +13,11 @@ logic it calls lives in the pure files next to it.
 
 from __future__ import annotations
 
+import math
 import os
 import time
+
+from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _nvml, _procs, _redact, _smi, _snapshot, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import call_with_timeout, run_in_group
@@ -47,6 +50,36 @@ def validate_snapshot_params(params: dict, module=None) -> None:
     if module is not None:
         for warning in _validate.device_pattern_warnings(params):
             module.warn(warning)
+
+
+def _not_finite(value) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_not_finite(v) for v in value)
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return False
+    try:
+        return not math.isfinite(float(value))
+    except (ValueError, OverflowError):
+        return False
+
+
+def new_module(argument_spec: dict, **kwargs):
+    """AnsibleModule(argument_spec, ...), except that an infinite value of an integer option fails naming the option.
+
+    ansible-core's check_type_int turns inf, -inf or "Infinity" into an OverflowError, a traceback and a MODULE
+    FAILURE (fixed upstream in ansible/ansible#87253, not in every ansible-core this collection supports). Then the
+    arguments are read again with those options untyped, and the module fails cleanly, before anything runs.
+    """
+    try:
+        return AnsibleModule(argument_spec=argument_spec, **kwargs)
+    except OverflowError:
+        integers = [k for k, v in argument_spec.items() if v.get("type") == "int" or v.get("elements") == "int"]
+        loose = {k: (dict(v, type="raw") if v.get("type") == "int" else dict(v, elements="raw")) if k in integers else v
+                 for k, v in argument_spec.items()}
+        module = AnsibleModule(argument_spec=loose, **kwargs)
+        bad = [k for k in integers if _not_finite(module.params.get(k))] or integers
+        module.fail_json(msg=f"{bad[0]} must be a finite integer, got {module.params.get(bad[0])!r}", option=bad[0])
+        raise  # not reached: fail_json exits
 
 
 class SnapshotTaker:

@@ -295,6 +295,11 @@ def snapshot(params: dict) -> None:
                                   " device nodes, or set allow_any_device_files: true if you really mean it.")
     regexes("protect", params["protect"])
     regexes("redact", params.get("redact"))
+    idle(params)
+
+
+def idle(params: dict) -> None:
+    """The options of the doc fragment gpuops.gpu.gpu.idle (what idle means)."""
     if params.get("max_memory_used_mib") is not None:
         integer("max_memory_used_mib", params["max_memory_used_mib"], 0, MAX_MEMORY_MIB)
     if params.get("max_utilization_pct") is not None:
@@ -342,6 +347,14 @@ def wait(params: dict) -> None:
         number("progress_slice", params["progress_slice"], above_low=True)
     state = params.get("progress_state")
     if state is not None:
-        if not isinstance(state.get("wait"), dict):
+        wait_state = state.get("wait")
+        # The shape _wait.new_state() writes: a state of another shape was not written by this module.
+        shape = {"polls": int, "full_scans": int, "samples": dict, "known_holders": dict, "first": bool}
+        if not isinstance(wait_state, dict) or any(
+                not isinstance(wait_state.get(k), t) or isinstance(wait_state.get(k), bool) is not (t is bool)
+                for k, t in shape.items()) or any(
+                wait_state.get(k) is not None and (isinstance(wait_state.get(k), bool)
+                                                   or not isinstance(wait_state.get(k), (int, float)))
+                for k in ("last_holder_at", "last_full_scan_at")):
             _fail("progress_state", "progress_state: not a wait state (it is set by the action plugin only)")
         number("progress_state", state.get("offset", 0.0), high=3 * DAY)

@@ -216,14 +216,13 @@ ansible_facts:
           sample: ["used by pid 8812 (python3) in CT 129, 80 GiB"]
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _snapshot
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     IDLE_ARGS,
     SNAPSHOT_ARGS,
     SnapshotTaker,
     fail,
+    new_module,
     validate_snapshot_params,
 )
 
@@ -236,7 +235,7 @@ def main() -> None:
         gather=dict(type="list", elements="str", choices=["processes", "holders"], default=["processes", "holders"]),
         missing=dict(type="str", choices=["fail", "ignore"], default="fail"),
     )
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    module = new_module(argument_spec, supports_check_mode=True)
     params = module.params
     try:
         validate_snapshot_params(params, module)

@@ -264,14 +264,13 @@ unreadable_gpus:
 import os
 import time
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _policy, _procs, _release, _snapshot, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     SBIN_DIRS,
     SNAPSHOT_ARGS,
     SnapshotTaker,
     fail,
+    new_module,
     validate_snapshot_params,
 )
 from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import run_in_group
@@ -327,7 +326,7 @@ def main() -> None:
         all=dict(type="bool", default=False),
         expected_count=dict(type="int"),
     )
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    module = new_module(argument_spec, supports_check_mode=True)
     p = module.params
     start = time.monotonic()
 

@@ -180,8 +180,6 @@ confirmation:
 
 import time
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _procs, _smi, _snapshot, _validate, _wait
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     SBIN_DIRS,
@@ -189,6 +187,7 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     SNAPSHOT_ARGS,
     SnapshotTaker,
     fail,
+    new_module,
     validate_snapshot_params,
 )
 
@@ -262,7 +261,7 @@ def main() -> None:
         progress_slice=dict(type="float"),
         progress_state=dict(type="dict"),
     )
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    module = new_module(argument_spec, supports_check_mode=True)
     p = module.params
     try:
         validate(p)

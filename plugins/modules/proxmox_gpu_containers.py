@@ -226,10 +226,8 @@ shut_down:
 
 import time
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _pct, _validate
-from ansible_collections.gpuops.gpu.plugins.module_utils._common import SNAPSHOT_ARGS, SnapshotTaker, fail
+from ansible_collections.gpuops.gpu.plugins.module_utils._common import SNAPSHOT_ARGS, SnapshotTaker, fail, new_module
 
 PCT_DIRS = ["/usr/sbin", "/usr/bin"]
 C_LOCALE = {"LC_ALL": "C"}
@@ -272,7 +270,7 @@ def main() -> None:
         pct=dict(type="str", default="pct"),
     )
     argument_spec.update({name: SNAPSHOT_ARGS[name] for name in BACKEND_OPTIONS})
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    module = new_module(argument_spec, supports_check_mode=True)
     p = module.params
 
     # Everything is validated before anything runs (_pct and _validate have the rules and bounds).

@@ -236,9 +236,8 @@ def test_memory_without_a_process_says_what_is_true_where_the_module_runs(in_con
 @pytest.mark.parametrize("name, g, contexts, blockers, lingering", [
     ("a CUDA job listed on GPU 7 only, unaccounted memory on GPU 2: the memory, not the job",
      gpu(index=2, used=1200, holders=[(11, DEVICE, None)]), {11: {7}}, [], [11]),
-    ("listed on GPU 2 too (more memory than its context): a blocker", gpu(index=2, used=2400, procs=[(11, 1200)],
-                                                                         holders=[(12, DEVICE, None)]),
-     {11: {2}, 12: {2, 7}}, [11, 12], []),
+    ("listed on GPU 2 too (more memory than its context): a blocker",
+     gpu(index=2, used=2400, procs=[(11, 1200)], holders=[(12, DEVICE, None)]), {11: {2}, 12: {2, 7}}, [11, 12], []),
     ("listed nowhere: the device holder may be the memory's owner",
      gpu(index=2, used=1200, holders=[(11, DEVICE, None)]), {}, [11], []),
     ("this GPU's list unreadable: it may have a context here", gpu(index=2, used=1200, holders=[(11, DEVICE, None)],

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _validate, _wait
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import GpuError, InvalidOption, RegexTooSlow
 from ansible_collections.gpuops.gpu.plugins.module_utils._signals import signal_number
 
@@ -121,7 +121,9 @@ BAD_WAIT = [
     ("settle", NAN), ("settle", INF), ("settle", -1.0), ("settle", 301.0),
     ("expected_count", -1), ("expected_count", 1025), ("expected_count", 10 ** 30),
     ("progress_slice", 0.0), ("progress_slice", NAN), ("progress_state", {"wait": {}, "offset": NAN}),
-    ("progress_state", {"offset": 1.0}),
+    ("progress_state", {"offset": 1.0}), ("progress_state", {"wait": {}}), ("progress_state", {"wait": {"polls": "x"}}),
+    ("progress_state", {"wait": dict(_wait.new_state(), polls=True)}),
+    ("progress_state", {"wait": dict(_wait.new_state(), last_holder_at="soon")}),
 ]
 
 
@@ -140,7 +142,8 @@ def test_settle_above_timeout_keeps_its_wording():
 GOOD_WAIT = [
     {"timeout": 0.0, "settle": 0.0}, {"timeout": 86400.0, "settle": 86400.0}, {"sleep": 0.05}, {"sleep": 86400.0},
     {"delay": 86400.0}, {"expected_count": 0}, {"expected_count": 1024}, {"progress_slice": 10.0},
-    {"progress_state": {"wait": {}, "offset": 12.5}},
+    {"progress_state": {"wait": _wait.new_state(), "offset": 12.5}},
+    {"progress_state": {"wait": dict(_wait.new_state(), polls=3, last_holder_at=1.5, last_full_scan_at=0.0, first=False)}},
 ]
 
 
