@@ -9,8 +9,8 @@ name: gpu_wait_options
 short_description: Check the options of gpu_wait_idle on the controller, before anything else runs
 version_added: 0.1.0
 description:
-  - Applies the bounds M(gpuops.gpu.gpu_wait_idle) applies to its own options (finite numbers, O(settle) not above
-    O(timeout), counts and percentages in range) on the controller, so that a play can refuse a bad value before
+  - Applies the bounds M(gpuops.gpu.gpu_wait_idle) applies to its own options (finite numbers, O(gpuops.gpu.gpu_wait_idle#module:settle) not above
+    O(gpuops.gpu.gpu_wait_idle#module:timeout), counts and percentages in range) on the controller, so that a play can refuse a bad value before
     an earlier task (a release) has changed anything. Returns its input unchanged; fails naming the option, or
     the variable that O(names) maps it to.
   - The role C(gpuops.gpu.gpu_idle) checks its wait variables with it before its release.

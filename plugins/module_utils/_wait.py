@@ -161,7 +161,7 @@ def step(state: dict, now: float, snapshot, alive, settle: float, full_scan_ever
 # (the release lag). For that long the wait looks more often, so that it returns soon after the
 # memory is freed rather than up to one poll interval later; then it goes back to its interval,
 # so that a leaked context (memory that is never freed) costs no more CPU than any busy GPU.
-FAST_SLEEP = 0.1
+FAST_SLEEP = 0.05
 FAST_WINDOW = 5.0
 
 

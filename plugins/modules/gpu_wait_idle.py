@@ -69,7 +69,7 @@ options:
     description:
       - Seconds between two looks (the poll interval), from 0.05 to 86400.
       - For 5 s after the last holder of the selected GPUs has gone, while the driver is still freeing its memory,
-        the module looks every 0.1 s (when O(sleep) is longer), and it looks again the moment the O(settle) window
+        the module looks every 0.05 s (when O(sleep) is longer), and it looks again the moment the O(settle) window
         closes, so that it returns soon after the GPUs are free. A GPU whose memory stays used with no holder (a
         leaked context) is then looked at every O(sleep) seconds again.
     type: float

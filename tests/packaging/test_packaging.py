@@ -76,6 +76,8 @@ def test_tarball_has_no_development_artefacts(tarball):
     members = _members(tarball)
     assert "MANIFEST.json" in members and "FILES.json" in members
     assert "plugins/modules/gpu_facts.py" in members and "meta/execution-environment.yml" in members
+    # the rendered changelog ships with the collection (Galaxy and Automation Hub show it)
+    assert "CHANGELOG.md" in members and "CHANGELOG.rst" in members and "changelogs/changelog.yaml" in members
     assert _forbidden(members) == []
     with tarfile.open(tarball) as tar:
         manifest = json.load(tar.extractfile("MANIFEST.json"))
@@ -311,32 +313,61 @@ def test_release_summary_fragment_for_the_first_release():
         assert [name for name, _s in summaries] == ["0.1.0.yml"], "the first release's summary: changelogs/fragments/0.1.0.yml"
 
 
-def test_dry_release_announces_every_module_plugin_role_and_playbook(source_tree, tmp_path):
-    tree = tmp_path / "ansible_collections" / "gpuops" / "gpu"
-    shutil.copytree(source_tree, tree, symlinks=True)
-    home = tmp_path / "home"
-    home.mkdir()
-    env = ansible_env(tmp_path / "none", home)
-    with open(tree / "galaxy.yml", encoding="utf-8") as f:
-        version = yaml.safe_load(f)["version"]
-    with open(tree / "changelogs" / "changelog.yaml", encoding="utf-8") as f:
-        if version in ((yaml.safe_load(f) or {}).get("releases") or {}):
-            pytest.skip(f"{version} is already released; a dry release needs a new version")
-    run([tool("antsibull-changelog"), "release", "--date", "2000-01-01"], env=env, cwd=str(tree))
-    with open(tree / "changelogs" / "changelog.yaml", encoding="utf-8") as f:
-        release = yaml.safe_load(f)["releases"][version]
-    announced = {
+def _announced(release):
+    return {
         "modules": sorted(m["name"] for m in release.get("modules", [])),
         "filters": sorted(p["name"] for p in release.get("plugins", {}).get("filter", [])),
         "roles": sorted(o["name"] for o in release.get("objects", {}).get("role", [])),
         "playbooks": sorted(o["name"] for o in release.get("objects", {}).get("playbook", [])),
     }
-    assert announced == {"modules": MODULES, "filters": FILTERS, "roles": ROLES, "playbooks": PLAYBOOKS}, (
-        "a module, plugin or role is announced from its version_added (argument_specs.yml: the main entry point's"
-        " version_added); a playbook from an 'add object.playbook' changelog fragment")
+
+
+EVERYTHING = {"modules": MODULES, "filters": FILTERS, "roles": ROLES, "playbooks": PLAYBOOKS}
+ANNOUNCED = ("a module, plugin or role is announced from its version_added (argument_specs.yml: the main entry point's"
+             " version_added); a playbook from an 'add object.playbook' changelog fragment")
+
+
+def test_the_release_announces_every_module_plugin_role_and_playbook(source_tree, tmp_path):
+    """The version of galaxy.yml is released in changelogs/changelog.yaml (antsibull-changelog release) with
+    everything the collection has, and CHANGELOG.md/.rst are rendered from it; while it is not released yet, a
+    dry release in a copy must announce everything."""
+    with open(os.path.join(TOP, "galaxy.yml"), encoding="utf-8") as f:
+        version = yaml.safe_load(f)["version"]
+    with open(os.path.join(TOP, "changelogs", "changelog.yaml"), encoding="utf-8") as f:
+        released = (yaml.safe_load(f) or {}).get("releases") or {}
+    if version in released:
+        release = released[version]
+        tree = source_tree
+    else:
+        tree = tmp_path / "ansible_collections" / "gpuops" / "gpu"
+        shutil.copytree(source_tree, tree, symlinks=True)
+        home = tmp_path / "home"
+        home.mkdir()
+        run([tool("antsibull-changelog"), "release", "--date", "2000-01-01"], env=ansible_env(tmp_path / "none", home),
+            cwd=str(tree))
+        with open(tree / "changelogs" / "changelog.yaml", encoding="utf-8") as f:
+            release = yaml.safe_load(f)["releases"][version]
+    assert _announced(release) == EVERYTHING, ANNOUNCED
     assert release["changes"].get("release_summary")
     for out in ("CHANGELOG.md", "CHANGELOG.rst"):
         assert (tree / out).is_file()
+        with open(tree / out, encoding="utf-8") as f:
+            assert version in f.read().replace("\\", "")  # markdown escapes the dots: 0\.1\.0
+
+
+def test_the_rendered_changelog_is_up_to_date(source_tree, tmp_path):
+    """CHANGELOG.md is what antsibull-changelog renders from changelog.yaml (nobody edits it by hand)."""
+    with open(os.path.join(TOP, "changelogs", "changelog.yaml"), encoding="utf-8") as f:
+        if not (yaml.safe_load(f) or {}).get("releases"):
+            pytest.skip("nothing released yet: there is no CHANGELOG to render")
+    tree = tmp_path / "ansible_collections" / "gpuops" / "gpu"
+    shutil.copytree(source_tree, tree, symlinks=True)
+    home = tmp_path / "home"
+    home.mkdir()
+    run([tool("antsibull-changelog"), "generate"], env=ansible_env(tmp_path / "none", home), cwd=str(tree))
+    for out in ("CHANGELOG.md", "CHANGELOG.rst"):
+        with open(tree / out, encoding="utf-8") as f, open(os.path.join(TOP, out), encoding="utf-8") as g:
+            assert f.read() == g.read(), f"{out} differs from what antsibull-changelog generate renders"
 
 
 # --- 4. docs -------------------------------------------------------------------------------------

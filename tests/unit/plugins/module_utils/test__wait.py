@@ -114,7 +114,7 @@ def _gpu_state(idle, holders=()):
 @pytest.mark.parametrize("last_holder_at, known, gpu, now, expect", [
     pytest.param(0.0, {}, _gpu_state(False, [8812]), 1.0, 0.5, id="a holder: the interval"),
     pytest.param(0.0, {"77": [77, 1]}, _gpu_state(False), 1.0, 0.5, id="a device-file holder followed: the interval"),
-    pytest.param(0.0, {}, _gpu_state(False), 1.2, 0.1, id="memory being freed: fast"),
+    pytest.param(0.0, {}, _gpu_state(False), 1.2, 0.05, id="memory being freed: fast"),
     pytest.param(0.0, {}, _gpu_state(False), 6.0, 0.5, id="still used 5 s after the last holder: a leak, the interval"),
     pytest.param(0.0, {}, _gpu_state(True), 0.8, 0.2, id="idle: look again when settle closes"),
     pytest.param(0.0, {}, _gpu_state(True), 2.0, 0.5, id="idle and settled: the interval"),
