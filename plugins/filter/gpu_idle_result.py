@@ -74,7 +74,7 @@ def _failed(result) -> bool:
     if result.get("unreachable"):
         return True
     if "ready" in result or "would_wait" in result:
-        return not result.get("ready", True) and "would_wait" not in result
+        return False  # a success (ready is only ever true), or a check-mode look
     return "msg" in result
 
 

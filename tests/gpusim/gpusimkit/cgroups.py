@@ -179,9 +179,14 @@ def host_name(simdir: str) -> str:
 
 
 def read_record(simdir: str) -> Dict[str, str]:
+    return read_record_file(os.path.join(simdir, RECORD))
+
+
+def read_record_file(path: str) -> Dict[str, str]:
+    """A cgroup record (``<key> <value>`` lines: the cgroup's path and inode), {} when there is none."""
     out: Dict[str, str] = {}
     try:
-        with open(os.path.join(simdir, RECORD), encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             for line in f:
                 k, _sep, v = line.rstrip("\n").partition(" ")
                 if k:

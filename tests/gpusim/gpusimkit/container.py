@@ -160,16 +160,7 @@ def attach_cgroup(vmid: Union[int, str]) -> str:
 
 
 def _read_record(simdir: str, vmid: int) -> Dict[str, str]:
-    out: Dict[str, str] = {}
-    try:
-        with open(os.path.join(ct_dir(simdir, vmid), "cgroup"), encoding="utf-8") as f:
-            for line in f:
-                k, _sep, v = line.rstrip("\n").partition(" ")
-                if k:
-                    out[k] = v
-    except OSError:
-        pass
-    return out
+    return cgroups.read_record_file(os.path.join(ct_dir(simdir, vmid), "cgroup"))
 
 
 def _ino(path: str) -> Optional[int]:
