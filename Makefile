@@ -7,7 +7,13 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 TOP := $(CURDIR)
-PYENV_ROOT ?= $(HOME)/.pyenv
+# The caller's HOME is read once (the Pythons under ~/.pyenv, pip's cache); every tool that make
+# starts gets a HOME inside build/, so that ansible-test (~/.ansible/test), Ansible, molecule and
+# the rest write nothing into the caller's HOME. pip's cache stays where the caller keeps it.
+USER_HOME := $(HOME)
+export PYENV_ROOT := $(or $(PYENV_ROOT),$(USER_HOME)/.pyenv)
+export PIP_CACHE_DIR := $(or $(PIP_CACHE_DIR),$(USER_HOME)/.cache/pip)
+export HOME := $(TOP)/build/home
 # The controller Python: ansible-core 2.21 needs 3.12 or later.
 CONTROLLER_PYTHON ?= $(firstword $(wildcard $(PYENV_ROOT)/versions/3.12*/bin/python3.12) $(shell command -v python3.12 2>/dev/null) $(wildcard $(PYENV_ROOT)/versions/3.13*/bin/python3.13) $(shell command -v python3.13 2>/dev/null))
 # Target Pythons for the modules' unit tests: every one of 3.9..3.13 this machine has.
@@ -42,10 +48,15 @@ $(VENV)/.stamp: requirements.txt constraints.txt
 	@test -n "$(CONTROLLER_PYTHON)" || { echo "no Python 3.12 or 3.13 found (looked in $(PYENV_ROOT)/versions and PATH)"; exit 1; }
 	$(CONTROLLER_PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -c constraints.txt
+	touch $@
+
+# ansible-test's offline pip bootstrap, in the HOME that make gives its tools (build/home).
+$(HOME)/.ansible/test/cache/.stamp: $(VENV)/.stamp
+	mkdir -p $(HOME)
 	$(VPY) .ci/ansible_test_offline.py
 	touch $@
 
-venv: $(VENV)/.stamp
+venv: $(VENV)/.stamp $(HOME)/.ansible/test/cache/.stamp
 
 sim:
 	$(MAKE) -C tests/gpusim
@@ -61,14 +72,14 @@ demo: venv sim layout
 # (.ci/home_listing.sh) before and after the gates.
 test: venv sim layout
 	@start=$$(date +%s); \
-	before=$$(.ci/home_listing.sh); \
+	mkdir -p $(HOME); before=$$(.ci/home_listing.sh $(USER_HOME)); \
 	for gate in sanity lint units simtests packaging integration molecule bench-smoke; do \
 	  echo "=== gate: $$gate"; t0=$$(date +%s); \
 	  $(MAKE) --no-print-directory $$gate || { echo "=== gate FAILED: $$gate"; exit 1; }; \
 	  echo "=== gate ok: $$gate ($$(( $$(date +%s) - t0 )) s)"; \
 	done; \
-	after=$$(.ci/home_listing.sh); \
-	if [ "$$before" != "$$after" ]; then echo "=== make test changed HOME ($(HOME)); it may write only pip's cache there:"; \
+	after=$$(.ci/home_listing.sh $(USER_HOME)); \
+	if [ "$$before" != "$$after" ]; then echo "=== make test changed HOME ($(USER_HOME)); it may write only pip's cache there:"; \
 	  diff <(echo "$$before") <(echo "$$after") || true; exit 1; fi; \
 	echo "=== HOME unchanged by make test (but pip's cache)"; \
 	echo "=== make test: all gates passed in $$(( $$(date +%s) - start )) s"
