@@ -40,6 +40,7 @@ help:
 	@echo "              packaging (build/install/ansible-doc, EE context, changelog, docs, support matrix), integration,"
 	@echo "              molecule, a benchmark smoke run"
 	@echo "make bench  - the full benchmarks (benchmarks/README.md) and the fault matrix: docs/performance.md, scale.md, reliability.md"
+	@echo "make fuzz   - the generated release scenarios (tests/functional/test_scenarios.py), FUZZ_EXAMPLES=150 of them"
 	@echo "make docs   - HTML docs in build/docs (docs/README.md)"
 	@echo "make gpu-smoke - the modules on this host's NVIDIA GPU: compare with nvidia-smi, time a release (GPU_SMOKE_ARGS=\"--mib 102400 --gpu 1\")"
 
@@ -100,6 +101,15 @@ units: layout
 
 simtests: venv sim
 	$(PYTEST) -q -p no:cacheprovider tests/gpusim/tests tests/functional
+
+# The generated scenarios of tests/functional/test_scenarios.py, longer than in make test (which runs
+# GPUOPS_SCENARIOS=16 of them): FUZZ_EXAMPLES examples, FUZZ_SEED to draw others.
+FUZZ_EXAMPLES ?= 150
+FUZZ_SEED ?= 18
+.PHONY: fuzz
+fuzz: venv sim
+	GPUOPS_SCENARIOS=$(FUZZ_EXAMPLES) GPUOPS_SCENARIOS_SEED=$(FUZZ_SEED) GPUOPS_SCENARIOS_BUDGET_S=0 \
+	  $(PYTEST) -q -p no:cacheprovider -rxX tests/functional/test_scenarios.py
 
 integration: layout sim
 	cd $(COLL) && ansible-test integration --local --python 3.12 --color no

@@ -3,6 +3,7 @@
     python -m gpusimkit.workload --dir DIR --gpus 0,1 --mib 40960 [--type C|G|M|CG]
         [--name NAME] [--ignore-term] [--exit-delay S] [--tree] [--device-only]
         [--only-own-devices] [--control-only] [--fork-child]
+        [--record-signals FILE | --log-signals FILE] [--worker-name NAME] [--worker-setsid]
         [--ready-fd N | --ready-file PATH]
 
 Like a CUDA process, it opens DIR/dev/nvidia<minor> of every GPU it can see (on the host: every
@@ -30,6 +31,27 @@ GPU node, no memory, nothing registered with the driver (--gpus and --mib are ig
 --fork-child: once ready, fork one child that leaves the process group (setsid) and keeps the
 inherited device files open, holding no context (a daemonized helper, a forked data loader):
 only a kill of the whole cgroup reaches it.
+
+--record-signals FILE: a bystander that notes what it is sent: every catchable signal (all but
+SIGKILL and SIGSTOP, which cannot be caught, and SIGCHLD, which its own children's exits raise) is
+caught, appended to FILE as a line ``<host pid> <starttime> <SIGNAME>`` (one write, O_APPEND) and
+otherwise ignored: the process keeps running.  Whether it got SIGKILL shows in its absence (check
+that the pid is alive with the same starttime).  Inherited by a tree's workers and a forked child.
+
+--log-signals FILE: the same line for every catchable signal, and then the process does what it
+would have done without the option (SIGTERM ends it, --ignore-term ignores it, a tree forwards
+it): for processes whose fate a test decides afterwards (a target, a respawned service).
+
+Both default to the environment (``GPUSIM_RECORD_SIGNALS``, ``GPUSIM_LOG_SIGNALS``), so that a
+workload started through ``SimHost.hold`` or a supervisor (whose arguments the caller does not
+write) can be given them.
+
+--worker-name NAME (or ``GPUSIM_WORKER_NAME``): with --tree, the workers' command line (--name of
+each worker) instead of the parent's: an engine that renames itself, like vLLM's
+``VLLM::EngineCore`` under ``python3 -m vllm.entrypoints.openai.api_server``.
+
+--worker-setsid (or ``GPUSIM_WORKER_SETSID=1``): with --tree, each worker starts in a session of
+its own (setsid), out of the parent's process group.
 
 --name NAME: the process's command line becomes NAME (via a re-exec of the interpreter that reads
 the program from a pipe): argv is ``[NAME]`` for one word, ``[word0, "-", word1, ...]`` for more
@@ -80,6 +102,14 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                     help="hold only nvidiactl and nvidia-uvm, no memory, register nothing")
     ap.add_argument("--fork-child", action="store_true",
                     help="fork a child that leaves the process group and keeps the device files")
+    ap.add_argument("--record-signals", default=os.environ.get("GPUSIM_RECORD_SIGNALS") or None,
+                    help="catch every catchable signal, note it in this file and keep running")
+    ap.add_argument("--log-signals", default=os.environ.get("GPUSIM_LOG_SIGNALS") or None,
+                    help="note every catchable signal in this file, then act on it as usual")
+    ap.add_argument("--worker-name", default=os.environ.get("GPUSIM_WORKER_NAME") or None,
+                    help="with --tree: the workers' name")
+    ap.add_argument("--worker-setsid", action="store_true", default=os.environ.get("GPUSIM_WORKER_SETSID") == "1",
+                    help="with --tree: each worker in a session of its own")
     ap.add_argument("--ready-fd", type=int, help="write the host pid here once ready")
     ap.add_argument("--ready-file", help="write the host pid to this file once ready")
     args = ap.parse_args(argv)
@@ -106,6 +136,12 @@ def validate(args: argparse.Namespace, sc: scn.Scenario) -> List[int]:
         raise scn.ScenarioError("invalid fork_child=True: cannot be combined with tree or control_only")
     if args.tree and not gpus:
         raise scn.ScenarioError("invalid gpus='none': a tree needs at least one GPU")
+    if args.record_signals and args.log_signals:
+        raise scn.ScenarioError("invalid record_signals: cannot be combined with log_signals")
+    for field in ("name", "worker_name"):
+        value = getattr(args, field)
+        if value is not None and (not value.strip() or "\0" in value or "\n" in value):
+            raise scn.ScenarioError(f"invalid {field}={value!r}: must be a non-empty single line")
     if args.name is not None and (not args.name.strip() or "\0" in args.name or "\n" in args.name):
         raise scn.ScenarioError(f"invalid name={args.name!r}: must be a non-empty single line")
     return gpus
@@ -195,14 +231,20 @@ class Workload:
     # --- tree -------------------------------------------------------------------------------
     def start_workers(self) -> None:
         env = proctools.kit_env()
-        env.pop("GPUSIM_WORKLOAD_ARGV", None)
+        for key in ("GPUSIM_WORKLOAD_ARGV", "GPUSIM_WORKER_NAME", "GPUSIM_WORKER_SETSID"):
+            env.pop(key, None)
         logpath = os.path.join(self.simdir, "run", "workloads.log")
         pending = []
         for g in self.gpus:
             wargs = [f"--dir={self.simdir}", f"--gpus={g}", f"--mib={self.args.mib}", f"--type={self.args.type}",
                      "--ready-fd=3"]
-            if self.args.name:
-                wargs.append(f"--name={self.args.name}")
+            name = self.args.worker_name or self.args.name
+            if name:
+                wargs.append(f"--name={name}")
+            if self.args.record_signals:
+                wargs.append(f"--record-signals={self.args.record_signals}")
+            if self.args.log_signals:
+                wargs.append(f"--log-signals={self.args.log_signals}")
             if self.args.ignore_term:
                 wargs.append("--ignore-term")
             if self.args.exit_delay is not None:
@@ -211,9 +253,10 @@ class Workload:
                 wargs.append("--only-own-devices")
             r, w = os.pipe2(os.O_CLOEXEC)
             try:
-                # Same session and process group as the parent: a supervisor's killpg reaches all.
+                # Same session and process group as the parent (a supervisor's killpg reaches all),
+                # unless --worker-setsid.
                 pid = proctools.spawn(proctools.python_argv("gpusimkit.workload", wargs, _python()), env, [w],
-                                      logpath, new_session=False)
+                                      logpath, new_session=self.args.worker_setsid)
             finally:
                 os.close(w)
             pending.append((pid, r))
@@ -270,6 +313,35 @@ class Workload:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         if self.args.tree or self.args.fork_child:
             signal.signal(signal.SIGCHLD, self.on_child)
+        if self.args.record_signals or self.args.log_signals:
+            self.install_recorder()
+
+    def install_recorder(self) -> None:
+        """--record-signals / --log-signals: a handler on every catchable signal that notes it
+        (and, for --log-signals, then does what the disposition installed above would do)."""
+        path = self.args.record_signals or self.args.log_signals
+        keep_running = bool(self.args.record_signals)
+        skip = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD}
+        if self.args.exit_delay and not keep_running:
+            skip.add(signal.SIGALRM)  # its own timer (--exit-delay), not a signal it was sent
+        for sig in sorted(signal.valid_signals() - skip):
+            try:
+                before = signal.getsignal(sig)
+                signal.signal(sig, _Recorder(self, path, None if keep_running else before))
+            except (OSError, ValueError, RuntimeError):
+                pass  # (the C library's own real-time signals)
+
+    def note_signal(self, path: str, signum: int) -> None:
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"SIG{signum}"
+        line = f"{self.hostpid or '?'} {proctools.starttime() or '?'} {name}\n".encode()
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
 
     def run(self) -> None:
         self.install_signals()
@@ -291,6 +363,7 @@ class Workload:
                 os.close(r)
                 os.setsid()
                 hostpid = int(proctools.driver_request(self.simdir, "whoami"))
+                self.hostpid = hostpid  # (what --record-signals notes in the child)
                 proctools.append_owned(self.simdir, hostpid, proctools.starttime())
                 proctools.write_line(w, str(hostpid))
                 os.close(w)
@@ -310,6 +383,32 @@ class Workload:
             self._kill(pid, signal.SIGKILL)
             raise RuntimeError(f"forked child {pid}: {line or 'exited before it was ready'}")
         self.workers[pid] = int(line)
+
+
+# Signals whose default action is to do nothing (signal(7)).
+_DEFAULT_IGNORED = {signal.SIGCHLD, signal.SIGURG, signal.SIGWINCH, signal.SIGCONT}
+
+
+class _Recorder:
+    """A signal handler that notes the signal, then (``then`` not None) acts as ``then`` would."""
+
+    def __init__(self, workload: "Workload", path: str, then):
+        self.workload, self.path, self.then = workload, path, then
+
+    def __call__(self, signum, frame) -> None:
+        try:
+            self.workload.note_signal(self.path, signum)
+        except OSError:
+            pass
+        then = self.then
+        if then is None or then == signal.SIG_IGN:
+            return
+        if callable(then):
+            then(signum, frame)
+        elif signum not in _DEFAULT_IGNORED:  # SIG_DFL: die of it, as without the handler
+            signal.signal(signum, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+            os.kill(os.getpid(), signum)
 
 
 def report(args: argparse.Namespace, text: str) -> None:
