@@ -59,7 +59,14 @@ $(HOME)/.ansible/test/cache/.stamp: $(VENV)/.stamp
 
 venv: $(VENV)/.stamp $(HOME)/.ansible/test/cache/.stamp
 
-sim:
+# The simulator's containers are real LXC containers: lxc, debootstrap and busybox-static are installed
+# when missing (apt-get, as root) and the Debian rootfs with systemd is built once into
+# tests/gpusim/build/rootfs (tests/gpusim/setup-lxc.sh; idempotent).
+.PHONY: lxc
+lxc:
+	tests/gpusim/setup-lxc.sh
+
+sim: lxc
 	$(MAKE) -C tests/gpusim
 
 layout: venv

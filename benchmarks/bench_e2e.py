@@ -189,7 +189,7 @@ def setup(host, variant, vmids, rundir, exit_delay=None):
     from gpusimkit import cgroups, container, proctools  # pylint: disable=import-outside-toplevel,import-error
 
     vmid, other = vmids
-    host.ct_create(vmid, hostname="gpu-ct")
+    host.ct_create(vmid, hostname="gpu-ct", systemd=True)
     host.ct_start(vmid)
     host.ct_create(other, hostname=f"ct{other}", gpus=None)
     host.ct_start(other)

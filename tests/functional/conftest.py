@@ -22,8 +22,14 @@ __all__ = ["gpusim", "gpusim_factory", "collection"]
 
 
 @pytest.fixture
-def collection(tmp_path):
-    root = tmp_path / "collections"
-    (root / "ansible_collections" / "gpuops").mkdir(parents=True)
-    os.symlink(TOP, root / "ansible_collections" / "gpuops" / "gpu")
-    return str(root)
+def collection():
+    """build/functional-collections/ansible_collections/gpuops/gpu -> this checkout: inside the
+    checkout, so that it is there in the simulator's containers too (they bind the checkout in)."""
+    root = os.path.join(TOP, "build", "functional-collections")
+    link = os.path.join(root, "ansible_collections", "gpuops", "gpu")
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    if os.path.realpath(link) != os.path.realpath(TOP):
+        tmp = f"{link}.tmp.{os.getpid()}"
+        os.symlink(TOP, tmp)
+        os.replace(tmp, link)
+    return root

@@ -24,7 +24,7 @@ INVENTORY = {
 def test_predeploy_under_ansible_runner_leaves_set_stats_artifacts(gpusim, collection, tmp_path):
     host = gpusim
     host.fault(release_lag_ms=300)
-    host.ct_create(VMID)
+    host.ct_create(VMID, systemd=True)
     host.ct_start(VMID)
     host.hold(gpus="0-7", mib=8192, ct=VMID, tree=True, respawn=True, service="sglang")
     bystander = host.hold(gpus=[0], mib=16, device_only=True, name="nvidia-persistenced")

@@ -26,7 +26,7 @@ INVENTORY = {
 @pytest.fixture
 def workload(gpusim):
     """A holder of GPUs 0 and 1 inside the container, in its sglang.service."""
-    gpusim.ct_create(VMID)
+    gpusim.ct_create(VMID, systemd=True)
     gpusim.ct_start(VMID)
     return gpusim.hold(gpus=[0, 1], mib=40960, ct=VMID, service="sglang")
 

@@ -168,18 +168,13 @@ def test_a_holder_whose_leader_thread_exited_is_found_and_released(gpusim, colle
 
 
 def services_pids(host, name, ct):
-    """The workload pids of a supervised service, from its mainpid file."""
-    path = os.path.join(host.dir, "services", str(ct), f"{name}.mainpid")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
+    """The host pid of a service's main process in container ``ct`` (systemd's MainPID), else None."""
+    return host.service_mainpid(name, ct=ct)
 
 
 def test_a_supervised_service_is_stopped_through_its_unit_and_stays_down(gpusim_factory, collection):
     host = gpusim_factory(release_lag_ms=0)
-    host.ct_create(129)
+    host.ct_create(129, systemd=True)
     host.ct_start(129)
     first = host.hold(gpus=[0, 1], mib=4096, ct=129, service="sglang", respawn=True, restart_delay=0.3)
     facts = run(host, collection, "gpu_facts")
@@ -199,7 +194,7 @@ def test_a_supervised_service_is_stopped_through_its_unit_and_stays_down(gpusim_
 
 def test_without_stop_units_the_result_names_the_unit_and_the_supervisor(gpusim_factory, collection):
     host = gpusim_factory(release_lag_ms=0)
-    host.ct_create(129)
+    host.ct_create(129, systemd=True)
     host.ct_start(129)
     first = host.hold(gpus=[0], mib=4096, ct=129, service="sglang", respawn=True, restart_delay=0.2)
     res = run(host, collection, "gpu_release", containers=[129], grace_period=5, stop_units=False)

@@ -67,7 +67,7 @@ def test_limit_to_the_gpu_host_fences_its_container_and_a_supervised_unit_stays_
     ct_a = vmids[0]
     host = gpusim
     host.fault(release_lag_ms=300)
-    host.ct_create(ct_a, hostname="gpu-ct")
+    host.ct_create(ct_a, hostname="gpu-ct", systemd=True)
     host.ct_start(ct_a)
     server = host.hold(gpus="0-7", mib=8192, ct=ct_a, tree=True, respawn=True, service="sglang")
     inv = inventory(host, {"gpu-ct": {"proxmox_node": "pve", "proxmox_vmid": ct_a, "gpu_idle_expected_count": 8}})
@@ -108,7 +108,7 @@ def test_two_tenants_on_one_node_each_waits_on_its_own_gpus(gpusim, collection, 
 def test_check_mode_reports_changed_where_a_real_run_changes_and_stops_nothing(gpusim, collection, tmp_path, vmids):
     ct_a = vmids[0]
     host = gpusim
-    host.ct_create(ct_a, hostname="gpu-ct")
+    host.ct_create(ct_a, hostname="gpu-ct", systemd=True)
     host.ct_start(ct_a)
     server = host.hold(gpus="0-7", mib=8192, ct=ct_a, tree=True, respawn=True, service="sglang")
     inv = inventory(host, {"gpu-ct": {"proxmox_node": "pve", "proxmox_vmid": ct_a}})

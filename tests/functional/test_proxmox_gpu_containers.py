@@ -44,8 +44,8 @@ def node(gpusim_factory):
     with scn.edit(host.dir) as sc:
         for gpu in sc.gpus:
             gpu.minor = 7 - gpu.index
-    container.create(host.dir, 4129, "gpu-a", "0-3", devices_style="lxc")
-    container.create(host.dir, 4130, "gpu-b", "4,5", devices_style="dev")
+    container.create(host.dir, 4129, "gpu-a", "0-3", devices_style="lxc", systemd=True)
+    container.create(host.dir, 4130, "gpu-b", "4,5", devices_style="dev", systemd=True)
     container.create(host.dir, 4131, "plain", None, devices_style="none")
     container.create(host.dir, 4132, "gpu-c", "6", devices_style="lxc")
     for vmid in (4129, 4130, 4131):

@@ -1,8 +1,9 @@
 """`make demo`: the main job on the embedded default - the pre-deploy run on the seed's scenario.
 
-A simulated Proxmox VE node with 8 x NVIDIA H200 passed through to container 129, where an
-inference server (an API process and one worker per GPU) runs as the service `sglang` under a
-supervisor that restarts it; the driver frees a process's memory 1.5 s after it exits.
+A simulated Proxmox VE node with 8 x NVIDIA H200 passed through to container 129 (a real LXC
+container with systemd as PID 1), where an inference server (an API process and one worker per GPU)
+runs as the systemd unit `sglang.service` (Restart=always); the driver frees a process's memory 1.5 s
+after it exits.
 
 The demo shows what nvidia-smi and pct show there, runs `ansible-playbook gpuops.gpu.predeploy`
 against it (fence CT 129 on the node, then wait until every GPU is free), prints the time until
@@ -69,12 +70,12 @@ def main() -> int:
     host = SimHost.up(simdir, gpus=8, release_lag_ms=1500)
     rc = 1
     try:
-        host.ct_create(VMID, hostname="gpu-ct")
+        host.ct_create(VMID, hostname="gpu-ct", systemd=True)
         host.ct_start(VMID)
         api = host.hold(gpus="0-7", mib=WORKER_MIB, ct=VMID, tree=True, respawn=True, service="sglang",
                         name="python3 -m sglang.launch_server --tp 8")
         print(f"simulated Proxmox VE node with 8 x NVIDIA H200 in {simdir}; CT {VMID} runs the service 'sglang'"
-              f" (API pid {api} on the node; the supervisor restarts it; memory is freed 1.5 s after an exit)",
+              f" (API pid {api} on the node; a systemd unit with Restart=always; memory is freed 1.5 s after an exit)",
               flush=True)
         env = dict(host.env(), ANSIBLE_COLLECTIONS_PATH=os.path.join(TOP, "build"), ANSIBLE_FORCE_COLOR="0",
                    ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="default", ANSIBLE_DISPLAY_SKIPPED_HOSTS="false")

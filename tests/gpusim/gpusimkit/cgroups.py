@@ -9,12 +9,13 @@ host (``gpusim up`` creates ``gpusim-<id>`` and its children; ``down`` removes t
     /gpusim-<id>/system.slice/<name>.service               a service's processes (the supervisor makes it)
     /gpusim-<id>/user.slice/user-0.slice/session-1.scope   every other process gpusim starts on the host
 
-container <vmid> (``container.start`` creates ``lxc/<vmid>/ns`` and ``.lxc``; stop removes all):
+container <vmid> (LXC makes them, pve-container's layout; ``gpusim down`` removes what is left):
 
-    /lxc/<vmid>/ns                                         the container's init (no systemd in it)
-    /lxc/<vmid>/ns/.lxc                                    commands run by pct exec / spawn (lxc-attach's leaf)
-    /lxc/<vmid>/ns/init.scope                              the supervisors
-    /lxc/<vmid>/ns/system.slice/<name>.service             a service's processes
+    /lxc/<vmid>/ns                                         the init of a busybox container
+    /lxc/<vmid>/ns/init.scope                              systemd, PID 1 of a systemd container
+    /lxc/<vmid>/ns/.lxc                                    commands run by lxc-attach (pct exec, spawn)
+    /lxc/<vmid>/ns/system.slice/<name>.service             a unit of a systemd container
+    /lxc.monitor/<vmid>                                    lxc-start's monitor process
 
 ``<id>`` is derived from the scenario directory (12 hex digits of a SHA-256), so concurrent
 scenarios never share one; ``DIR/run/cgroup`` records its path and inode, and only a directory
@@ -54,6 +55,23 @@ def mount() -> str:
     except OSError as e:
         raise CgroupError(f"cannot read /proc/self/mountinfo: {e.strerror}") from e
     raise CgroupError("cgroup2 is not mounted (no cgroup2 entry in /proc/self/mountinfo)")
+
+
+def hierarchies() -> List[str]:
+    """Mount points of every cgroup hierarchy of the machine: the cgroup2 one and, on a hybrid or
+    legacy machine, each v1 hierarchy (LXC makes a container's cgroups in each)."""
+    out: List[str] = []
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            for line in f:
+                left, _sep, right = line.partition(" - ")
+                if right.split(" ", 1)[0] in ("cgroup", "cgroup2"):
+                    mp = left.split()[4].replace("\\040", " ")
+                    if mp not in out:
+                        out.append(mp)
+    except OSError:
+        pass
+    return out
 
 
 def rel(path: str) -> str:
@@ -251,19 +269,11 @@ def remove_host(simdir: str) -> List[str]:
 # --- per scope (host or a container's vmid) -------------------------------------------------------
 
 def scope_base(simdir: str, scope: str) -> Optional[str]:
-    """The cgroup that stands for the root of the machine in ``scope``: the host's
-    ``gpusim-<id>``, or a running container's ``lxc/<vmid>/ns`` (None when there is none)."""
+    """The cgroup that stands for the root of the machine in ``scope`` (only ``host``: the host's
+    ``gpusim-<id>``; a container's services are systemd units of the container), None when there is none."""
     if scope == "host":
         return host_base(simdir)
-    from . import container  # noqa: PLC0415 (container imports this module)
-    try:
-        vmid = container.parse_vmid(scope)
-        if not container._is_ours(simdir, vmid):  # noqa: SLF001 (same package)
-            return None
-        ns = container.cgroup_dirs(vmid)[2]
-    except Exception:  # noqa: BLE001 (no cgroup2, bad vmid: no cgroup)
-        return None
-    return ns if os.path.isdir(ns) else None
+    return None
 
 
 def service_path(base: str, name: str) -> str:

@@ -3,11 +3,12 @@
   gpusim up     --dir DIR [--driver r580] [--gpus N] [--model NAME] [--memory-mib M] [--release-lag S]
                 [--pid-mode host|translate] [--hide SYM,...]
   gpusim env    --dir DIR                       (export lines for the bindings, nvidia-smi and pct)
-  gpusim ct create|start|stop --dir DIR --vmid ID [--hostname H] [--gpus all|0,1]
+  gpusim ct create|start|stop --dir DIR --vmid ID [--hostname H] [--gpus all|0,1] [--systemd]
   gpusim hold   --dir DIR --gpus 0,1 --mib M [--ct VMID] [--tree] [--ignore-term] [--exit-delay S]
                 [--respawn --service NAME] [--name NAME] [--type C|G|M|CG] [--device-only]
                 [--only-own-devices] [--control-only] [--fork-child] [--restart-delay S] [--stop-timeout S]
-  gpusim fault  --dir DIR [--init-error ...] [--lose-gpu I [--after S]] [--not-supported I:f,f] [--unknown I:f,f] ...
+  gpusim fault  --dir DIR [--init-error ...] [--lose-gpu I [--after S]] [--not-supported I:f,f] [--unknown I:f,f]
+                [--health I:f=v,f=v] [--xid I:CODE] [--drain-ms MS] ...
   gpusim status --dir DIR [--json]
   gpusim down   --dir DIR
 
@@ -67,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
         if verb == "create":
             c.add_argument("--hostname", default=None)
             c.add_argument("--gpus", default="all", help="GPUs passed through: all or 0,1 (default all)")
+            c.add_argument("--systemd", action="store_true",
+                           help="a Debian 12 rootfs with systemd as PID 1 (services in it are systemd units); "
+                                "default: busybox")
 
     p = sub.add_parser("hold", help="start a workload; prints its host pid")
     _dir_arg(p)
@@ -105,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--release-lag", type=float, default=None, help="seconds")
     p.add_argument("--hide", default=None,
                    help="SYM,SYM (the exact set besides the profile's; '' unhides all but the profile's)")
+    p.add_argument("--health", action="append", default=None,
+                   help="I:field=value,... health of GPU I: remap_pending=1, fabric_state=in_progress, ... (repeatable)")
+    p.add_argument("--xid", action="append", default=None, help="I:CODE[,CODE]: Xid lines in DIR/kmsg (repeatable)")
+    p.add_argument("--drain-ms", default=None, help="release an exited process's memory over this long after the lag")
     p.add_argument("--clear", action="store_true", help="clear every fault first")
 
     p = sub.add_parser("status", help="GPUs, processes, containers")
@@ -152,7 +160,8 @@ def _print_status(st) -> None:
             state = "alive" if p["alive"] else ("exited" if p["exit_ns"] is not None else "gone")
             print(f"  pid {p['pid']} (ns pid {p['nspid']}) gpu {p['gpu']} {p['types']} {p['used_mib']} MiB {state}")
     for c in st["containers"]:
-        print(f"container {c['vmid']} ({c['hostname'] or '-'}): {'running' if c['running'] else 'stopped'}")
+        print(f"container {c['vmid']} ({c['hostname'] or '-'}, {c.get('kind', 'busybox')}): "
+              f"{'running' if c['running'] else 'stopped'} (lxc-attach -n {c['vmid']} -P {c.get('lxcpath', '?')})")
     for sv in st["services"]:
         state = "stopped" if sv["stopped"] else ("running" if sv["pid"] else "inactive")
         print(f"service {sv['name']} ({sv['scope']}): {state}, main pid {sv['mainpid'] or '-'}")
@@ -184,7 +193,7 @@ def run(args) -> int:
             raise ScenarioError(f"invalid vmid={args.vmid!r}: must be an integer 100..999999999")
         if args.ctcmd == "create":
             gpus = scn.parse_gpu_list(args.gpus, host.scenario().gpu_count)
-            container.create(host.dir, int(args.vmid), args.hostname, gpus)
+            container.create(host.dir, int(args.vmid), args.hostname, gpus, systemd=args.systemd)
         elif args.ctcmd == "start":
             container.start(host.dir, int(args.vmid))
         else:
@@ -210,7 +219,7 @@ def run(args) -> int:
         host.fault(init_error=args.init_error, lose_gpu=args.lose_gpu, after=args.after,
                    not_supported=args.not_supported, unknown=args.unknown, unknown_every=args.unknown_every,
                    call_delay_ms=args.call_delay_ms, leak=args.leak, pid_mode=args.pid_mode, release_lag_ms=lag,
-                   hide=hide, clear=args.clear)
+                   hide=hide, health=args.health, xid=args.xid, drain_ms=args.drain_ms, clear=args.clear)
         return 0
     if args.cmd == "status":
         st = host.status()

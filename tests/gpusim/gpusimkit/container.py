@@ -1,23 +1,28 @@
-"""Simulated Proxmox VE containers made of real Linux namespaces and a real cgroup2 path.
+"""Proxmox VE containers of the simulated node: real LXC containers (Debian's lxc 5, the base of PVE 8).
 
-A container is ``DIR/ct/<vmid>/``:
+A container is two directories of the scenario:
 
-- ``config``      PVE's ``pct config`` shape (sorted keys, then the raw ``lxc.*`` lines);
-- ``init.pid``    ``<hostpid> <starttime>`` of its init (written by ``start``);
-- ``cgroup``      what ``start`` created: ``path``, ``ino`` (inode of ``lxc/<vmid>``) and
-                  ``created_lxc`` (whether it also created ``lxc/``);
-- ``console.log`` the init's stdout/stderr and the stdio of detached commands;
-- ``lock``        flock for start/stop/cleanup.
+- ``DIR/ct/<vmid>/``: what PVE keeps in ``/etc/pve/nodes/<node>/lxc/<vmid>.conf`` (``config``, the file
+  ``pct config`` reads, with its ``[pve:pending]`` section), ``kind`` (``busybox`` or ``systemd``), ``lock``.
+- ``DIR/lxc/<vmid>/``: the LXC container under the lxcpath ``DIR/lxc`` (so two simulators never share
+  one): ``config`` (LXC's, written at each start from the PVE config as pve-container's
+  ``update_lxc_config`` does), ``rootfs/`` (busybox) or ``upper/`` (the overlay over the cached Debian
+  rootfs with systemd), ``lxc.log``.
 
-A running container is an init process (``ctinit.py``) that is PID 1 of its own PID, mount and
-UTS namespaces, with a private ``/proc`` and the configured hostname, sitting in
-``<cgroup2 mount>/lxc/<vmid>/ns``, so that ``/proc/<pid>/cgroup`` of every container process
-reads ``0::/lxc/<vmid>/ns...`` on the host, as on PVE 7 and later.  Commands are run inside with
-``ctattach.py`` (setns + fork, as ``lxc-attach``) and land in ``lxc/<vmid>/ns/.lxc`` (liblxc's
-attach leaf); services in ``lxc/<vmid>/ns/system.slice/<name>.service`` (gpusimkit/cgroups.py).
+The LXC config carries pve-container's cgroup layout (``lxc.cgroup.dir.container = lxc/<vmid>``,
+``lxc.cgroup.dir.container.inner = ns``, ``lxc.cgroup.dir.monitor = lxc.monitor/<vmid>``), no network
+(``lxc.net.0.type = empty``), the simulated device files ``DIR/dev/nvidia*`` bound in as
+``/dev/nvidia*``, and binds of the scenario directory (read-write, same path) and of the simulator and the
+Python that runs workloads (read-only, same paths).  Busybox containers also get the host's ``/usr``
+read-only (a Python interpreter and its libraries; busybox's init is PID 1).
 
-Stdlib only, Python 3.9+.  Processes are identified by (pid, starttime); only processes this
-module started (or that sit in a cgroup directory it created) are ever signalled.
+vmids are machine-wide: ``lxc/<vmid>`` is one cgroup per machine.  ``create`` reserves the vmid
+(``/run/gpusim/vmids/<vmid>``, gpusimkit.vmids); a vmid reserved by a live simulator is waited for
+(``VMID_WAIT_S``), then refused.  ``stop_all`` (``gpusim down``) stops every container, removes every
+cgroup directory LXC left behind and releases the reservations.
+
+Stdlib only, Python 3.9+.  Every operation is one of LXC's tools: ``lxc-start``, ``lxc-stop``,
+``lxc-attach``, ``lxc-info``.
 """
 
 from __future__ import annotations
@@ -28,27 +33,27 @@ import fcntl
 import hashlib
 import os
 import re
-import selectors
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from . import cgroups
+from . import cgroups, proctools, rootfs, vmids
 from . import scenario as _scenario
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-CTINIT = os.path.join(HERE, "ctinit.py")
-CTATTACH = os.path.join(HERE, "ctattach.py")
 
 VMID_MIN = 100
 VMID_MAX = 999999999
 DEVICES_STYLES = ("lxc", "dev", "none")
+KINDS = ("busybox", "systemd")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-START_TIMEOUT = 15.0
-XATTR_CREATED = "trusted.gpusim.created"
+START_TIMEOUT = 60.0
+LXC_TOOLS = ("lxc-start", "lxc-stop", "lxc-attach", "lxc-info")
+KIT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/gpusim
+SETUP = os.path.join(KIT_ROOT, "setup-lxc.sh")
 
 
 class ContainerError(RuntimeError):
@@ -81,6 +86,15 @@ def config_path(simdir: str, vmid: Union[int, str]) -> str:
     return os.path.join(ct_dir(simdir, vmid), "config")
 
 
+def lxcpath(simdir: str) -> str:
+    """LXC's lxcpath of this scenario (``lxc-* -P``)."""
+    return os.path.join(os.path.realpath(simdir), "lxc")
+
+
+def lxc_dir(simdir: str, vmid: Union[int, str]) -> str:
+    return os.path.join(lxcpath(simdir), str(parse_vmid(vmid)))
+
+
 def exists(simdir: str, vmid: Union[int, str]) -> bool:
     return os.path.isfile(config_path(simdir, vmid))
 
@@ -92,20 +106,14 @@ def _require(simdir: str, vmid: Union[int, str]) -> int:
     return v
 
 
-def _read_stat(pid: int) -> Optional[Tuple[str, int]]:
-    """(state, starttime) from /proc/<pid>/stat, or None (split after the LAST ')')."""
+def kind(simdir: str, vmid: Union[int, str]) -> str:
+    """``busybox`` or ``systemd`` (the rootfs the container boots)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
+        with open(os.path.join(ct_dir(simdir, vmid), "kind"), encoding="utf-8") as f:
+            k = f.read().strip()
     except OSError:
-        return None
-    rest = data[data.rindex(b")") + 2:].split()
-    return rest[0].decode(), int(rest[19])
-
-
-def _alive(pid: int, start: int) -> bool:
-    st = _read_stat(pid)
-    return st is not None and st[1] == start and st[0] not in ("Z", "X", "x")
+        return "busybox"
+    return k if k in KINDS else "busybox"
 
 
 def _atomic_write(path: str, text: str) -> None:
@@ -129,125 +137,113 @@ def _locked(simdir: str, vmid: int) -> Iterator[None]:
         yield
 
 
-# --- cgroup2 --------------------------------------------------------------------------------------
+def _python() -> str:
+    return sys.executable or os.readlink("/proc/self/exe")
+
+
+# --- LXC's tools ------------------------------------------------------------------------------------
+
+def check_lxc() -> None:
+    """ContainerError naming the missing tool and the set-up that installs it."""
+    missing = [t for t in LXC_TOOLS if not shutil.which(t, path=os.environ.get("PATH", "") + ":" + DEFAULT_PATH)]
+    if missing:
+        raise ContainerError(f"LXC is not installed ({', '.join(missing)} not found): the simulator's containers "
+                             f"are real LXC containers; run {SETUP} (make sim installs lxc, debootstrap, busybox-static)")
+
+
+def _tool(name: str) -> str:
+    check_lxc()
+    return shutil.which(name, path=os.environ.get("PATH", "") + ":" + DEFAULT_PATH) or name
+
+
+def lxc_argv(simdir: str, tool: str, vmid: Union[int, str], *args: str) -> List[str]:
+    """``<tool> -n <vmid> -P DIR/lxc args...``"""
+    return [_tool(tool), "-n", str(parse_vmid(vmid)), "-P", lxcpath(simdir), *args]
+
+
+def _run(argv: Sequence[str], timeout: float = 60.0, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(builtins.list(argv), capture_output=True, text=True, check=False, timeout=timeout,
+                          stdin=subprocess.DEVNULL, **kw)
+
+
+# --- cgroups LXC makes ------------------------------------------------------------------------------
 
 def cgroup2_mount() -> str:
     """The machine's cgroup2 mount point (cgroups.mount), as a ContainerError when there is none."""
     try:
         return cgroups.mount()
     except cgroups.CgroupError as e:
-        raise ContainerError(f"{e}: containers need a cgroup2 hierarchy to place their processes in"
-                             " lxc/<vmid>/ns") from e
+        raise ContainerError(f"{e}: containers need a cgroup2 hierarchy (lxc/<vmid>/ns)") from e
 
 
 def cgroup_dirs(vmid: Union[int, str]) -> Tuple[str, str, str]:
-    """(<mount>/lxc, <mount>/lxc/<vmid>, <mount>/lxc/<vmid>/ns)."""
+    """(<cgroup2 mount>/lxc, <mount>/lxc/<vmid>, <mount>/lxc/<vmid>/ns)."""
     lxc = os.path.join(cgroup2_mount(), "lxc")
     base = os.path.join(lxc, str(parse_vmid(vmid)))
     return lxc, base, os.path.join(base, "ns")
 
 
 def cgroup_path(vmid: Union[int, str]) -> str:
-    """The path the container's init shows in /proc/<pid>/cgroup: /lxc/<vmid>/ns (its other
-    processes are below it: ns/.lxc, ns/init.scope, ns/system.slice/<name>.service)."""
+    """The container's cgroup as /proc/<pid>/cgroup shows it on the host: /lxc/<vmid>/ns (its
+    processes are there or below it: ns/.lxc, ns/init.scope, ns/system.slice/<name>.service)."""
     return f"/lxc/{parse_vmid(vmid)}/ns"
 
 
 def attach_cgroup(vmid: Union[int, str]) -> str:
-    """<mount>/lxc/<vmid>/ns/.lxc: where commands run by pct exec / spawn land (lxc-attach
-    moves the attached process into the leaf ``.lxc`` of the container's cgroup)."""
+    """<mount>/lxc/<vmid>/ns/.lxc: where lxc-attach puts an attached process (cgroup2)."""
     return os.path.join(cgroup_dirs(vmid)[2], cgroups.ATTACH)
 
 
-def _read_record(simdir: str, vmid: int) -> Dict[str, str]:
-    return cgroups.read_record_file(os.path.join(ct_dir(simdir, vmid), "cgroup"))
+def lxc_cgroups(vmid: Union[int, str]) -> List[str]:
+    """Every cgroup directory LXC makes for the container, in every hierarchy of the machine (cgroup2
+    and, on a hybrid or v1 machine, each v1 hierarchy): ``lxc/<vmid>`` and ``lxc.monitor/<vmid>``."""
+    v = parse_vmid(vmid)
+    out = []
+    for root in cgroups.hierarchies():
+        out += [os.path.join(root, "lxc", str(v)), os.path.join(root, "lxc.monitor", str(v))]
+    return out
 
 
-def _ino(path: str) -> Optional[int]:
-    try:
-        return os.stat(path).st_ino
-    except OSError:
-        return None
+def _leftover_cgroups(vmid: int) -> List[str]:
+    return [d for d in lxc_cgroups(vmid) if os.path.isdir(d)]
 
 
-def _is_ours(simdir: str, vmid: int) -> bool:
-    """Does <mount>/lxc/<vmid> exist and is it the directory this scenario created?"""
-    rec = _read_record(simdir, vmid)
-    if not rec.get("ino", "").isdigit():
-        return False
-    base = cgroup_dirs(vmid)[1]
-    return rec.get("path") == base and _ino(base) == int(rec["ino"])
+def _cgroup_procs(d: str) -> List[int]:
+    return cgroups.procs(d, recursive=True)
 
 
-def _remove_cgroup(simdir: str, vmid: int) -> None:
-    """Remove lxc/<vmid>/ns, lxc/<vmid> (and lxc/ when empty and made by gpusim), if ours.
-
-    Processes still in it (e.g. an attach helper) get SIGKILL after a grace period."""
-    rec = _read_record(simdir, vmid)
-    if not rec:
-        return
-    lxc, base, _ns = cgroup_dirs(vmid)
-    if _is_ours(simdir, vmid):
-        # lxc/<vmid> and everything below it (ns, ns/.lxc, ns/init.scope, ns/system.slice/...):
-        # populated counts descendants, cgroup.kill reaches them, rmdir goes deepest first.
+def _remove_cgroups(vmid: int, kill: bool) -> List[str]:
+    """Remove what LXC left of lxc/<vmid> and lxc.monitor/<vmid> (and lxc/, lxc.monitor/ when they are
+    empty).  The vmid is this scenario's (reserved), so processes still there are its own: with
+    ``kill`` they get SIGKILL, else the directory is reported.  Returns the problems."""
+    problems = []
+    for d in _leftover_cgroups(vmid):
+        if _cgroup_procs(d):
+            if not kill:
+                problems.append(f"cgroup {d} still has processes {_cgroup_procs(d)}")
+                continue
+            cgroups.kill(d)
+            if not cgroups.wait_empty(d, 5.0):
+                # v1 hierarchies have no cgroup.events: wait on cgroup.procs
+                deadline = time.monotonic() + 5
+                while _cgroup_procs(d) and time.monotonic() < deadline:
+                    for p in _cgroup_procs(d):
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.kill(p, signal.SIGKILL)
+                    time.sleep(0.02)
         try:
-            cgroups.clear_tree(base, grace=3.0, timeout=5.0)
-        except cgroups.CgroupError as e:
-            raise ContainerError(str(e)) from None
-    _remove_lxc_dir(lxc, rec.get("created_lxc") == "1")
-    _unlink(os.path.join(ct_dir(simdir, vmid), "cgroup"))
-
-
-def _remove_lxc_dir(lxc: str, created_by_us: bool) -> None:
-    marked = False
-    try:
-        marked = os.getxattr(lxc, XATTR_CREATED) == b"1"
-    except OSError:
-        pass
-    if created_by_us or marked:
-        with contextlib.suppress(OSError):  # not empty (another container), gone, busy
-            os.rmdir(lxc)
-
-
-def _make_cgroup(simdir: str, vmid: int) -> str:
-    """Create lxc/<vmid>/ns; refuse when lxc/<vmid> exists and is not ours.  Returns the ns path."""
-    lxc, base, ns = cgroup_dirs(vmid)
-    for _attempt in range(20):
-        created_lxc = False
-        try:
-            os.mkdir(lxc)
-            created_lxc = True
-            with contextlib.suppress(OSError):
-                os.setxattr(lxc, XATTR_CREATED, b"1")
-        except FileExistsError:
-            pass
+            cgroups.remove_tree(d, timeout=5.0)
         except OSError as e:
-            raise ContainerError(f"cannot create cgroup {lxc}: {e.strerror} (creating cgroup2 "
-                                 "directories needs root and a writable cgroup2 mount)") from e
-        try:
-            os.mkdir(base)
-        except FileNotFoundError:
-            continue  # lxc/ was removed by another scenario in between: again
-        except FileExistsError:
-            raise ContainerError(
-                f"cgroup {base} already exists and does not belong to this scenario "
-                f"({simdir}): is a container with vmid {vmid} running in another scenario or on "
-                f"this host? Use another vmid.") from None
-        except OSError as e:
-            raise ContainerError(f"cannot create cgroup {base}: {e.strerror}") from e
-        _atomic_write(os.path.join(ct_dir(simdir, vmid), "cgroup"),
-                      f"path {base}\nino {_ino(base)}\ncreated_lxc {1 if created_lxc else 0}\n")
-        try:
-            os.mkdir(ns)
-            os.mkdir(os.path.join(ns, cgroups.ATTACH))
-        except OSError as e:
-            _remove_cgroup(simdir, vmid)
-            raise ContainerError(f"cannot create cgroup {ns}: {e.strerror}") from e
-        return ns
-    raise ContainerError(f"cannot create cgroup {base}: {lxc} keeps disappearing")
+            problems.append(f"cannot remove cgroup {d}: {e.strerror}")
+    with vmids.machine_lock():
+        for root in cgroups.hierarchies():
+            for parent in ("lxc", "lxc.monitor"):
+                with contextlib.suppress(OSError):  # not empty (another container), gone, busy
+                    os.rmdir(os.path.join(root, parent))
+    return problems
 
 
-# --- config ---------------------------------------------------------------------------------------
+# --- the PVE config ---------------------------------------------------------------------------------
 
 def _hwaddr(vmid: int) -> str:
     d = hashlib.sha256(f"gpusim-ct-{vmid}".encode()).digest()
@@ -306,52 +302,125 @@ def render_config(vmid: int, hostname: str, minors: Sequence[int], devices_style
     return "\n".join(lines) + "\n"
 
 
+class PveConfig:
+    """A container's config file as pve-container's ``parse_pct_config`` reads it: the leading ``#``
+    lines (the description), ``key: value`` lines, raw ``lxc.*`` entries (in file order), a
+    ``[pve:pending]`` section (pending values and ``delete: key,key``) and ``[snapshot]`` sections."""
+
+    def __init__(self, text: str):
+        self.keys: Dict[str, str] = {}
+        self.raw: List[Tuple[str, str]] = []
+        self.pending: Dict[str, str] = {}
+        self.pending_delete: List[str] = []
+        self.snapshots: Dict[str, Dict[str, str]] = {}
+        section: Optional[str] = None
+        descr = ""
+        cur = self.keys
+        for line in text.split("\n"):
+            if not line.strip():
+                continue
+            m = re.match(r"^\[(pve:pending|[a-z][a-z0-9_\-]+)\]\s*$", line, re.I)
+            if m:
+                if descr:
+                    cur["description"] = descr
+                descr = ""
+                section = m.group(1).lower()
+                cur = self.pending if section == "pve:pending" else self.snapshots.setdefault(section, {})
+                continue
+            if line.startswith("#"):
+                descr += decode_text(line[1:]) + "\n"
+                continue
+            m = re.match(r"^(lxc\.[a-z0-9_\-.]+)(:|\s*=)\s*(.*?)\s*$", line)
+            if m:
+                if section is None:
+                    self.raw.append((m.group(1), m.group(3)))
+                continue
+            m = re.match(r"^description:\s*(.*\S)\s*$", line)
+            if m:
+                descr += decode_text(m.group(1))
+                continue
+            m = re.match(r"^delete:\s*(.*\S)\s*$", line)
+            if m:
+                if section == "pve:pending":
+                    self.pending_delete = [k.lstrip("!") for k in re.split(r"[\s,;]+", m.group(1)) if k]
+                continue
+            m = re.match(r"^([a-z][a-z_]*\d*):\s*(.+?)\s*$", line)
+            if m:
+                cur[m.group(1)] = m.group(2)
+        if descr:
+            cur["description"] = descr
+
+    def current(self, current: bool) -> Dict[str, str]:
+        """PVE::AbstractConfig::load_current_config: the config with its pending changes applied, or
+        (``current``) without them."""
+        out = dict(self.keys)
+        if not current:
+            out.update(self.pending)
+            for k in self.pending_delete:
+                out.pop(k, None)
+        return out
+
+
+def encode_text(text: str) -> str:
+    """PVE::Tools::encode_text: control and non-ASCII characters and ':' as %XX of their UTF-8 bytes."""
+    return "".join(chr(b) if 0x20 <= b <= 0x39 or 0x3b <= b <= 0x7e else "%%%02X" % b for b in text.encode())
+
+
+def decode_text(text: str) -> str:
+    """PVE::Tools::decode_text (URI unescape, then UTF-8)."""
+    raw = re.sub(rb"%([0-9A-Fa-f]{2})", lambda m: bytes([int(m.group(1), 16)]), text.encode())
+    return raw.decode("utf-8", errors="replace")
+
+
+def load_config(simdir: str, vmid: Union[int, str]) -> PveConfig:
+    v = _require(simdir, vmid)
+    with open(config_path(simdir, v), encoding="utf-8") as f:
+        return PveConfig(f.read())
+
+
+def read_config(simdir: str, vmid: Union[int, str], current: bool = True
+                ) -> Tuple[Dict[str, str], List[Tuple[str, str]]]:
+    """(keys, raw lxc.* entries in file order) of a container's config: its current values (the
+    container runs with them), or with ``current=False`` the pending changes applied."""
+    conf = load_config(simdir, vmid)
+    return conf.current(current), builtins.list(conf.raw)
+
+
 NODE_RE = re.compile(r"^/dev/nvidia(\d+)$")
 
 
+def _device_paths(keys: Dict[str, str], raw: Sequence[Tuple[str, str]]) -> List[str]:
+    """Host paths of the devices the config passes through: the sources of ``lxc.mount.entry`` lines
+    under /dev and the paths of ``devN:`` entries."""
+    paths = [v.split()[0] for k, v in raw if k == "lxc.mount.entry" and v.split() and v.split()[0].startswith("/dev/")]
+    paths += [v.split(",")[0].strip() for k, v in sorted(keys.items()) if re.fullmatch(r"dev\d+", k)]
+    return builtins.list(dict.fromkeys(p[len("path="):] if p.startswith("path=") else p for p in paths))
+
+
 def config_gpu_minors(simdir: str, vmid: Union[int, str]) -> List[int]:
-    """Minors of the /dev/nvidia<N> nodes the container's config passes through: the sources of
-    its ``lxc.mount.entry`` lines and its ``devN:`` entries (sorted, unique)."""
+    """Minors of the /dev/nvidia<N> nodes the container's current config passes through (sorted, unique)."""
     keys, raw = read_config(simdir, vmid)
-    paths = [v.split()[0] for k, v in raw if k == "lxc.mount.entry" and v.split()]
-    paths += [v.split(",")[0].strip() for k, v in keys.items() if re.fullmatch(r"dev\d+", k)]
-    return sorted({int(m.group(1)) for m in (NODE_RE.match(p) for p in paths) if m})
-
-
-def read_config(simdir: str, vmid: Union[int, str]) -> Tuple[Dict[str, str], List[Tuple[str, str]]]:
-    """(normal keys, raw lxc.* entries in file order) of a container's config."""
-    v = _require(simdir, vmid)
-    keys: Dict[str, str] = {}
-    raw: List[Tuple[str, str]] = []
-    with open(config_path(simdir, v), encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            m = re.match(r"^(\S+?):\s*(.*)$", line)
-            if not m:
-                continue
-            k, val = m.group(1), m.group(2)
-            if k.startswith("lxc."):
-                raw.append((k, val))
-            else:
-                keys[k] = val
-    return keys, raw
+    return sorted({int(m.group(1)) for m in (NODE_RE.match(p) for p in _device_paths(keys, raw)) if m})
 
 
 def create(simdir: str, vmid: Union[int, str], hostname: Optional[str] = None, gpus="all",
-           devices_style: str = "lxc") -> None:
-    """Write DIR/ct/<vmid>/config (PVE's `pct config` shape) with the NVIDIA passthrough lines.
+           devices_style: str = "lxc", systemd: bool = False) -> None:
+    """Create container ``vmid``: reserve the vmid on this machine, write DIR/ct/<vmid>/config (PVE's
+    ``pct config`` shape, with the NVIDIA passthrough lines) and the container's rootfs.
 
     gpus: "all", "0,1", "0-3", a list of indexes, or None/"none"/[] (no GPU lines, as
     devices_style="none").  devices_style: "lxc" (lxc.cgroup2.devices.allow + lxc.mount.entry),
-    "dev" (devN: /dev/nvidiaN ...) or "none"."""
+    "dev" (devN: /dev/nvidiaN ...) or "none".  systemd: boot a Debian 12 rootfs with systemd as PID 1
+    (services started in it are systemd units) instead of busybox."""
     v = parse_vmid(vmid)
     if devices_style not in DEVICES_STYLES:
         raise ContainerError(f"invalid devices_style={devices_style!r}: must be one of {', '.join(DEVICES_STYLES)}")
     name = hostname if hostname is not None else f"CT{v}"
     _check_hostname(name)
     minors = [] if devices_style == "none" else _gpu_minors(simdir, gpus)
+    check_lxc()
+    if systemd:
+        rootfs.ensure_systemd_rootfs()
     d = ct_dir(simdir, v)
     os.makedirs(os.path.join(simdir, "ct"), exist_ok=True)
     try:
@@ -359,6 +428,7 @@ def create(simdir: str, vmid: Union[int, str], hostname: Optional[str] = None, g
     except FileExistsError:
         if exists(simdir, v):
             raise ContainerError(f"CT {v} already exists ({config_path(simdir, v)})") from None
+    vmids.reserve(simdir, v)
     text = render_config(v, name, minors, devices_style)
     # O_EXCL: two concurrent creates of the same vmid cannot both succeed.
     try:
@@ -367,25 +437,112 @@ def create(simdir: str, vmid: Union[int, str], hostname: Optional[str] = None, g
         raise ContainerError(f"CT {v} already exists ({config_path(simdir, v)})") from None
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
+    _atomic_write(os.path.join(d, "kind"), ("systemd" if systemd else "busybox") + "\n")
+    ld = lxc_dir(simdir, v)
+    os.makedirs(ld, exist_ok=True)
+    if systemd:
+        os.makedirs(os.path.join(ld, "upper"), exist_ok=True)
+    else:
+        rootfs.make_busybox_rootfs(os.path.join(ld, "rootfs"))
+
+
+# --- the LXC config ---------------------------------------------------------------------------------
+
+def _ro_paths() -> List[str]:
+    """Host directories a workload (or a module run by `pct exec`) needs inside a container, bound
+    read-only at the same path: the checkout that holds the simulator (the collection: tests/gpusim
+    and the modules), and the Python that runs them (its prefixes: a venv, its interpreter), unless
+    under /usr."""
+    top = os.path.dirname(os.path.dirname(KIT_ROOT))
+    paths = [top if top != "/" else KIT_ROOT]
+    exe = os.path.realpath(_python())
+    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.dirname(exe))):
+        p = os.path.realpath(p)
+        if p != "/" and not (p == "/usr" or p.startswith("/usr/")):
+            paths.append(p)
+    out: List[str] = []
+    for p in sorted(set(paths), key=len):
+        if not any(p == q or p.startswith(q + "/") for q in out):
+            out.append(p)
+    return out
+
+
+def lxc_config(simdir: str, vmid: int) -> str:
+    """LXC's config of the container, as pve-container's update_lxc_config writes /var/lib/lxc/<vmid>/config."""
+    sim = os.path.realpath(simdir)
+    keys, raw = read_config(simdir, vmid)
+    k = kind(simdir, vmid)
+    ld = lxc_dir(simdir, vmid)
+    out = [
+        "# Written by gpusim at each start (gpusimkit/container.py), as pve-container's update_lxc_config",
+        "lxc.cgroup.relative = 0",
+        f"lxc.cgroup.dir.monitor = lxc.monitor/{vmid}",
+        f"lxc.cgroup.dir.container = lxc/{vmid}",
+        "lxc.cgroup.dir.container.inner = ns",
+        f"lxc.arch = {keys.get('arch', 'amd64')}",
+        "lxc.include = /usr/share/lxc/config/common.conf",
+        "lxc.apparmor.profile = unconfined",
+        "lxc.mount.auto = proc:mixed sys:mixed cgroup:mixed",
+        "lxc.monitor.unshare = 1",
+        "lxc.console.path = none",
+        "lxc.tty.max = 0",
+        "lxc.environment = TERM=linux",
+        f"lxc.uts.name = {keys.get('hostname') or f'CT{vmid}'}",
+        "lxc.net.0.type = empty",
+        "lxc.init.cmd = /sbin/init",
+    ]
+    if k == "systemd":
+        out.append(f"lxc.rootfs.path = overlay:{rootfs.systemd_rootfs()}:{os.path.join(ld, 'upper')}")
+    else:
+        out.append(f"lxc.rootfs.path = dir:{os.path.join(ld, 'rootfs')}")
+        out.append("lxc.signal.halt = SIGUSR1")  # busybox init halts on SIGUSR1
+        out.append("lxc.mount.entry = /usr usr none ro,bind 0 0")
+    for p in _ro_paths():
+        out.append(f"lxc.mount.entry = {p} {p.lstrip('/')} none ro,bind,create=dir 0 0")
+    out.append(f"lxc.mount.entry = {sim} {sim.lstrip('/')} none bind,create=dir 0 0")
+    # The passthrough: each /dev/nvidia* node of the config, from the simulated device files.
+    for p in _device_paths(keys, raw):
+        name = os.path.basename(p)
+        src = os.path.join(sim, "dev", name)
+        if p.startswith("/dev/nvidia") and os.path.exists(src):
+            out.append(f"lxc.mount.entry = {src} dev/{name} none bind,create=file 0 0")
+    for key, value in raw:
+        if key == "lxc.mount.entry" and value.split() and value.split()[0].startswith("/dev/nvidia"):
+            continue  # the real host's node: the simulated one is bound above
+        out.append(f"{key} = {value}")
+    return "\n".join(out) + "\n"
 
 
 # --- state ----------------------------------------------------------------------------------------
 
+def _info(simdir: str, vmid: int) -> Dict[str, str]:
+    """lxc-info's fields ({} when LXC does not know the container)."""
+    if not os.path.isfile(os.path.join(lxc_dir(simdir, vmid), "config")):
+        return {}
+    r = _run(lxc_argv(simdir, "lxc-info", vmid, "-s", "-p"), timeout=30)
+    out = {}
+    for line in r.stdout.splitlines():
+        k, sep, val = line.partition(":")
+        if sep:
+            out[k.strip()] = val.strip()
+    return out
+
+
 def init_pid(simdir: str, vmid: Union[int, str]) -> Optional[Tuple[int, int]]:
-    """(hostpid, starttime) of the running container's init, or None when it is stopped."""
-    try:
-        with open(os.path.join(ct_dir(simdir, vmid), "init.pid"), encoding="utf-8") as f:
-            parts = f.read().split()
-        pid, start = int(parts[0]), int(parts[1])
-    except (OSError, ValueError, IndexError):
+    """(hostpid, starttime) of the running container's init (lxc-info -p), or None when it is stopped."""
+    v = parse_vmid(vmid)
+    info = _info(simdir, v)
+    if info.get("State") != "RUNNING" or not info.get("PID", "").isdigit():
         return None
-    return (pid, start) if _alive(pid, start) else None
+    pid = int(info["PID"])
+    st = proctools.read_stat(pid)
+    return (pid, st[1]) if st and st[0] not in ("Z", "X", "x") else None
 
 
 def status(simdir: str, vmid: Union[int, str]) -> str:
-    """'running' iff the init recorded in init.pid is alive with the same starttime."""
+    """'running' or 'stopped' (lxc-info -s)."""
     v = _require(simdir, vmid)
-    return "running" if init_pid(simdir, v) else "stopped"
+    return "running" if _info(simdir, v).get("State") in ("RUNNING", "STOPPING", "STARTING") else "stopped"
 
 
 def list(simdir: str) -> List[int]:  # noqa: A001 (the API name)
@@ -400,7 +557,7 @@ def list(simdir: str) -> List[int]:  # noqa: A001 (the API name)
 
 
 def uptime(simdir: str, vmid: Union[int, str]) -> int:
-    """Seconds since the init started (0 when stopped)."""
+    """Seconds since the init started (0 when stopped), as pve-container computes it."""
     ip = init_pid(simdir, vmid)
     if not ip:
         return 0
@@ -414,121 +571,74 @@ def uptime(simdir: str, vmid: Union[int, str]) -> int:
 
 # --- start ----------------------------------------------------------------------------------------
 
-def _read_lines(fd: int, timeout: float) -> List[str]:
-    """Lines from a pipe until EOF (every writer closed it) or timeout."""
-    deadline = time.monotonic() + timeout
-    buf = b""
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, selectors.EVENT_READ)
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            if not sel.select(left):
-                continue
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            buf += chunk
-    return buf.decode(errors="replace").splitlines()
-
-
-def _python() -> str:
-    return sys.executable or os.readlink("/proc/self/exe")
-
-
 def _record_owned(simdir: str, pid: int, start: int) -> None:
-    """Tell `gpusim down` about the init (DIR/run/owned), when that machinery is there."""
-    try:
-        from . import proctools  # noqa: PLC0415 (optional: written by another piece)
-        proctools.append_owned(simdir, pid, start)
-    except Exception:  # noqa: BLE001
-        pass
+    """Tell `gpusim down` about the init (DIR/run/owned)."""
+    proctools.append_owned(simdir, pid, start)
 
 
 def start(simdir: str, vmid: Union[int, str]) -> None:
-    """Start the container: its init in new PID/mount/UTS namespaces, in cgroup lxc/<vmid>/ns."""
+    """Start the container (lxc-start); a systemd container is started once systemd says the system
+    is running (or degraded)."""
     v = _require(simdir, vmid)
-    keys = read_config(simdir, v)[0]
-    hostname = keys.get("hostname") or f"CT{v}"
+    vmids.reserve(simdir, v)  # ours already, or taken back after a crash
     with _locked(simdir, v):
         if init_pid(simdir, v):
             raise ContainerError(f"CT {v} already running")
-        _unlink(os.path.join(ct_dir(simdir, v), "init.pid"))
-        # A stale cgroup of ours (a crashed run): clean it up first.
-        _remove_cgroup(simdir, v)
-        ns = _make_cgroup(simdir, v)
-        log = open(os.path.join(ct_dir(simdir, v), "console.log"), "ab")
-        r, w = os.pipe()
-        try:
-            proc = subprocess.Popen(
-                [_python(), "-I", "-S", CTINIT, "--dir", simdir, "--vmid", str(v), "--hostname", hostname,
-                 "--cgroup", ns, "--ready-fd", str(w)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(w,), start_new_session=True,
-                cwd="/", env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", "container": "lxc"})
-        except OSError as e:
-            os.close(r)
-            os.close(w)
-            log.close()
-            _remove_cgroup(simdir, v)
-            raise ContainerError(f"cannot start CT {v}: {e}") from e
-        os.close(w)
-        log.close()
-        try:
-            lines = _read_lines(r, START_TIMEOUT)
-        finally:
-            os.close(r)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-        pid = None
-        err = None
-        for line in lines:
-            if line.startswith("pid "):
-                pid = int(line.split()[1])
-            elif line.startswith("error "):
-                err = line[6:]
-        st = _read_stat(pid) if pid else None
-        if err or "ready" not in lines or st is None:
-            if pid and st:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                _wait_dead(pid, st[1], 5.0)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        problems = _remove_cgroups(v, kill=False)
+        if problems:
+            raise ContainerError(f"cannot start CT {v}: " + "; ".join(problems))
+        ld = lxc_dir(simdir, v)
+        os.makedirs(ld, exist_ok=True)
+        if kind(simdir, v) == "systemd":
+            rootfs.ensure_systemd_rootfs()
+            os.makedirs(os.path.join(ld, "upper"), exist_ok=True)
+        elif not os.path.isdir(os.path.join(ld, "rootfs")):
+            rootfs.make_busybox_rootfs(os.path.join(ld, "rootfs"))
+        _atomic_write(os.path.join(ld, "config"), lxc_config(simdir, v))
+        log = os.path.join(ld, "lxc.log")
+        _unlink(log)
+        r = _run(lxc_argv(simdir, "lxc-start", v, "-l", "INFO", "-o", log), timeout=START_TIMEOUT)
+        ip = init_pid(simdir, v)
+        if r.returncode != 0 or not ip:
+            errors = [ln for ln in proctools.tail(log, 6000).splitlines() if " ERROR " in ln]
             with contextlib.suppress(Exception):
-                _remove_cgroup(simdir, v)
-            raise ContainerError(f"cannot start CT {v}: {err or 'the init did not report ready'}")
-        _atomic_write(os.path.join(ct_dir(simdir, v), "init.pid"), f"{pid} {st[1]}\n")
-        _record_owned(simdir, pid, st[1])
+                _run(lxc_argv(simdir, "lxc-stop", v, "--kill"), timeout=30)
+            raise ContainerError(f"cannot start CT {v}: lxc-start exited {r.returncode}: "
+                                 f"{(r.stderr.strip() + ' ' + ' | '.join(errors[-3:])).strip()} (log: {log})")
+        _record_owned(simdir, ip[0], ip[1])
+    if kind(simdir, v) == "systemd":
+        _wait_systemd(simdir, v)
+
+
+def _wait_systemd(simdir: str, v: int, timeout: float = START_TIMEOUT) -> None:
+    """Until `systemctl is-system-running` inside says running or degraded."""
+    deadline = time.monotonic() + timeout
+    state = ""
+    while time.monotonic() < deadline:
+        r = _run(lxc_argv(simdir, "lxc-attach", v, "--clear-env", "--", "systemctl", "is-system-running"),
+                 timeout=30)
+        state = (r.stdout.strip() or r.stderr.strip()).splitlines()[-1] if (r.stdout.strip() or r.stderr.strip()) else ""
+        if state in ("running", "degraded"):
+            return
+        time.sleep(0.05)
+    raise ContainerError(f"CT {v}: systemd did not finish booting within {timeout:g} s (is-system-running: {state})")
 
 
 # --- running commands inside ----------------------------------------------------------------------
 
 def command_env(simdir: str, vmid: Union[int, str], env: Optional[Dict[str, str]]) -> Dict[str, str]:
-    """`env` plus PATH with DIR/ctbin and DIR/bin first, and GPUSIM_VMID."""
+    """`env` (the caller's, kept by lxc-attach --keep-env) as a command in the container sees the
+    simulator: GPUSIM_VMID, and PATH with DIR/ctbin (nvidia-smi: the driver's tools installed in
+    the container) in place of DIR/bin (the node's tools: pct, the host's systemctl)."""
     v = parse_vmid(vmid)
     out = dict(os.environ if env is None else env)
-    first = [os.path.join(simdir, "ctbin"), os.path.join(simdir, "bin")]
-    rest = [p for p in out.get("PATH", DEFAULT_PATH).split(":") if p and p not in first]
-    out["PATH"] = ":".join(first + rest)
+    sim = os.path.realpath(simdir)
+    node_bins = {os.path.join(simdir, "bin"), os.path.join(sim, "bin")}
+    ctbin = os.path.join(sim, "ctbin")
+    rest = [p for p in out.get("PATH", DEFAULT_PATH).split(":") if p and p not in node_bins and p != ctbin]
+    out["PATH"] = ":".join([ctbin] + rest)
     out["GPUSIM_VMID"] = str(v)
     return out
-
-
-def _attach_argv(simdir: str, v: int, ip: Tuple[int, int], argv: Sequence[str], detach: bool,
-                 status_fd: int = -1) -> List[str]:
-    cg = attach_cgroup(v)
-    if not os.path.isdir(cg):  # a container started before .lxc existed
-        with contextlib.suppress(OSError):
-            os.mkdir(cg)
-    out = [_python(), "-I", "-S", CTATTACH, "--dir", simdir, "--vmid", str(v), "--init-pid", str(ip[0]),
-           "--init-starttime", str(ip[1]), "--cgroup", cg]
-    if detach:
-        out.append("--detach")
-    if status_fd >= 0:
-        out += ["--status-fd", str(status_fd)]
-    return out + ["--"] + [str(a) for a in argv]
 
 
 def _running(simdir: str, vmid: Union[int, str]) -> Tuple[int, Tuple[int, int]]:
@@ -539,14 +649,23 @@ def _running(simdir: str, vmid: Union[int, str]) -> Tuple[int, Tuple[int, int]]:
     return v, ip
 
 
+def attach_argv(simdir: str, vmid: Union[int, str], argv: Sequence[str], keep_env: bool = True,
+                set_vars: Optional[Dict[str, str]] = None) -> List[str]:
+    """``lxc-attach -n <vmid> -P DIR/lxc --keep-env|--clear-env [--set-var K=V...] -- argv`` (pct exec's)."""
+    out = lxc_argv(simdir, "lxc-attach", vmid, "--keep-env" if keep_env else "--clear-env")
+    for k, val in (set_vars or {}).items():
+        out += ["--set-var", f"{k}={val}"]
+    return out + ["--"] + [str(a) for a in argv]
+
+
 def exec_argv(simdir: str, vmid: Union[int, str], argv: Sequence[str], env: Optional[Dict[str, str]],
-              *, forward_signals: bool = False) -> int:
-    """Run argv inside the running container and wait; returns its exit status (128+N if killed
-    by signal N; 127/126 if it cannot be executed).  stdin/stdout/stderr are the caller's."""
-    v, ip = _running(simdir, vmid)
+              *, forward_signals: bool = False, **popen) -> int:
+    """Run argv inside the running container with lxc-attach and wait; returns its exit status.
+    stdin/stdout/stderr are the caller's (or ``popen``'s)."""
+    v, _ip = _running(simdir, vmid)
     if not argv:
         raise ContainerError("missing command")
-    proc = subprocess.Popen(_attach_argv(simdir, v, ip, argv, detach=False), env=command_env(simdir, v, env))
+    proc = subprocess.Popen(attach_argv(simdir, v, argv), env=command_env(simdir, v, env), **popen)
     old = {}
     if forward_signals:
         def fwd(sig, _frame):
@@ -563,139 +682,144 @@ def exec_argv(simdir: str, vmid: Union[int, str], argv: Sequence[str], env: Opti
             signal.signal(sig, h)
 
 
+def run(simdir: str, vmid: Union[int, str], argv: Sequence[str], env: Optional[Dict[str, str]] = None,
+        input: Optional[str] = None, timeout: float = 120.0) -> subprocess.CompletedProcess:  # noqa: A002
+    """Run argv inside the running container and capture its output (text)."""
+    v, _ip = _running(simdir, vmid)
+    return subprocess.run(attach_argv(simdir, v, argv), env=command_env(simdir, v, env), input=input,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _nspid_chain(pid: int) -> List[int]:
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []
+
+
+def host_pid(init: int, nspid: int) -> Optional[int]:
+    """The host pid of the process that is ``nspid`` in the PID namespace of the container whose init
+    is ``init``."""
+    try:
+        pidns = os.readlink(f"/proc/{init}/ns/pid")
+    except OSError:
+        return None
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        chain = _nspid_chain(int(name))
+        if len(chain) >= 2 and chain[-1] == nspid:
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{name}/ns/pid") == pidns:
+                    return int(name)
+    return None
+
+
 def spawn(simdir: str, vmid: Union[int, str], argv: Sequence[str], env: Optional[Dict[str, str]],
-          pass_fds: Iterable[int] = (), log: Optional[str] = None) -> Optional[int]:
-    """Start argv inside the running container, detached (it keeps running after we return; it is
-    re-parented to the container's init).  pass_fds are inherited; stdin is /dev/null and
-    stdout/stderr go to `log` (default DIR/ct/<vmid>/console.log).  Its parent is the container's
-    init.  Returns its host pid (None if it already exited; callers may ignore it)."""
+          log: Optional[str] = None) -> Optional[int]:
+    """Start argv inside the running container, detached: lxc-attach runs a shell that starts it in
+    its own session and exits, so that the container's init adopts it (and reaps it).  stdin is
+    /dev/null, stdout/stderr go to ``log`` (default DIR/ct/<vmid>/console.log).  Returns its host pid
+    (None if it already exited)."""
     v, ip = _running(simdir, vmid)
     if not argv:
         raise ContainerError("missing command")
-    r, w = os.pipe()
-    logf = open(log or os.path.join(ct_dir(simdir, v), "console.log"), "ab")
-    try:
-        proc = subprocess.Popen(_attach_argv(simdir, v, ip, argv, detach=True, status_fd=w),
-                                env=command_env(simdir, v, env), stdin=subprocess.DEVNULL, stdout=logf,
-                                stderr=logf, pass_fds=tuple(pass_fds) + (w,), start_new_session=True)
-    finally:
-        os.close(w)
-        logf.close()
-    try:
-        data = b""
-        while True:
-            chunk = os.read(r, 4096)
-            if not chunk:
-                break
-            data += chunk
-    finally:
-        os.close(r)
-    proc.wait()
-    pid = None
-    for line in data.decode(errors="replace").splitlines():
-        if line.startswith("error "):
-            raise ContainerError(f"CT {v}: {line[6:]}")
-        if line.startswith("pid "):
-            pid = int(line.split()[1])
-            if pid <= 0:
-                return None  # it ran and exited already
-    if pid is None:
-        raise ContainerError(f"CT {v}: cannot run {argv[0]} (attach helper exited {proc.returncode})")
-    return pid
+    logpath = os.path.realpath(log or os.path.join(ct_dir(simdir, v), "console.log"))
+    script = 'log=$1; shift; setsid "$@" </dev/null >>"$log" 2>&1 & echo $!'
+    r = subprocess.run(attach_argv(simdir, v, ["/bin/sh", "-c", script, "sh", logpath, *argv]),
+                       env=command_env(simdir, v, env), capture_output=True, text=True, timeout=60, check=False)
+    out = r.stdout.strip()
+    if r.returncode != 0 or not out.isdigit():
+        raise ContainerError(f"CT {v}: cannot run {argv[0]}: lxc-attach exited {r.returncode}: {r.stderr.strip()}")
+    return host_pid(ip[0], int(out))
 
 
 # --- stopping -------------------------------------------------------------------------------------
 
-def _wait_dead(pid: int, start: int, timeout: float) -> bool:
+def _wait_stopped(simdir: str, v: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
-    while _alive(pid, start):
+    while init_pid(simdir, v):
         if time.monotonic() >= deadline:
             return False
-        time.sleep(0.02)
+        time.sleep(0.05)
     return True
-
-
-def _signal_init(ip: Tuple[int, int], sig: int) -> None:
-    """Signal the init, race-free against pid reuse (pidfd) where the platform has it."""
-    pid, start = ip
-    if hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal"):
-        try:
-            fd = os.pidfd_open(pid)
-        except OSError:
-            return  # gone
-        try:
-            if _alive(pid, start):
-                with contextlib.suppress(ProcessLookupError):
-                    signal.pidfd_send_signal(fd, sig)
-        finally:
-            os.close(fd)
-        return
-    if _alive(pid, start):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
 
 
 def _finish_stop(simdir: str, v: int) -> None:
     with _locked(simdir, v):
         if init_pid(simdir, v):
             return  # started again meanwhile
-        _unlink(os.path.join(ct_dir(simdir, v), "init.pid"))
-        _remove_cgroup(simdir, v)
+        problems = _remove_cgroups(v, kill=True)
+        if problems:
+            raise ContainerError(f"CT {v}: " + "; ".join(problems))
 
 
 def shutdown(simdir: str, vmid: Union[int, str], timeout: float = 60, force_stop: bool = False) -> None:
-    """Like `lxc-stop [--nokill] --timeout N`: SIGPWR to the init, which SIGTERMs every process of
-    the container and exits once they are gone; wait up to `timeout`; then SIGKILL the init if
-    force_stop, else raise ContainerError('container did not stop')."""
+    """pve-container's vm_stop for `pct shutdown`: ``lxc-stop -n <vmid> [--nokill] --timeout N`` (the
+    container's init halts it: busybox init, or systemd stopping its units); after the timeout the
+    container is killed with ``force_stop``, else ContainerError('container did not stop')."""
     v = _require(simdir, vmid)
-    ip = init_pid(simdir, v)
-    if not ip:
+    if not init_pid(simdir, v):
         raise ContainerError(f"CT {v} not running")
-    _signal_init(ip, signal.SIGPWR)
-    if not _wait_dead(ip[0], ip[1], max(0.0, float(timeout))):
-        if not force_stop:
-            raise ContainerError("container did not stop")
-        _signal_init(ip, signal.SIGKILL)
-        if not _wait_dead(ip[0], ip[1], 30.0):
-            raise ContainerError(f"container did not stop (init {ip[0]} survived SIGKILL)")
+    args = ["--timeout", str(int(timeout))]
+    if not force_stop:
+        args.append("--nokill")
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        _run(lxc_argv(simdir, "lxc-stop", v, *args), timeout=float(timeout) + 30)
+    if not _wait_stopped(simdir, v, 5.0):
+        raise ContainerError("container did not stop")
     _finish_stop(simdir, v)
 
 
 def stop(simdir: str, vmid: Union[int, str]) -> None:
-    """Like `lxc-stop --kill`: SIGKILL the init at once (the kernel kills the PID namespace)."""
+    """pve-container's vm_stop for `pct stop`: ``lxc-stop -n <vmid> --kill``."""
     v = _require(simdir, vmid)
-    ip = init_pid(simdir, v)
-    if not ip:
+    if not init_pid(simdir, v):
         raise ContainerError(f"CT {v} not running")
-    _signal_init(ip, signal.SIGKILL)
-    if not _wait_dead(ip[0], ip[1], 30.0):
-        raise ContainerError(f"CT {v}: init {ip[0]} survived SIGKILL")
+    _run(lxc_argv(simdir, "lxc-stop", v, "--kill"), timeout=60)
+    if not _wait_stopped(simdir, v, 30.0):
+        raise ContainerError(f"CT {v}: still running after lxc-stop --kill")
     _finish_stop(simdir, v)
 
 
+def _scenario_vmids(simdir: str) -> List[int]:
+    out = set(list(simdir))
+    for sub in ("ct", "lxc"):
+        with contextlib.suppress(OSError):
+            out |= {int(n) for n in os.listdir(os.path.join(simdir, sub)) if re.fullmatch(r"[1-9][0-9]{2,8}", n)}
+    out |= set(vmids.reserved_by(simdir))
+    return sorted(out)
+
+
 def stop_all(simdir: str) -> List[str]:
-    """Stop every running container of this scenario and remove their cgroups.  Never raises;
-    returns the problems it met (for `gpusim down` to print)."""
+    """Stop every container of this scenario (lxc-stop --kill), remove every cgroup directory LXC left
+    behind and release the vmids.  Never raises; returns the problems it met (for `gpusim down`)."""
     problems: List[str] = []
     try:
-        vmids = list(simdir)
-        # Also directories whose config is gone but which still hold an init or a cgroup record.
-        with contextlib.suppress(OSError):
-            for n in os.listdir(os.path.join(simdir, "ct")):
-                if re.fullmatch(r"[1-9][0-9]{2,8}", n) and int(n) not in vmids:
-                    vmids.append(int(n))
+        vs = _scenario_vmids(simdir)
     except Exception as e:  # noqa: BLE001
         return [f"cannot list containers: {e}"]
-    for v in vmids:
+    for v in vs:
         try:
-            ip = init_pid(simdir, v)
-            if ip:
-                _signal_init(ip, signal.SIGKILL)
-                if not _wait_dead(ip[0], ip[1], 30.0):
-                    problems.append(f"CT {v}: init {ip[0]} survived SIGKILL")
+            if vmids.owner(v) not in (None, os.path.realpath(simdir)):
+                continue  # another simulator's now: not ours to touch
+            if os.path.isfile(os.path.join(lxc_dir(simdir, v), "config")) and init_pid(simdir, v):
+                _run(lxc_argv(simdir, "lxc-stop", v, "--kill"), timeout=60)
+                if not _wait_stopped(simdir, v, 30.0):
+                    problems.append(f"CT {v}: still running after lxc-stop --kill")
                     continue
-            _unlink(os.path.join(ct_dir(simdir, v), "init.pid"))
-            _remove_cgroup(simdir, v)
+            problems += [f"CT {v}: {p}" for p in _remove_cgroups(v, kill=True)]
+            vmids.release(simdir, v)
         except Exception as e:  # noqa: BLE001 (must never raise)
-            problems.append(f"CT {v}: {e}")
+            problems.append(f"CT {v}: {type(e).__name__}: {e}")
     return problems
+
+
+def describe(simdir: str, vmid: Union[int, str]) -> str:
+    """One line for people: the kind and the lxc-* command that reaches it."""
+    v = parse_vmid(vmid)
+    return f"CT {v} ({kind(simdir, v)}): lxc-attach -n {v} -P {shlex.quote(lxcpath(simdir))}"

@@ -13,6 +13,7 @@ signals only those, and only while the starttime still matches.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,7 +31,7 @@ from .scenario import ScenarioError
 # Unix socket paths are limited to 108 bytes (sun_path), NUL included.
 MAX_SOCK_PATH = 107
 CREATED_MARKER = ".gpusim-created"
-LAYOUT = ("lib", "bin", "ctbin", "dev", "run", "ct", "services", "scenario", "scenario.json", "scenario.lock",
+LAYOUT = ("lib", "bin", "ctbin", "dev", "run", "ct", "lxc", "services", "scenario", "scenario.json", "scenario.lock",
           "procs", CREATED_MARKER)
 INIT_ERROR_NAMES = {"none": 0, "ok": 0, "driver_not_loaded": 9, "version_mismatch": 18, "no_permission": 4}
 SERVICE_RE = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
@@ -48,8 +49,33 @@ WRAPPERS = (
     ("bin", "nvidia-smi", "gpusimkit.smi", "main", "nvidia-smi"),
     ("bin", "pct", "gpusimkit.pct", "main", "pct"),
     ("bin", "systemctl", "gpusimkit.supervisor", "systemctl_main", "the host's systemctl stand-in (host scope)"),
-    ("ctbin", "systemctl", "gpusimkit.supervisor", "systemctl_main", "the systemctl stand-in (first on PATH in containers)"),
+    ("ctbin", "nvidia-smi", "gpusimkit.smi", "main", "nvidia-smi as installed in a container (first on PATH there)"),
 )
+UNIT = """\
+# Written by gpusim (SimHost.hold): the workload {name} as a systemd unit of the container.
+[Unit]
+Description=gpusim workload {name}
+
+[Service]
+Type=simple
+ExecStart={execstart}
+{environment}
+Restart={restart}
+RestartSec={restart_sec}
+TimeoutStopSec={stop_sec}
+KillMode=control-group
+StandardOutput=append:{log}
+StandardError=append:{log}
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def _unit_quote(arg: str) -> str:
+    """One ExecStart=/Environment= word as systemd.service(5) reads it (C escapes, % specifiers, $)."""
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$") + '"'
+
 
 
 class SimError(RuntimeError):
@@ -166,7 +192,7 @@ class SimHost:
             if created:
                 with open(host.path(CREATED_MARKER), "w", encoding="utf-8") as f:
                     f.write("created by gpusim up; removed by gpusim down\n")
-            for d in ("lib", "bin", "ctbin", "dev", "run", "ct", "services"):
+            for d in ("lib", "bin", "ctbin", "dev", "run", "ct", "lxc", "services"):
                 os.makedirs(host.path(d), exist_ok=True)
             scn.save(simdir, sc)
             try:
@@ -234,13 +260,7 @@ class SimHost:
 
     @staticmethod
     def _tail(path: str, n: int = 2000) -> str:
-        try:
-            with open(path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - n))
-                return f.read().decode(errors="replace").strip()
-        except OSError:
-            return ""
+        return proctools.tail(path, n)
 
     # --- environment ------------------------------------------------------------------------
     def env_vars(self) -> Dict[str, str]:
@@ -262,10 +282,13 @@ class SimHost:
     def scenario(self) -> scn.Scenario:
         return scn.load(self.dir)
 
-    def ct_create(self, vmid: int, hostname: Optional[str] = None, gpus="all") -> None:
-        """Create Proxmox container ``vmid`` with the GPUs passed through (gpusimkit.container)."""
+    def ct_create(self, vmid: int, hostname: Optional[str] = None, gpus="all", systemd: bool = False,
+                  devices_style: str = "lxc") -> None:
+        """Create Proxmox container ``vmid`` (a real LXC container, gpusimkit.container) with the GPUs
+        passed through; ``systemd``: a Debian 12 rootfs with systemd as PID 1 (services started in it
+        with hold(service=...) are systemd units), else busybox."""
         from . import container  # noqa: PLC0415
-        container.create(self.dir, int(vmid), hostname, gpus)
+        container.create(self.dir, int(vmid), hostname, gpus, devices_style=devices_style, systemd=systemd)
 
     def ct_start(self, vmid: int) -> None:
         from . import container  # noqa: PLC0415
@@ -325,7 +348,9 @@ class SimHost:
             service = service[:-len(".service")] if service.endswith(".service") else service
             if not SERVICE_RE.fullmatch(service):
                 raise ScenarioError(f"invalid service={service!r}: letters, digits, _ . @ - (64 at most)")
-            argv = self._service_argv(vmid or "host", service, wargs, respawn, restart_delay, stop_timeout)
+            if vmid is not None:
+                return self._ct_service(vmid, service, wargs, env, respawn, restart_delay, stop_timeout)
+            argv = self._service_argv("host", service, wargs, respawn, restart_delay, stop_timeout)
             # (the supervisor moves itself to <base>/init.scope and its workload to the unit's cgroup)
         else:
             argv = proctools.python_argv("gpusimkit.workload", wargs)
@@ -366,16 +391,48 @@ class SimHost:
         return proctools.python_argv("gpusimkit.supervisor", ["--dir", self.dir, "--service", service,
                                                               "--scope", scope])
 
+    def _ready_file(self) -> str:
+        d = self.path("run", "ready")
+        os.makedirs(d, exist_ok=True)
+        return os.path.join(d, f"{os.getpid()}-{time.monotonic_ns()}")
+
+    def _wait_ready_file(self, path: str, what: str, timeout: float = READY_TIMEOUT_S) -> int:
+        """The host pid a workload wrote to its ready file (it writes it through a rename)."""
+        deadline = time.monotonic() + timeout
+        line = ""
+        while time.monotonic() < deadline:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    line = f.read().strip()
+                break
+            except FileNotFoundError:
+                time.sleep(0.005)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        if not line.isdigit():
+            why = line[6:] if line.startswith("error ") else (line or f"no readiness message within {timeout:g} s")
+            raise SimError(f"the workload did not start ({what}): {why} (log: {self.path('run', 'workloads.log')})")
+        pid = int(line)
+        proctools.append_owned(self.dir, pid, proctools.starttime(pid))
+        return pid
+
     def _start_ready(self, argv: List[str], env: Dict[str, str], vmid: Optional[str],
                      cgroup: Optional[str] = None) -> int:
+        if vmid is not None:
+            # In the container: lxc-attach starts it detached (the container's init adopts it); it
+            # writes its host pid (as the driver daemon sees it) to a ready file in DIR, bound in.
+            from . import container  # noqa: PLC0415
+            ready = self._ready_file()
+            try:
+                container.spawn(self.dir, vmid, argv + [f"--ready-file={ready}"], env,
+                                log=self.path("run", "workloads.log"))
+            except container.ContainerError as e:
+                raise SimError(f"the workload did not start: {e}") from None
+            return self._wait_ready_file(ready, f"CT {vmid}")
         r, w = os.pipe2(os.O_CLOEXEC)
         started = None
         try:
-            if vmid is None:
-                started = proctools.spawn_via_driver(self.dir, argv + ["--ready-fd", "3"], env, [w], cgroup=cgroup)
-            else:
-                from . import container  # noqa: PLC0415 (written by another piece)
-                container.spawn(self.dir, vmid, argv + ["--ready-fd", str(w)], env, [w])
+            started = proctools.spawn_via_driver(self.dir, argv + ["--ready-fd", "3"], env, [w], cgroup=cgroup)
         finally:
             os.close(w)
         try:
@@ -395,6 +452,39 @@ class SimHost:
         pid = int(line)
         proctools.append_owned(self.dir, pid, proctools.starttime(pid))
         return pid
+
+    def _ct_service(self, vmid: str, service: str, wargs: List[str], env: Dict[str, str], respawn: bool,
+                    restart_delay: Optional[float], stop_timeout: Optional[float]) -> int:
+        """The workload as the systemd unit ``service``.service of a systemd container (Restart=always
+        with respawn, else no); started with `systemctl start`; returns the first workload's host pid."""
+        from . import container, supervisor  # noqa: PLC0415
+        try:
+            if container.kind(self.dir, vmid) != "systemd":
+                raise SimError(f"CT {vmid} has no systemd: a service in a container is a systemd unit; create the "
+                               f"container with systemd=True (gpusim ct create --systemd)")
+            ready = self._ready_file()
+            python = os.path.realpath(sys.executable)
+            execstart = " ".join(_unit_quote(a) for a in [python, "-m", "gpusimkit.workload", *wargs,
+                                                          f"--ready-file={ready}"])
+            envs = {k: env[k] for k in ("PYTHONPATH", "GPUSIM_DIR", "LD_LIBRARY_PATH", "GPUSIM_VMID") if k in env}
+            envs["GPUSIM_VMID"] = str(vmid)
+            unit = UNIT.format(
+                name=service, execstart=execstart,
+                environment="\n".join(f"Environment={_unit_quote(f'{k}={v}')}" for k, v in sorted(envs.items())),
+                restart="always" if respawn else "no",
+                restart_sec=supervisor.DEFAULT_RESTART_DELAY if restart_delay is None else float(restart_delay),
+                stop_sec=supervisor.DEFAULT_STOP_TIMEOUT if stop_timeout is None else float(stop_timeout),
+                log=self.path("run", "workloads.log"))
+            path = f"/etc/systemd/system/{service}.service"
+            r = container.run(self.dir, vmid, ["/bin/sh", "-c", f"cat > {path}.tmp && mv {path}.tmp {path} && "
+                                               f"systemctl daemon-reload && systemctl start {service}.service"],
+                              env={"PATH": container.DEFAULT_PATH}, input=unit)
+            if r.returncode != 0:
+                raise SimError(f"the workload did not start: systemctl start {service} in CT {vmid} exited "
+                               f"{r.returncode}: {(r.stderr or r.stdout).strip()}")
+        except container.ContainerError as e:
+            raise SimError(f"the workload did not start: {e}") from None
+        return self._wait_ready_file(ready, f"{service}.service in CT {vmid}")
 
     def kill(self, pid: int, sig: int = signal.SIGKILL, wait: Optional[bool] = None, timeout: float = 10.0) -> bool:
         """Signal a process gpusim started (refused for any other pid).  wait (default: for
@@ -426,13 +516,35 @@ class SimHost:
         return False
 
     def systemctl(self, *args: str, ct: Optional[Union[int, str]] = None) -> subprocess.CompletedProcess:
-        """Run DIR/ctbin/systemctl (host scope, or a container's scope with ct=) from the host."""
+        """systemctl of the host (the stand-in DIR/bin/systemctl) or, with ct=, of that container
+        (its own systemctl, run by lxc-attach as `pct exec <ct> -- systemctl ...` does)."""
+        if ct is not None:
+            from . import container  # noqa: PLC0415
+            return container.run(self.dir, int(ct), ["systemctl", *args], env=self.env(), timeout=120)
         env = self.env()
         env.pop("GPUSIM_VMID", None)
-        if ct is not None:
-            env["GPUSIM_VMID"] = str(ct)
-        return subprocess.run([self.path("ctbin", "systemctl"), *args], env=env, capture_output=True, text=True,
+        return subprocess.run([self.path("bin", "systemctl"), *args], env=env, capture_output=True, text=True,
                               check=False, timeout=60)
+
+    def service_mainpid(self, name: str, ct: Optional[Union[int, str]] = None) -> Optional[int]:
+        """The host pid of a running service's main process (None when it is not running): in a
+        container, systemd's MainPID (`systemctl show`) seen from the host; on the host, the supervisor's."""
+        name = name[:-len(".service")] if name.endswith(".service") else name
+        if ct is None:
+            try:
+                with open(self.path("services", "host", f"{name}.mainpid"), encoding="utf-8") as f:
+                    return int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                return None
+        from . import container  # noqa: PLC0415
+        ip = container.init_pid(self.dir, int(ct))
+        if not ip:
+            return None
+        r = self.systemctl("show", "-p", "MainPID", "--value", f"{name}.service", ct=ct)
+        text = r.stdout.strip()
+        if r.returncode != 0 or not text.isdigit() or int(text) == 0:
+            return None
+        return container.host_pid(ip[0], int(text))
 
     def register(self, pid: int, gpus: Dict[int, int], types: str = "C") -> int:
         """alloc-pid: register an existing process (any host pid) as holding gpus {index: mib}."""
@@ -638,7 +750,8 @@ class SimHost:
                 pass
             ip = container.init_pid(self.dir, vmid)
             out.append({"vmid": vmid, "hostname": hostname, "init_pid": ip[0] if ip else None,
-                        "running": ip is not None})
+                        "running": ip is not None, "kind": container.kind(self.dir, vmid),
+                        "lxcpath": container.lxcpath(self.dir)})
         return out
 
     def _services(self) -> List[Dict[str, Any]]:
@@ -668,7 +781,8 @@ class SimHost:
         if not os.path.isdir(self.dir):
             return report
         ctdir = self.path("ct")
-        if os.path.isdir(ctdir) and os.listdir(ctdir):
+        from . import vmids  # noqa: PLC0415
+        if (os.path.isdir(ctdir) and os.listdir(ctdir)) or vmids.reserved_by(self.dir):
             try:
                 from . import container  # noqa: PLC0415 (written by another piece)
                 report["errors"] += [f"stopping containers: {p}" for p in container.stop_all(self.dir) or []]

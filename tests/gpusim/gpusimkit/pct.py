@@ -1,4 +1,10 @@
-"""`pct`: Proxmox VE's container CLI over the simulated containers (gpusimkit.container).
+"""`pct`: Proxmox VE's container CLI, a thin shim over LXC's tools on the simulator's containers
+(gpusimkit.container: real LXC containers under the lxcpath DIR/lxc).
+
+``start`` is ``lxc-start``, ``status`` ``lxc-info``, ``exec`` ``lxc-attach --keep-env|--clear-env`` (the
+process becomes lxc-attach, as pve-container's ``exec``), ``shutdown`` ``lxc-stop [--nokill] --timeout N``,
+``stop`` ``lxc-stop --kill``; ``list`` and ``config`` read the configs in DIR/ct (PVE's
+``/etc/pve/nodes/<node>/lxc/<vmid>.conf``).  Not simulated: storage, snapshots, the cluster.
 
 Output formats, messages and exit codes follow pve-container's ``PVE::CLI::pct`` and
 pve-common's ``PVE::CLIHandler`` / ``PVE::JSONSchema::get_options`` (see the notes, section C):
@@ -191,7 +197,9 @@ def cmd_list(simdir: str, opts) -> int:
             st = container.status(simdir, v)
         except container.ContainerError:
             continue
-        rows.append((str(v), st, keys.get("lock", ""), keys.get("hostname", "")))
+        # PVE::LXC::vmstatus: the name is the hostname, else "CT<vmid>", without whitespace.
+        name = re.sub(r"\s", "", keys.get("hostname") or f"CT{v}")
+        rows.append((str(v), st, keys.get("lock", ""), name))
     if not rows:
         return 0  # no containers: nothing at all, not even the header
     fmt = "%-10s %-10s %-12s %-20s\n"
@@ -217,9 +225,9 @@ def cmd_status(simdir: str, opts) -> int:
         "diskwrite": 0,
         "maxdisk": 32 * 1024 * mib,
         "maxmem": int(keys.get("memory", "512")) * mib,
-        "maxswap": int(keys.get("swap", "512")) * mib,
+        "maxswap": int(keys.get("swap", "0")) * mib,
         "mem": 0,
-        "name": keys.get("hostname", f"CT{v}"),
+        "name": re.sub(r"\s", "", keys.get("hostname") or f"CT{v}"),
         "netin": 0,
         "netout": 0,
         "status": st,
@@ -249,16 +257,12 @@ def cmd_start(simdir: str, opts) -> int:
     return 0
 
 
-def exec_env(simdir: str, keep_env: bool) -> Dict[str, str]:
-    """--keep-env 1 (default): our environment; 0: lxc-attach --clear-env's (PATH and
-    container=lxc), keeping the simulator's own plumbing (GPUSIM_DIR, LD_LIBRARY_PATH) that
-    stands for the driver installed in the container."""
-    if keep_env:
-        return dict(os.environ)
-    env = {"PATH": container.DEFAULT_PATH, "container": "lxc"}
-    for k in ("GPUSIM_DIR", "LD_LIBRARY_PATH"):
-        if k in os.environ:
-            env[k] = os.environ[k]
+def exec_env() -> Dict[str, str]:
+    """The environment lxc-attach is started with: ours, less what pve-container's clean_environment
+    drops (SSL_CERT_FILE, SSL_CERT_DIR)."""
+    env = dict(os.environ)
+    env.pop("SSL_CERT_FILE", None)
+    env.pop("SSL_CERT_DIR", None)
     return env
 
 
@@ -269,13 +273,24 @@ def cmd_exec(simdir: str, opts) -> int:
     argv = opts.get("extra-args") or []
     if not argv:
         raise Die("missing command")
+    keep_env = bool(opts.get("keep-env", 1))
+    env = container.command_env(simdir, v, exec_env())
+    set_vars = None
+    if not keep_env:
+        # lxc-attach --clear-env: PATH and container=lxc; the simulated driver installed in the container
+        # (nvidia-smi in DIR/ctbin, the library in DIR/lib) stays reachable.
+        set_vars = {"PATH": f"{env['PATH'].split(':')[0]}:{container.DEFAULT_PATH}", "GPUSIM_VMID": str(v)}
+        for k in ("GPUSIM_DIR", "LD_LIBRARY_PATH"):
+            if k in env:
+                set_vars[k] = env[k]
     sys.stdout.flush()
     sys.stderr.flush()
+    cmd = container.attach_argv(simdir, v, argv, keep_env=keep_env, set_vars=set_vars)
     try:
-        return container.exec_argv(simdir, v, argv, exec_env(simdir, bool(opts.get("keep-env", 1))),
-                                   forward_signals=True)
-    except container.ContainerError as e:
-        raise Die(str(e)) from None
+        os.execvpe(cmd[0], cmd, env)  # as pve-container's exec: the process becomes lxc-attach
+    except OSError as e:
+        raise Die(f"exec {cmd[0]} failed: {e.strerror}") from None
+    return 255
 
 
 def cmd_shutdown(simdir: str, opts) -> int:
@@ -296,13 +311,23 @@ def cmd_stop(simdir: str, opts) -> int:
 
 def cmd_config(simdir: str, opts) -> int:
     v = _vmid(simdir, opts)
+    if opts.get("snapshot") and opts.get("current"):
+        raise ParamError("Parameter verification failed.", {
+            "snapshot": "cannot use 'snapshot' parameter with 'current'",
+            "current": "cannot use 'snapshot' parameter with 'current'"})
+    conf = container.load_config(simdir, v)
     if opts.get("snapshot"):
-        raise Die(f"snapshot '{opts['snapshot']}' does not exist")
-    keys, raw = container.read_config(simdir, v)
+        if opts["snapshot"] not in conf.snapshots:
+            raise Die(f"snapshot '{opts['snapshot']}' does not exist")
+        keys, raw = dict(conf.snapshots[opts["snapshot"]]), []
+    else:
+        # PVE::AbstractConfig::load_current_config: pending changes applied unless --current
+        keys, raw = conf.current(bool(opts.get("current"))), conf.raw
     for k in sorted(keys):
-        if k == "digest":
+        if k in ("digest", "lxc"):
             continue
-        sys.stdout.write(f"{k}: {keys[k]}\n")
+        val = container.encode_text(keys[k]) if k == "description" else keys[k]
+        sys.stdout.write(f"{k}: {val}\n")
     for k, val in raw:
         sys.stdout.write(f"{k}: {val}\n")
     return 0

@@ -48,6 +48,17 @@ def read_stat(pid) -> Optional[Tuple[str, int]]:
     return rest[0].decode(), int(rest[19])  # field 3 (state) and field 22 (starttime)
 
 
+def tail(path: str, n: int = 2000) -> str:
+    """The last ``n`` bytes of a file as text ('' when it cannot be read): a log's end for a message."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - n))
+            return f.read().decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
 def starttime(pid="self") -> Optional[int]:
     st = read_stat(pid)
     return st[1] if st else None

@@ -6,7 +6,8 @@
 
 Teardown always calls ``down()`` on every host the test started, even when the test failed,
 and then fails the test if anything of the host's own (a process recorded in DIR/run/owned with
-its starttime, the daemon, the directory, the host's cgroup ``gpusim-<id>``) is still there.
+its starttime, the daemon, the directory, the host's cgroup ``gpusim-<id>``, a container's vmid
+reservation or a cgroup directory LXC made for it) is still there.
 
 Use it with ``pytest_plugins = ["gpusimkit.pytest_plugin"]`` in a root conftest, ``-p
 gpusimkit.pytest_plugin``, or by importing the two fixtures into a conftest (what
@@ -23,7 +24,7 @@ from typing import Any, List
 
 import pytest
 
-from . import cgroups, proctools
+from . import cgroups, container, proctools, vmids
 from .host import SimHost, _kill, _mounts_under
 
 
@@ -44,6 +45,7 @@ class GpusimFactory:
         for host in self.hosts:
             owned = proctools.read_owned(host.dir)
             cgroup = cgroups.host_base(host.dir)
+            cts = sorted(set(container.list(host.dir)) | set(vmids.reserved_by(host.dir)))
             try:
                 report = host.down()
                 problems += report["errors"]
@@ -58,6 +60,13 @@ class GpusimFactory:
                 problems.append(f"{host.dir}: directory left after down()")
             if cgroup is not None and os.path.exists(cgroup):
                 problems.append(f"{host.dir}: cgroup {cgroup} left after down()")
+            for v in cts:
+                if vmids.owner(v) == os.path.realpath(host.dir):
+                    problems.append(f"{host.dir}: vmid {v} still reserved after down()")
+                elif vmids.owner(v) is None:  # (else another simulator has it now)
+                    left_cg = [d for d in container.lxc_cgroups(v) if os.path.exists(d)]
+                    if left_cg:
+                        problems.append(f"{host.dir}: LXC cgroups of CT {v} left after down(): {left_cg}")
         if not _mounts_under(self.base):
             shutil.rmtree(self.base, ignore_errors=True)
         return problems

@@ -1,9 +1,11 @@
-"""A respawning service supervisor (a systemd service stand-in) and a ``systemctl`` stand-in.
+"""The host's services: a respawning supervisor (a systemd service stand-in: systemd does not run as
+this machine's PID 1) and the host's ``systemctl`` stand-in.  Services in containers are real systemd
+units of the container (gpusimkit/container.py, SimHost.hold(service=..., ct=...)).
 
-    python -m gpusimkit.supervisor --dir DIR --service NAME [--scope VMID|host]
+    python -m gpusimkit.supervisor --dir DIR --service NAME [--scope host]
         [--restart-delay S] [--stop-timeout S] [--ready-fd N]
 
-Service files live in DIR/services/<scope>/ (scope: the container's vmid, or ``host``):
+Service files live in DIR/services/host/:
 
 - ``<name>.json``: ``{"workload": [workload args...], "restart": true, "restart_delay": 0.5,
   "stop_timeout": 10, "python": "/path/to/python"}`` (written by SimHost.hold)
@@ -12,7 +14,7 @@ Service files live in DIR/services/<scope>/ (scope: the container's vmid, or ``h
 - ``<name>.stopped``: present once the service was stopped (it is then not restarted)
 
 The supervisor sits in ``<base>/init.scope`` (systemd's own cgroup; ``<base>`` is the host's
-``gpusim-<id>`` or the container's ``lxc/<vmid>/ns``, see gpusimkit/cgroups.py) and runs the
+``gpusim-<id>``, see gpusimkit/cgroups.py) and runs the
 workload as a child in its own session and process group, in the unit's cgroup
 ``<base>/system.slice/<name>.service`` (created at start, removed when the supervisor exits;
 a respawned workload lands in the same one).  When the child dies it SIGKILLs what is left in
@@ -47,7 +49,8 @@ READY_TIMEOUT_S = 30.0
 
 
 def scope_from_env() -> str:
-    return os.environ.get("GPUSIM_VMID") or "host"
+    """Always ``host``: a container's systemctl is systemd's own."""
+    return "host"
 
 
 def service_dir(simdir: str, scope: str) -> str:
@@ -316,7 +319,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="gpusimkit.supervisor", description="a respawning service supervisor")
     ap.add_argument("--dir", default=os.environ.get("GPUSIM_DIR"), help="the scenario directory")
     ap.add_argument("--service", required=True, help="service name")
-    ap.add_argument("--scope", default=None, help="vmid or host (default $GPUSIM_VMID or host)")
+    ap.add_argument("--scope", default="host", choices=["host"], help="host (the only scope)")
     ap.add_argument("--restart-delay", type=float, default=None, help=f"seconds (default {DEFAULT_RESTART_DELAY})")
     ap.add_argument("--stop-timeout", type=float, default=None, help=f"seconds (default {DEFAULT_STOP_TIMEOUT:g})")
     ap.add_argument("--ready-fd", type=int, default=None)
@@ -357,22 +360,10 @@ def _start_supervisor(simdir: str, scope: str, name: str) -> str:
     sargs = ["--dir", simdir, "--service", name, "--scope", scope, "--ready-fd", "3"]
     argv = proctools.python_argv("gpusimkit.supervisor", sargs, python)
     env = proctools.kit_env()
-    if scope != "host":
-        env["GPUSIM_VMID"] = scope
     r, w = os.pipe2(os.O_CLOEXEC)
     try:
-        if scope == "host":
-            # Through the driver daemon: it reaps the supervisor when it exits.
-            proctools.spawn_via_driver(simdir, argv, env, [w], os.path.join(simdir, "run", "supervisor.out"))
-        else:
-            # In a container: double fork, the container's init adopts (and reaps) it.
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    proctools.spawn(argv, env, [w], os.path.join(simdir, "run", "supervisor.out"))
-                finally:
-                    os._exit(0)
-            os.waitpid(pid, 0)
+        # Through the driver daemon: it reaps the supervisor when it exits.
+        proctools.spawn_via_driver(simdir, argv, env, [w], os.path.join(simdir, "run", "supervisor.out"))
     finally:
         os.close(w)
     try:

@@ -183,7 +183,7 @@ def test_device_only_still_holds_exactly_its_nodes(gpusim):
 
 
 def test_a_container_workload_holds_only_the_nodes_of_its_config(gpusim):
-    gpusim.ct_create(9201, gpus=[2, 3])
+    gpusim.ct_create(9201, gpus=[2, 3], systemd=True)
     gpusim.ct_start(9201)
     try:
         keys, raw = container.read_config(gpusim.dir, 9201)
@@ -317,38 +317,48 @@ def test_systemctl_stop_empties_the_unit_even_without_its_supervisor(gpusim):
 # --- cgroups in a container ------------------------------------------------------------------------
 
 def test_container_services_and_commands_live_where_pve_puts_them(gpusim):
-    gpusim.ct_create(9229, gpus="all")
+    gpusim.ct_create(9228, gpus="all")
+    gpusim.ct_start(9228)
+    gpusim.ct_create(9229, gpus="all", systemd=True)
     gpusim.ct_start(9229)
     try:
+        # busybox's init: the container's cgroup itself; systemd as PID 1: init.scope (real LXC, PVE's layout)
+        assert cg(container.init_pid(gpusim.dir, 9228)[0]) == "/lxc/9228/ns"
         init = container.init_pid(gpusim.dir, 9229)[0]
-        assert cg(init) == "/lxc/9229/ns"  # an init without systemd: the container's cgroup itself
+        assert cg(init) == "/lxc/9229/ns/init.scope"
         svc = gpusim.hold([1], mib=10, ct=9229, service="vllm", respawn=True, fork_child=True, restart_delay=0.1)
         assert cg(svc) == "/lxc/9229/ns/system.slice/vllm.service"
         with open(f"/proc/{svc}/cgroup", encoding="utf-8") as f:
             assert "0::/lxc/9229/ns/system.slice/vllm.service\n" in f.read()
         (child,) = children(svc)
         assert cg(child) == cg(svc)
-        assert mainpid(gpusim, "vllm", scope="9229") == svc
-        assert cg(int(stat_fields(svc)[1])) == "/lxc/9229/ns/init.scope"  # its parent, the supervisor
-        # a plain hold and pct exec: lxc-attach's leaf of the container's cgroup
+        assert int(stat_fields(svc)[1]) == init  # its parent: systemd, the container's PID 1
+        r = pct(gpusim, "exec", 9229, "--", "systemctl", "show", "-p", "MainPID", "--value", "vllm")
+        with open(f"/proc/{svc}/status", encoding="utf-8") as f:
+            nspid = [ln.split()[-1] for ln in f if ln.startswith("NSpid:")]
+        assert r.stdout.strip() == nspid[0]
+        # a plain hold and pct exec: lxc-attach's leaf of the container's cgroup; inside, the
+        # container's cgroup namespace shows it as /.lxc
         plain = gpusim.hold([2], mib=10, ct=9229)
         assert cg(plain) == "/lxc/9229/ns/.lxc"
         r = pct(gpusim, "exec", 9229, "--", "cat", "/proc/self/cgroup")
-        assert "0::/lxc/9229/ns/.lxc" in r.stdout.splitlines()
+        assert "0::/.lxc" in r.stdout.splitlines(), r.stdout
         # systemctl inside the container stops the whole unit, the forked child included
-        r = pct(gpusim, "exec", 9229, "--", "systemctl", "status", "vllm")
-        assert "     CGroup: /lxc/9229/ns/system.slice/vllm.service" in r.stdout.splitlines(), r.stdout
+        r = pct(gpusim, "exec", 9229, "--", "systemctl", "status", "--no-pager", "vllm")
+        assert "     CGroup: /system.slice/vllm.service" in r.stdout.splitlines(), r.stdout
         r = pct(gpusim, "exec", 9229, "--", "systemctl", "stop", "vllm")
         assert (r.returncode, r.stderr) == (0, "")
-        assert not alive(svc) and not alive(child) and alive(plain)
+        wait_for(lambda: not alive(svc) and not alive(child), timeout=5, what="the unit to stop")
+        assert alive(plain)
         assert not os.path.exists(os.path.join(lxc_dir(9229), "ns", "system.slice", "vllm.service"))
     finally:
+        container.stop(gpusim.dir, 9228)
         container.stop(gpusim.dir, 9229)
     assert not os.path.exists(lxc_dir(9229))  # the nested cgroups went with it
 
 
 def test_container_shutdown_removes_its_nested_cgroups(gpusim):
-    gpusim.ct_create(9230, gpus=[0])
+    gpusim.ct_create(9230, gpus=[0], systemd=True)
     gpusim.ct_start(9230)
     gpusim.hold([0], mib=10, ct=9230, service="a", respawn=True)
     gpusim.hold([0], mib=10, ct=9230, service="b", fork_child=True)
@@ -359,6 +369,7 @@ def test_container_shutdown_removes_its_nested_cgroups(gpusim):
     r = pct(gpusim, "shutdown", 9230, "--timeout", "20")
     assert r.returncode == 0, r.stderr
     assert not os.path.exists(lxc_dir(9230))
+    assert not [d for d in container.lxc_cgroups(9230) if os.path.exists(d)]  # every hierarchy, the monitor's too
 
 
 def test_down_leaves_no_cgroup_directory(gpusim_factory):
@@ -367,7 +378,7 @@ def test_down_leaves_no_cgroup_directory(gpusim_factory):
     host.hold([0], mib=10)
     host.hold([1], mib=10, service="svc", respawn=True, fork_child=True, ignore_term=True)
     host.hold([2], mib=10, fork_child=True)
-    host.ct_create(9231, gpus=[3])
+    host.ct_create(9231, gpus=[3], systemd=True)
     host.ct_start(9231)
     host.hold([3], mib=10, ct=9231, service="ctsvc", respawn=True, fork_child=True)
     host.hold([3], mib=10, ct=9231)
@@ -377,5 +388,6 @@ def test_down_leaves_no_cgroup_directory(gpusim_factory):
     report = host.down()
     assert report["errors"] == [] and report["left"] == []
     assert not os.path.exists(base) and not os.path.exists(lxc_dir(9231))
+    assert not [d for d in container.lxc_cgroups(9231) if os.path.exists(d)]
     assert not any(alive(p) for p in in_cgroups)
     assert not [d for d in os.listdir(cgroups.mount()) if d == cgroups.host_name(host.dir)]

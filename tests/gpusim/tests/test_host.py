@@ -380,10 +380,13 @@ def test_host_systemctl_unknown_unit(gpusim):
     assert (r.returncode, r.stdout) == (3, "inactive\n")
     r = gpusim.systemctl("status", "nosuch")
     assert (r.returncode, r.stderr) == (4, "Unit nosuch.service could not be found.\n")
-    # Scopes are separate: a host service is unknown in container 129's scope.
+    # Scopes are separate: a host service is unknown to a container's systemctl.
     gpusim.hold([0], mib=10, service="vllm", respawn=True)
-    r = gpusim.systemctl("stop", "vllm", ct=129)
-    assert r.returncode == 5
+    gpusim.ct_create(9129, systemd=True)
+    gpusim.ct_start(9129)
+    r = gpusim.systemctl("stop", "vllm", ct=9129)
+    assert (r.returncode, r.stderr) == (5, "Failed to stop vllm.service: Unit vllm.service not loaded.\n")
+    assert gpusim.systemctl("is-active", "vllm").returncode == 0
 
 
 # --- faults -------------------------------------------------------------------------------------
@@ -608,7 +611,7 @@ def test_host_fixture_default_shape(gpusim):
     env = gpusim.env()
     assert env["GPUSIM_DIR"] == gpusim.dir and env["LD_LIBRARY_PATH"] == gpusim.path("lib")
     assert env["PATH"].split(":")[0] == gpusim.path("bin")
-    for tool in ("bin/nvidia-smi", "bin/pct", "bin/systemctl", "ctbin/systemctl"):
+    for tool in ("bin/nvidia-smi", "bin/pct", "bin/systemctl", "ctbin/nvidia-smi"):
         with open(gpusim.path(tool), encoding="utf-8") as f:
             assert f.readline() == f"#!{sys.executable}\n"
         assert os.access(gpusim.path(tool), os.X_OK)
