@@ -244,7 +244,10 @@ def read_process(pid: int, proc: str = "/proc", cmdline=None):
     container = None
     if vmid is not None:
         nspid = status["nspid"]
-        container = {"kind": "lxc", "id": vmid, "pid_in_container": nspid[-1] if len(nspid) > 1 else None}
+        # NSpid lists the pid in each PID namespace from the reader's down to the process's own: from
+        # the host, [host, container, (nested: a Docker inside the container), ...]. The pid in the
+        # Proxmox container is the level below the host's, whatever is nested inside.
+        container = {"kind": "lxc", "id": vmid, "pid_in_container": nspid[1] if len(nspid) > 1 else None}
     return {
         "pid": st.pid,
         "name": st.comm,
@@ -259,6 +262,7 @@ def read_process(pid: int, proc: str = "/proc", cmdline=None):
         "kernel_thread": is_kernel_thread(st, raw_cmdline),
         # Internal (never reported): what the workload-root walk of gpu_release compares.
         "session": st.session,
+        "pgrp": st.pgrp,
         "tty_nr": st.tty_nr,
         "cgroup": cgroup_path(cgroup_text),
         "ns_pid": status["nspid"][-1] if status["nspid"] else st.pid,
@@ -384,3 +388,18 @@ def ancestors(pid: int, proc: str = "/proc") -> list:
         if pid > 0:
             chain.append(pid)
     return chain
+
+
+# The inode number of the initial PID namespace is fixed by the kernel (PROC_PID_INIT_INO,
+# include/linux/proc_ns.h): a process whose /proc/self/ns/pid has it sees host pids.
+PROC_PID_INIT_INO = 0xEFFFFFFC
+
+
+def in_initial_pid_namespace(proc: str = "/proc"):
+    """True in the host's PID namespace, False in another one, None when it cannot be told."""
+    import os
+
+    try:
+        return os.stat(f"{proc}/self/ns/pid").st_ino == PROC_PID_INIT_INO
+    except OSError:
+        return None

@@ -5,12 +5,32 @@
 # Note that this module util is **PRIVATE** to the collection. It can have breaking changes at any time.
 # Do not use this from other collections or standalone plugins/modules!
 
-"""The release's decisions that are not about holding: its scope, the units to stop, respawns.
+"""The release sequence of gpu_release: the scope gate applied, units, signals, escalation,
+watching for respawns and newcomers.
 
-Pure; no I/O, no AnsibleModule (gpu_release runs the commands these functions plan).
+Everything here decides through one gate (_scope.Scope); the I/O (snapshots, /proc, signals,
+commands, the clock) is injected through an object with the methods of ``HostIO``, so that unit
+tests drive the whole sequence. No AnsibleModule.
 """
 
 from __future__ import annotations
+
+import os
+import signal
+import time
+
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _procs, _scope, _snapshot
+from ansible_collections.gpuops.gpu.plugins.module_utils._signals import SIGKILL, Target, signal_name, wait_gone
+
+SIGCONT = int(signal.SIGCONT)
+# How long a unit that was not stopped is watched after the release for a supervisor's restart
+# (systemd restarts after RestartSec=100ms by default; supervisord and shell loops at once).
+RESPAWN_WATCH_S = 2.0
+# Every release looks this long for new holders after its last target is gone: a supervisor
+# outside systemd (busybox init, a shell loop, supervisord) restarts within it.
+NEWCOMER_WATCH_S = 0.5
+RESPAWN_POLL_S = 0.1
+REPORT_KEYS = ("pid", "name", "cmdline", "user", "container", "unit", "gpus", "via", "evidence", "why")
 
 
 def place_of(proc: dict) -> str:
@@ -76,8 +96,12 @@ def unit_text(entry: dict) -> str:
     return entry["unit"] + (f" in CT {entry['container']}" if entry["container"] is not None else "")
 
 
-def respawn_advice(proc: dict, after_s, supervisor=None, stop_units=True) -> str:
-    """'pid 812 started 1.1 s after the release in sglang.service in CT 129: ...what to do'."""
+def respawn_advice(proc: dict, after_s, supervisor=None, stop_units=True, in_scope=True) -> str:
+    """'pid 812 started 1.1 s after the release in sglang.service in CT 129: ...what to do'.
+
+    ``in_scope``: whether it would be in the release's scope (a respawn of what was released, or a
+    new job in the same place); one that is not is another tenant's newcomer, reported only.
+    """
     where = ""
     if proc.get("unit"):
         where = f" in {proc['unit']}"
@@ -86,10 +110,542 @@ def respawn_advice(proc: dict, after_s, supervisor=None, stop_units=True) -> str
         where += f" in CT {ct}"
     when = f" started {after_s:.1f} s after the release" if after_s is not None else " appeared after the release"
     who = f" by {supervisor}" if supervisor else ""
-    if proc.get("unit"):
+    if not in_scope:
+        todo = "outside the scope of this release (another job that started meanwhile): not signalled"
+    elif proc.get("unit"):
         todo = ("its supervisor restarted it; stop the unit (stop_units: true)" if not stop_units else
                 "its supervisor restarted it although the unit was stopped; check what starts it")
         todo += " or name it in proxmox_fence_services"
+    elif supervisor:
+        todo = ("started by a process outside the release's targets (a supervisor outside a systemd unit, or a new"
+                " job): not signalled; stop what starts it first, then release again")
     else:
-        todo = "a supervisor outside a systemd unit restarted it; stop that supervisor first"
+        todo = "a new holder that descends from no target: not signalled; stop what starts it, then release again"
     return f"pid {proc['pid']}{when}{where}{who}: {todo}"
+
+
+def report(proc: dict, **extra) -> dict:
+    out = {k: proc.get(k) for k in REPORT_KEYS}
+    out.update(extra)
+    return out
+
+
+def holder_lines(gpus, without=()) -> str:
+    """The diff text: one line per GPU and holder (minus the pids in ``without``)."""
+    lines = []
+    for gpu in gpus:
+        seen = set(without)
+        for proc in list(gpu["processes"]) + list(gpu["holders"]):
+            if proc["pid"] in seen:
+                continue
+            seen.add(proc["pid"])
+            lines.append(f"GPU {gpu['index']}: {_holding.describe(proc)}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def unreadable_lists(before: list, named: bool) -> tuple:
+    """([GPU indexes whose process list could not be read], the sentence to say about them)."""
+    bad = [g for g in before if g.get("processes_error")]
+    if not bad:
+        return [], ""
+    if named:
+        return [g["index"] for g in bad], ("the driver's process list could not be read for GPU(s) "
+                                           + ", ".join(str(g["index"]) for g in bad)
+                                           + ": only the processes named in pids are considered")
+    # An empty list read from a failed query is not "nothing to release": the holder may be hidden.
+    return [g["index"] for g in bad], (
+        "the driver's process list could not be read for "
+        + "; ".join(f"GPU {g['index']} ({g.get('pci_bus_id')}): {g['processes_error']}" for g in bad)
+        + ". Nothing was signalled. Retry (a transient driver error), raise query_timeout, or name the"
+          " processes to stop with pids.")
+
+
+# --- what the gate is given --------------------------------------------------------------------------
+def untrusted_lists(gpus: list, max_memory_used_mib: int) -> dict:
+    """{GPU index: why its process list cannot be trusted to be complete} (_holding.list_incomplete)."""
+    out = {}
+    for gpu in gpus:
+        why = _holding.list_incomplete(gpu, max_memory_used_mib)
+        if why:
+            out[gpu["index"]] = why
+    return out
+
+
+def unverified_pids(gpus: list, host_namespace) -> dict:
+    """{pid: reason} for driver pids that cannot be confirmed to be the process the driver means.
+
+    In the host's PID namespace the driver's pids are this namespace's pids. Elsewhere (a
+    container) a driver may report host pids, and the same number may name an unrelated process
+    here: a pid is then confirmed only by that process holding the GPU's device node.
+    """
+    if host_namespace:
+        return {}
+    out = {}
+    for gpu in gpus:
+        on_node = {h["pid"] for h in gpu.get("holders") or [] if h.get("evidence") in (_scope.CONTEXT, _scope.DEVICE)}
+        for p in gpu.get("processes") or []:
+            if p.get("visible") is False or p["pid"] in on_node:
+                continue
+            out[p["pid"]] = (f"the driver reports pid {p['pid']} on GPU {gpu['index']}, but from this PID namespace it"
+                             f" cannot be confirmed to be that process (it does not hold /dev/nvidia"
+                             f"{gpu.get('minor_number', gpu['index'])}; a driver may report host pids here):"
+                             " not signalled. Run gpu_release on the host (the Proxmox node) to release it")
+    return out
+
+
+def gpu_holder_ids(all_gpus: list, untrusted: dict) -> set:
+    """Identities of the processes that hold a GPU: a context on any GPU, or a device node of a GPU
+    whose list cannot be trusted (what makes an ancestor 'also run other GPU jobs')."""
+    out = set()
+    for gpu in all_gpus:
+        for p in gpu.get("processes") or []:
+            if p.get("visible") is not False:
+                out.add((p["pid"], p.get("start_time")))
+        if gpu["index"] in untrusted:
+            for h in gpu.get("holders") or []:
+                if h.get("evidence") == _scope.DEVICE and not h.get("protected"):
+                    out.add((h["pid"], h.get("start_time")))
+    return out
+
+
+def descendants(pid: int, children: dict) -> set:
+    out, queue = set(), [pid]
+    while queue:
+        for c in children.get(queue.pop(), ()):
+            if c not in out:
+                out.add(c)
+                queue.append(c)
+    return out
+
+
+def choose(scope, candidates: list, contexts: dict, holder_ids: set, tree: bool, read=None, children=None) -> None:
+    """Run every candidate, workload root and descendant through the gate (it records the verdicts).
+
+    Holders first; then, in tree mode, the ancestors of each target up to its workload's root
+    (_holding.workload_ancestors), each only when every GPU holder below it is a target; then the
+    descendants of the targets.
+    """
+    roots = {}
+    for cand in candidates:
+        proc = dict(cand, context_gpus=sorted(contexts.get(cand["pid"], ())))
+        chain = []
+        if tree and read:
+            start = read(cand["pid"])
+            if start is not None and start.get("start_time") == cand.get("start_time"):
+                chain = _holding.workload_ancestors(start, read, scope.protection)
+        roots[_scope.identity(proc)] = chain
+        scope.admit(proc, _scope.HOLDER, root=chain[-1][0] if chain else None)
+    if not (tree and read):
+        return
+    children = children or {}
+    for holder in list(scope.targets):
+        for anc, why in roots.get(_scope.identity(holder), ()):
+            below = descendants(anc["pid"], children)
+            holders_below = {h for h in holder_ids if h[0] in below}
+            anc = dict(anc, context_gpus=sorted(contexts.get(anc["pid"], ())))
+            if not scope.admit(anc, _scope.ROOT, via=holder, holders_below=holders_below, why=why):
+                break
+    queue = list(scope.targets)
+    while queue:
+        parent = queue.pop()
+        for cpid in children.get(parent["pid"], ()):
+            child = read(cpid)
+            if child is None or scope.is_target(child):
+                continue
+            child = dict(child, context_gpus=sorted(contexts.get(cpid, ())))
+            if scope.admit(child, _scope.DESCENDANT, via=parent):
+                queue.append(scope.entry(child))
+
+
+def unit_problem(entry: dict, holders: list, scope) -> str:
+    """Why a unit must not be stopped ('' when it may): it runs a GPU job that is not a target."""
+    others = [h for h in holders if (_scope.container_id(h), h.get("unit")) == (entry["container"], entry["unit"])
+              and not scope.is_target(h)]
+    if not others:
+        return ""
+    return (f"{unit_text(entry)} also runs GPU job(s) outside the scope (pid "
+            + ", ".join(str(h["pid"]) for h in others) + "): the unit is left running and only the targets are"
+            " signalled, so its supervisor may restart them")
+
+
+# --- the sequence --------------------------------------------------------------------------------
+class HostIO:
+    """The real host: /proc, pidfd signals, the clock. gpu_release adds the snapshot and commands."""
+
+    def __init__(self, taker, run_command, warn, bins):
+        self.taker = taker
+        self.run_command = run_command      # (argv, timeout, what) -> (rc, out, err); QueryTimeout
+        self.warn = warn
+        self.bins = bins                    # name -> path or None (systemctl, pct)
+
+    def snapshot(self, holders=True):
+        return self.taker.take(gather_holders=holders)["gpus"]
+
+    def read(self, pid):
+        return self.taker.read_process(pid)
+
+    def text(self, proc):
+        return self.taker.match_text(proc)
+
+    @staticmethod
+    def exe(pid):
+        return _procs.read_exe(pid)
+
+    @staticmethod
+    def children():
+        return _procs.children_map()
+
+    @staticmethod
+    def me():
+        me = os.getpid()
+        return me, _procs.ancestors(me)
+
+    @staticmethod
+    def host_namespace():
+        return _procs.in_initial_pid_namespace()
+
+    @staticmethod
+    def pin(info):
+        target = Target(info["pid"], info["start_time"], info)
+        return target, target.open()
+
+    @staticmethod
+    def wait_gone(targets, timeout):
+        return wait_gone(targets, timeout)
+
+    @staticmethod
+    def state(pid):
+        return _procs.process_state(pid)
+
+    @staticmethod
+    def now():
+        return time.monotonic()
+
+    @staticmethod
+    def ticks_now():
+        """Now on the clock of /proc/<pid>/stat's start time (clock ticks since boot)."""
+        return time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def ticks_per_s():
+        return os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def sleep(seconds):
+        time.sleep(seconds)
+
+
+class Release:
+    """One release: ``plan()`` (scope, units; what check mode reports), then ``run()``."""
+
+    def __init__(self, params: dict, filters: dict, io):
+        self.p = params
+        self.filters = filters
+        self.io = io
+        self.result = dict(changed=False, released=[], survivors=[], respawned=[], stopped_units=[])
+        self.scope = None
+        self.plan_units = []
+        self.failure = ""
+        self.warnings = []
+
+    # --- before anything is signalled ---------------------------------------------------------------
+    def plan(self, all_gpus: list, before: list) -> str:
+        """Decide the scope and the units. Returns why the release must not proceed ('' when it may)."""
+        p, io = self.p, self.io
+        me, chain = io.me()
+        protected_pids = {me: "the module's own process"}
+        for pid in chain:
+            protected_pids[pid] = "an ancestor of the module (the SSH session, Ansible)"
+        selected = {g["index"] for g in before}
+        untrusted = untrusted_lists(before, p.get("max_memory_used_mib", _snapshot.DEFAULT_MAX_MEMORY_USED_MIB))
+        self.scope = _scope.Scope(selected, self.filters, protected_pids, protect=p["protect"], text_of=io.text,
+                                  exe_of=io.exe, untrusted=untrusted,
+                                  unverified=unverified_pids(before, io.host_namespace()))
+        found, invisible = _holding.release_candidates(all_gpus, selected, p["include_device_holders"], p["pids"])
+        holding = {c["pid"] for c in found} | {s["pid"] for s in invisible}
+        for pid in sorted(set(p["pids"] or []) - holding):
+            invisible.append({"pid": pid, "gpus": [], "reason": "named in pids, but it holds none of the selected GPUs"
+                                                                " (no context, no device node, no NVIDIA node at all)"})
+        self.contexts = _holding.context_gpus(all_gpus)
+        self.holder_ids = gpu_holder_ids(all_gpus, untrusted)
+        choose(self.scope, found, self.contexts, self.holder_ids, p["tree"], io.read,
+               io.children() if p["tree"] else None)
+        for s in invisible:
+            self.scope.refuse(dict(s, start_time=s.get("start_time")), s["reason"])
+        targets = self.scope.targets
+        self.known = {(x["pid"], x.get("start_time")) for g in all_gpus for x in list(g["processes"]) + list(g["holders"])}
+        self.known |= {_scope.identity(t) for t in targets}
+        self.result.update(gpus_before=before,
+                           protected=[report(x, reason=x["reason"]) for x in self.scope.protected],
+                           skipped_processes=[report(x, reason=x["reason"]) for x in self.scope.skipped])
+        filtered = bool(p["containers"] or p["users"] or p["match"] or p["pids"])
+        problem = scope_problem(targets, filtered, p["all"])
+        if problem:
+            self.result["places"] = places(targets)
+            return problem
+        if not targets:
+            self._nothing_selected_warning(before)
+        if p["stop_units"]:
+            keep = set()
+            for pid in [me] + list(chain):
+                x = io.read(pid)
+                if x and x.get("unit"):
+                    keep.add((_scope.container_id(x), x["unit"]))
+            holders = [dict(x, evidence=_scope.CONTEXT) for g in all_gpus for x in g.get("processes") or []
+                       if x.get("visible") is not False]
+            for entry in unit_plan(targets, self.scope.protected, keep):
+                why = unit_problem(entry, holders, self.scope)
+                if why:
+                    self.warnings.append(why)
+                    continue
+                entry["command"] = unit_command(entry, io.bins("systemctl") or "systemctl",
+                                                io.bins("pct") if entry["container"] is not None else None)
+                self.plan_units.append(entry)
+        self.result["changed"] = bool(targets or self.plan_units)
+        return ""
+
+    def _nothing_selected_warning(self, before: list) -> None:
+        held = sorted({(g["index"], x["pid"]) for g in before for x in g.get("processes") or []
+                       if x.get("visible") is not False})
+        if held and (self.p["containers"] or self.p["users"] or self.p["match"] or self.p["pids"]):
+            self.warnings.append(
+                "the scope selects none of the processes that hold the selected GPUs: "
+                + "; ".join(f"GPU {i}: pid {pid}" for i, pid in held)
+                + " (see skipped_processes for why each one is outside the scope)")
+
+    def check_mode_result(self, diff: bool) -> dict:
+        res = self.result
+        res["gpus"] = res["gpus_before"]
+        res["stopped_units"] = [dict(e, rc=None, seconds=None) for e in self.plan_units]
+        res["released"] = [report(t, signals=[], seconds=None) for t in self.scope.targets]
+        if diff:
+            units = "".join(f"unit {unit_text(e)}: active\n" for e in self.plan_units)
+            res["diff"] = {"before": units + holder_lines(res["gpus_before"]),
+                           "after": "".join(f"unit {unit_text(e)}: stopped\n" for e in self.plan_units)
+                           + holder_lines(res["gpus_before"], {t["pid"] for t in self.scope.targets})}
+        return res
+
+    # --- the signals ---------------------------------------------------------------------------------
+    def _pin(self, procs: list) -> list:
+        pinned = []
+        for t in procs:
+            target, ok = self.io.pin(t)
+            now = self.io.read(t["pid"]) if ok else None
+            why = self.scope.still_in(t, now) if ok else ""
+            if ok and not why:
+                pinned.append(target)
+                continue
+            target.close()
+            if ok or target.recycled:
+                self.result["skipped_processes"].append(report(
+                    t, reason=(why or "the pid now belongs to another process (recycled)") + "; not signalled"))
+            else:
+                # It exited between the snapshot and now (its parent took it along): released, unsignalled.
+                self.result["released"].append(report(t, signals=[], seconds=0.0))
+        return pinned
+
+    def _stop(self, pinned: list, sig: int) -> bool:
+        """Signal every pinned target at once (children and parents together), escalate, record."""
+        p, io = self.p, self.io
+        sent = False
+        for target in pinned:
+            sent |= target.send(sig)
+            if sig not in (SIGKILL, SIGCONT) and io.state(target.pid) in ("T", "t"):
+                # A stopped process acts on its signal only once continued (systemd sends SIGCONT too).
+                target.send(SIGCONT)
+        alive = io.wait_gone(pinned, p["grace_period"])
+        if alive and p["escalate"] and sig != SIGKILL:
+            for target in alive:
+                sent |= target.send(SIGKILL)
+            alive = io.wait_gone(alive, p["kill_timeout"])
+        for target in pinned:
+            gone_at = target.gone_at
+            entry = report(target.info, signals=target.signals,
+                           seconds=round(gone_at - self.t0, 3) if gone_at is not None else None)
+            if target in alive:
+                entry["state"] = io.state(target.pid)
+                self.result["survivors"].append(entry)
+            else:
+                self.result["released"].append(entry)
+            target.close()
+        return sent
+
+    def _stop_units(self) -> tuple:
+        sent, stopped = False, set()
+        budget = self.p["grace_period"] + self.p["kill_timeout"] + 10
+        for entry in self.plan_units:
+            started = self.io.now()
+            if not entry["command"]:
+                self.warnings.append(f"cannot stop {unit_text(entry)}: no pct here; its processes are signalled,"
+                                     " and its supervisor may restart them")
+                continue
+            try:
+                rc, out, err = self.io.run_command(entry["command"], budget, " ".join(entry["command"][:3]))
+            except _errors.QueryTimeout as exc:
+                rc, out, err = None, "", exc.msg
+            self.result["stopped_units"].append(dict(entry, rc=rc, seconds=round(self.io.now() - started, 3)))
+            if rc != 0:
+                self.warnings.append(f"stopping {unit_text(entry)} failed (rc {rc}): {(err or out).strip()[:300]};"
+                                     " its processes are signalled instead")
+            else:
+                sent = True
+                stopped.add((entry["container"], entry["unit"]))
+        return sent, stopped
+
+    def run(self, first_signal: int, diff: bool) -> dict:
+        io, p, res = self.io, self.p, self.result
+        self.t0 = io.now()
+        t0_ticks = io.ticks_now()
+        targets = self.scope.targets
+        # The (session, process group) of each target: a child it forks keeps them, a supervisor's restart does not.
+        groups = {}
+        for t in targets:
+            now = io.read(t["pid"])
+            if now is not None and now.get("start_time") == t.get("start_time"):
+                groups[(now.get("session"), now.get("pgrp"))] = t
+        pinned = self._pin(targets)
+        sent_any, stopped = self._stop_units()
+        sent_any |= self._stop(pinned, first_signal)
+        supervised = {(_scope.container_id(t), t.get("unit")) for t in targets
+                      if (t.get("unit") or "").endswith(".service")} - stopped
+        after = self._watch(first_signal, groups, t0_ticks, supervised)
+        res["changed"] = sent_any or bool(stopped)
+        res["gpus"] = after
+        if after is not None and diff:
+            res["diff"] = {"before": holder_lines(res["gpus_before"]), "after": holder_lines(after)}
+        self._judge_outcome(first_signal)
+        return res
+
+    def _lineage(self, proc: dict, groups: dict, t0_ticks):
+        """(the signalled target it descends from or was orphaned by, or None; its supervisor text)."""
+        io = self.io
+        chain, seen, x = [], set(), proc
+        while x is not None and x.get("ppid") and x["ppid"] not in seen:
+            seen.add(x["ppid"])
+            parent = io.read(x["ppid"])
+            if parent is None:
+                break
+            if self.scope.is_target(parent):
+                return parent if parent.get("start_time", 0) <= (proc.get("start_time") or 0) else None, None
+            chain.append(parent)
+            new = parent.get("start_time") is not None and parent["start_time"] >= t0_ticks
+            if not new:
+                break
+            x = parent
+        first_old = chain[-1] if chain else None
+        is_init = first_old is not None and (first_old["pid"] == 1 or first_old.get("ns_pid") == 1)
+        if (first_old is None or is_init) and (proc.get("session"), proc.get("pgrp")) in groups:
+            return groups[(proc.get("session"), proc.get("pgrp"))], None
+        return None, supervisor_text(first_old)
+
+    def _watch(self, first_signal: int, groups: dict, t0_ticks, supervised):
+        """After the signals: children that appeared below a signalled target are released through the
+        gate; every other new holder of a selected GPU is reported (respawned), never signalled."""
+        io, p, res = self.io, self.p, self.result
+        watch_until = io.now() + (RESPAWN_WATCH_S if supervised else NEWCOMER_WATCH_S)
+        after = None
+        selected = self.scope.selected
+        while True:
+            try:
+                after_all = io.snapshot(p["include_device_holders"])
+                after = [g for g in after_all if g["index"] in selected]
+            except _errors.GpuError:
+                return None
+            new, _invisible = _holding.release_candidates(after_all, selected, p["include_device_holders"], p["pids"])
+            contexts = _holding.context_gpus(after_all)
+            forked = []
+            for x in new:
+                key = (x["pid"], x.get("start_time"))
+                if key in self.known:
+                    continue
+                info = io.read(x["pid"]) or x
+                x = dict(x, session=info.get("session"), pgrp=info.get("pgrp"), exe=info.get("exe"),
+                         context_gpus=sorted(contexts.get(x["pid"], ())))
+                target, supervisor = self._lineage(x, groups, t0_ticks)
+                if x.get("evidence") != _scope.CONTEXT and target is None and not (
+                        set(x["gpus"]) & set(self.scope.untrusted)):
+                    continue  # a device node only, no memory: a bystander (looked at again while it gains a context)
+                self.known.add(key)
+                if self.scope.protection(x):
+                    continue
+                if target is not None:
+                    if self.scope.admit(x, _scope.NEWCOMER, via=target,
+                                        why="appeared during the release below (or orphaned by) signalled pid"
+                                            f" {target['pid']}"):
+                        forked.append(self.scope.entry(x))
+                    continue
+                in_scope = self._respawn_of_target(x) or not self.scope.judge(dict(x, evidence=_scope.CONTEXT),
+                                                                               _scope.HOLDER)
+                after_s = None
+                if x.get("start_time") is not None:
+                    after_s = max(0.0, (x["start_time"] - t0_ticks) / io.ticks_per_s())
+                res["respawned"].append(report(x, supervisor=supervisor, in_scope=in_scope,
+                                               advice=respawn_advice(x, after_s, supervisor, p["stop_units"],
+                                                                     in_scope)))
+            if forked:
+                # SIGKILL at once: they had their graceful signal through their parent, and a child that
+                # forked in a SIGTERM handler would fork again on its own SIGTERM.
+                self._stop(self._pin(forked), SIGKILL if p["escalate"] else first_signal)
+                continue
+            if res["respawned"] or io.now() >= watch_until:
+                return after
+            io.sleep(RESPAWN_POLL_S)
+
+    def _respawn_of_target(self, proc: dict) -> bool:
+        """Whether a new holder runs in the unit of a target (what was released came back)."""
+        unit = proc.get("unit")
+        return bool(unit) and any((_scope.container_id(t), t.get("unit")) == (_scope.container_id(proc), unit)
+                                  for t in self.scope.targets)
+
+    def _judge_outcome(self, first_signal: int) -> None:
+        res, p = self.result, self.p
+        released = {(r["pid"]) for r in res["released"]}
+        # One verdict per process: what was released is not also skipped.
+        res["skipped_processes"] = [s for s in res["skipped_processes"] if s["pid"] not in released]
+        in_scope = [r for r in res["respawned"] if r.get("in_scope")]
+        if res["respawned"]:
+            self.warnings.append("new holders appeared after the release: "
+                                 + "; ".join(r["advice"] for r in res["respawned"]))
+        problems = []
+        if res["survivors"] and p["fail_on_survivors"]:
+            problems.append(survivor_message(res["survivors"], p, first_signal))
+        if in_scope:
+            problems.append(f"{len(in_scope)} process(es) in the scope hold the selected GPUs again after the release"
+                            " (not signalled: a supervisor restarted them or they are new): "
+                            + "; ".join(r["advice"] for r in in_scope))
+        self.failure = " ".join(problems)
+
+
+def supervisor_text(proc) -> str:
+    """'systemd (pid 4012, PID 1 of CT 129)', 'sh (pid 811)', or None."""
+    if proc is None:
+        return None
+    what = f"{proc.get('name')} (pid {proc['pid']}"
+    ct = proc.get("container") or {}
+    if proc["pid"] == 1:
+        what += ", PID 1 of the host"
+    elif ct.get("id") is not None and ct.get("pid_in_container") == 1:
+        what += f", PID 1 of CT {ct['id']}"
+    elif proc.get("ns_pid") == 1:
+        what += ", PID 1 of a nested PID namespace"
+    if proc.get("unit"):
+        what += f", {proc['unit']}"
+    return what + ")"
+
+
+def survivor_message(survivors: list, p: dict, first_signal: int) -> str:
+    """One sentence per state: D is stuck in the kernel; S, T and the rest are still exiting or stopped."""
+    what = "SIGKILL" if p["escalate"] else signal_name(first_signal)
+    by_state = {}
+    for s in survivors:
+        by_state.setdefault(s.get("state") or "?", []).append(s)
+    parts = []
+    for state, procs in sorted(by_state.items()):
+        names = ", ".join(_holding.describe(s) for s in procs)
+        if state == "D":
+            parts.append(f"{names} (state D) is stuck in the kernel, often in the GPU driver: check dmesg for Xid"
+                         " errors; if it does not exit, a reboot may be needed")
+        else:
+            parts.append(f"{names} (state {state}) had not exited {p['kill_timeout']:g} s after {what}: a large"
+                         " teardown (pinned host memory) can take 20-40 s; raise kill_timeout (and grace_period)")
+    return f"{len(survivors)} process(es) survived {what}: " + "; ".join(parts) + "."

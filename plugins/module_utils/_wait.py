@@ -117,7 +117,18 @@ def _full_scan(state: dict, now: float, gpus: list) -> None:
         nvml_pids = {p["pid"] for p in g.get("processes") or []}
         for h in holders_of(g):
             if h["pid"] not in nvml_pids:  # a device-file holder: followed by pid between full scans
-                state["known_holders"][str(h["pid"])] = [h["pid"], h.get("start_time")]
+                entry = state["known_holders"].setdefault(str(h["pid"]), [h["pid"], h.get("start_time"), []])
+                entry[2].append(g["index"])
+
+
+def _still_blocking(entry: list, gpus: list, alive) -> bool:
+    """Between full scans: a device-node holder with no context blocks only while it lives and one of the
+    GPUs it blocked is still busy by what this poll reads (memory, the driver's list). Once the memory
+    is back, it holds nothing the next server needs: it lingers, and the wait does not follow it."""
+    if not alive(entry[0], entry[1]):
+        return False
+    on = set(entry[2]) if len(entry) > 2 else None
+    return any(not g["idle"] for g in gpus if on is None or g["index"] in on)
 
 
 def step(state: dict, now: float, snapshot, alive, settle: float, full_scan_every: float):
@@ -138,15 +149,18 @@ def step(state: dict, now: float, snapshot, alive, settle: float, full_scan_ever
     if full:
         _full_scan(state, now, gpus)
     else:
-        state["known_holders"] = {k: v for k, v in state["known_holders"].items() if alive(v[0], v[1])}
+        state["known_holders"] = {k: v for k, v in state["known_holders"].items() if _still_blocking(v, gpus, alive)}
     if first or state["known_holders"] or any(holders_of(g) for g in gpus):
         state["last_holder_at"] = now
     for g in gpus:
         record_sample(state, now, g, len(holders_of(g)))
     idle = all(g["idle"] for g in gpus) and not state["known_holders"]
     settled = now - state["last_holder_at"] >= settle
-    if idle and settled and not full:
-        # It looks done: a full device-file scan has the last word before we say so.
+    scanned = state.get("idle_scan_at") is not None and state["idle_scan_at"] >= state["last_holder_at"]
+    if idle and not full and not scanned:
+        # It looks idle: a full device-file scan has its word now, when the settle window opens, not
+        # when it closes; the polls of the window then see any context that appears (the driver's list),
+        # and a device node alone keeps no idle GPU busy. So the wait returns as the window closes.
         gpus = snapshot(True)
         _check_lost(gpus)
         _full_scan(state, now, gpus)
@@ -154,6 +168,11 @@ def step(state: dict, now: float, snapshot, alive, settle: float, full_scan_ever
             state["last_holder_at"] = now
             return False, gpus
         idle = all(g["idle"] for g in gpus)
+        full = True
+    if not idle:
+        state["idle_scan_at"] = None  # busy again: the next idle look is scanned in full again
+    elif full:
+        state["idle_scan_at"] = now
     return idle and settled, gpus
 
 

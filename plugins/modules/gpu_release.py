@@ -72,7 +72,13 @@ options:
       - It sees the real command line, as O(match) does, with the same rules.
     type: str
   tree:
-    description: Also stop the descendants of each selected holder that are not protected.
+    description:
+      - Also stop the workload of each target - its descendants, and its ancestors in the same cgroup up to the
+        workload's root (an API process that holds no GPU itself) - through the same scope gate as the holders.
+      - An ancestor joins only when every GPU holder below it is a target (a launcher that also runs other jobs stays);
+        a descendant that holds a context only on GPUs that are not selected is another job and stays.
+      - A process that appears during the release is signalled only when it descends from a signalled target (or was
+        orphaned by one); every other new holder is reported in RV(respawned), never signalled.
     type: bool
     default: true
   signal:
@@ -92,9 +98,12 @@ options:
   kill_timeout:
     description:
       - Seconds to wait after SIGKILL for the processes to be gone. A zombie counts as gone.
+      - The default covers the teardown of a large inference server, which with pinned host memory takes 20-40 s
+        after SIGKILL on 8 x H100/H200 hosts; the process is gone as soon as it exits, so a shorter teardown costs no
+        more.
       - From 0 to 86400 (a day).
     type: float
-    default: 10
+    default: 45
   fail_on_survivors:
     description:
       - Fail when a process survives (one stuck in the kernel, state D, outlives SIGKILL).
@@ -107,8 +116,10 @@ options:
         systemctl stop <unit>) for a container when run on the Proxmox node, C(systemctl stop <unit>) on the host -
         so that its supervisor cannot restart it; then whatever is left is signalled.
       - Never the unit of a protected process, nor the unit the module itself runs in.
-      - V(false) only signals; a supervised server then comes back, and the result's RV(respawned) names the unit
-        and the supervisor.
+      - V(false) only signals; a supervised server then comes back, the result's RV(respawned) names the unit
+        and the supervisor, and the module fails (the GPUs are held again).
+      - A unit is stopped only when every GPU job in it is a target; one that also runs other GPU jobs is left running
+        (with a warning) and only the targets in it are signalled.
     type: bool
     default: true
   expected_count:
@@ -212,10 +223,14 @@ skipped_processes:
   elements: dict
 respawned:
   description:
-    - Holders of the selected GPUs after the release that were not there before (a supervisor restarting the server),
-      each with its C(unit), C(supervisor) (its parent) and C(advice), for example
-      C(pid 812 started 1.1 s after the release in sglang.service in CT 129 by pid 90 (systemd) - its supervisor
-      restarted it ...).
+    - Holders of the selected GPUs after the release that were not there before and do not descend from a signalled
+      target (a supervisor restarting the server, or a job that started meanwhile). They are never signalled.
+    - Each has its C(unit), C(supervisor) (the first process up its parent chain that is older than the release:
+      systemd as PID 1 of the container, an init, a shell loop, supervisord), C(in_scope) (whether it would be in this
+      release's scope: a respawn of what was released, or a new job in the same place) and C(advice), for example
+      C(pid 812 started 1.1 s after the release in sglang.service in CT 129 by systemd (pid 4012, PID 1 of CT 129):
+      its supervisor restarted it ...).
+    - An entry with C(in_scope) true fails the module (the GPUs are held again); one outside the scope is a warning.
   returned: always
   type: list
   elements: dict
@@ -261,10 +276,9 @@ unreadable_gpus:
   sample: [3]
 """
 
-import os
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _policy, _procs, _release, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _release, _snapshot, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     SBIN_DIRS,
     SNAPSHOT_ARGS,
@@ -273,39 +287,8 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     new_module,
     validate_snapshot_params,
 )
+from ansible_collections.gpuops.gpu.plugins.module_utils._signals import signal_number
 from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import run_in_group
-from ansible_collections.gpuops.gpu.plugins.module_utils._signals import (
-    SIGKILL,
-    Target,
-    signal_name,
-    signal_number,
-    wait_gone,
-)
-
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
-# How long a unit that was not stopped is watched after the release for a supervisor's restart.
-RESPAWN_WATCH_S = 2.0
-RESPAWN_POLL_S = 0.2
-REPORT_KEYS = ("pid", "name", "cmdline", "user", "container", "unit", "gpus", "via", "evidence", "why")
-
-
-def holder_lines(gpus, without=()):
-    """The diff text: one line per GPU and holder (minus the pids in ``without``)."""
-    lines = []
-    for gpu in gpus:
-        seen = set(without)
-        for proc in list(gpu["processes"]) + list(gpu["holders"]):
-            if proc["pid"] in seen:
-                continue
-            seen.add(proc["pid"])
-            lines.append(f"GPU {gpu['index']}: {_holding.describe(proc)}")
-    return "\n".join(lines) + ("\n" if lines else "")
-
-
-def report(proc, **extra):
-    out = {k: proc.get(k) for k in REPORT_KEYS}
-    out.update(extra)
-    return out
 
 
 def main() -> None:
@@ -320,7 +303,7 @@ def main() -> None:
         signal=dict(type="str", default="SIGTERM"),
         grace_period=dict(type="float", default=10.0),
         escalate=dict(type="bool", default=True),
-        kill_timeout=dict(type="float", default=10.0),
+        kill_timeout=dict(type="float", default=45.0),
         fail_on_survivors=dict(type="bool", default=True),
         stop_units=dict(type="bool", default=True),
         all=dict(type="bool", default=False),
@@ -329,7 +312,6 @@ def main() -> None:
     module = new_module(argument_spec, supports_check_mode=True)
     p = module.params
     start = time.monotonic()
-
     # Everything is validated before anything is read or signalled (_validate has the bounds).
     try:
         validate_snapshot_params(p, module)
@@ -340,209 +322,45 @@ def main() -> None:
         fail(module, exc)
         return
     except ValueError as exc:
-        module.fail_json(msg=str(exc))
+        fail(module, _errors.InvalidOption(str(exc)))
         return
 
+    def bins(name):
+        return module.get_bin_path(name, opt_dirs=SBIN_DIRS)
+
+    io = _release.HostIO(taker, run_in_group, module.warn, bins)
+    release = _release.Release(p, filters, io)
     try:
-        snap = taker.take(gather_holders=p["include_device_holders"])
-        _snapshot.check_count(snap["gpus"], p["expected_count"], ". Nothing was signalled.")
-        before = _snapshot.select_gpus(snap["gpus"], p["gpus"])
+        all_gpus = io.snapshot(p["include_device_holders"])
+        _snapshot.check_count(all_gpus, p["expected_count"], ". Nothing was signalled.")
+        before = _snapshot.select_gpus(all_gpus, p["gpus"])
+        unreadable, message = _release.unreadable_lists(before, bool(p["pids"]))
+        if unreadable and not p["pids"]:
+            module.fail_json(msg=message, error="process_list_unreadable", changed=False, released=[], survivors=[],
+                             respawned=[], protected=[], skipped_processes=[], unreadable_gpus=unreadable,
+                             gpus_before=before)
+        if unreadable:
+            module.warn(message)
+        problem = release.plan(all_gpus, before)
     except _errors.GpuError as exc:
         fail(module, exc)
         return
-
-    unreadable = [g for g in before if g.get("processes_error")]
-    if unreadable and p["pids"]:
-        module.warn("the driver's process list could not be read for GPU(s) "
-                    + ", ".join(str(g["index"]) for g in unreadable) + ": only the processes named in pids are considered")
-    elif unreadable:
-        # An empty list read from a failed query is not "nothing to release": the holder may be hidden.
-        module.fail_json(
-            msg="the driver's process list could not be read for "
-                + "; ".join(f"GPU {g['index']} ({g.get('pci_bus_id')}): {g['processes_error']}" for g in unreadable)
-                + ". Nothing was signalled. Retry (a transient driver error), raise query_timeout, or name the"
-                  " processes to stop with pids.",
-            changed=False, released=[], survivors=[], respawned=[], protected=[], skipped_processes=[],
-            unreadable_gpus=[g["index"] for g in unreadable], gpus_before=before)
-        return
-
-    me = os.getpid()
-    protected_pids = {me: "the module's own process"}
-    for pid in _procs.ancestors(me):
-        protected_pids[pid] = "an ancestor of the module (the SSH session, Ansible)"
-    selected = {g["index"] for g in before}
-    found, invisible = _holding.release_candidates(snap["gpus"], selected, p["include_device_holders"], p["pids"])
-    holding = {c["pid"] for c in found} | {s["pid"] for s in invisible}
-    for pid in sorted(set(p["pids"] or []) - holding):
-        invisible.append({"pid": pid, "gpus": [], "reason": "named in pids, but it holds none of the selected GPUs"
-                                                            " (no context, no device node, no NVIDIA node at all)"})
-    try:
-        # The regexes see the raw command line (taker.match_text); every reported one is redacted.
-        targets, protected, skipped = _policy.classify(
-            found, protected_pids, protect=p["protect"], filters=filters, tree=p["tree"],
-            children=_procs.children_map() if p["tree"] else None, read=taker.read_process, text_of=taker.match_text,
-            exe_of=_procs.read_exe)
-    except _errors.GpuError as exc:  # a regex over its time budget: nothing was signalled
-        fail(module, exc)
-        return
-    skipped.extend(invisible)
-
-    result = dict(changed=bool(targets), released=[], survivors=[], respawned=[], stopped_units=[], gpus_before=before,
-                  protected=[report(x, reason=x["reason"]) for x in protected],
-                  skipped_processes=[report(x, reason=x["reason"]) for x in skipped])
-
-    filtered = bool(p["containers"] or p["users"] or p["match"] or p["pids"])
-    problem = _release.scope_problem(targets, filtered, p["all"])
+    for warning in release.warnings:
+        module.warn(warning)
+    release.warnings = []
     if problem:
-        refused = {k: v for k, v in result.items() if k != "changed"}
-        module.fail_json(msg=problem, changed=False, places=_release.places(targets), **refused)
-
-    plan = []
-    if p["stop_units"]:
-        own = [taker.read_process(pid) for pid in [me] + list(_procs.ancestors(me))]
-        keep = {((x.get("container") or {}).get("id"), x.get("unit")) for x in own if x and x.get("unit")}
-        plan = _release.unit_plan(targets, protected, keep)
-        on_node = any(t.get("container") for t in targets)
-        systemctl = module.get_bin_path("systemctl", opt_dirs=SBIN_DIRS) or "systemctl"
-        pct = module.get_bin_path("pct", opt_dirs=SBIN_DIRS) if on_node else None
-        for entry in plan:
-            entry["command"] = _release.unit_command(entry, systemctl, pct)
-    result["changed"] = bool(targets or plan)
-
+        refused = {k: v for k, v in release.result.items() if k != "changed"}
+        module.fail_json(msg=problem, error="scope", changed=False, **refused)
     if module.check_mode:
-        result["gpus"] = before
-        result["stopped_units"] = [dict(e, rc=None, seconds=None) for e in plan]
-        result["released"] = [report(t, signals=[], seconds=None) for t in targets]
-        if module._diff:
-            units = "".join(f"unit {_release.unit_text(e)}: active\n" for e in plan)
-            result["diff"] = {"before": units + holder_lines(before),
-                              "after": "".join(f"unit {_release.unit_text(e)}: stopped\n" for e in plan)
-                              + holder_lines(before, {t["pid"] for t in targets})}
+        result = release.check_mode_result(module._diff)
         result["elapsed"] = round(time.monotonic() - start, 3)
         module.exit_json(**result)
-
-    t0 = time.monotonic()
-    t0_ticks = time.clock_gettime(time.CLOCK_BOOTTIME) * _CLK_TCK  # the clock of /proc/<pid>/stat's start time
-
-    def pin(dicts):
-        pinned = []
-        for t in dicts:
-            target = Target(t["pid"], t["start_time"], t)
-            if target.open():
-                pinned.append(target)
-            elif target.recycled:
-                result["skipped_processes"].append(report(t, reason="the pid now belongs to another process (recycled);"
-                                                                    " not signalled"))
-            else:
-                # It exited between the snapshot and now (its parent took it along): released, unsignalled.
-                result["released"].append(report(t, signals=[], seconds=0.0))
-        return pinned
-
-    def stop(pinned, sig=first_signal):
-        """Signal every pinned target at once (children and parents together), escalate, record."""
-        sent = False
-        for target in pinned:
-            sent |= target.send(sig)
-        alive = wait_gone(pinned, p["grace_period"])
-        if alive and p["escalate"] and sig != SIGKILL:
-            for target in alive:
-                sent |= target.send(SIGKILL)
-            alive = wait_gone(alive, p["kill_timeout"])
-        for target in pinned:
-            gone_at = target.gone_at
-            entry = report(target.info, signals=target.signals,
-                           seconds=round(gone_at - t0, 3) if gone_at is not None else None)
-            if target in alive:
-                entry["state"] = _procs.process_state(target.pid)
-                result["survivors"].append(entry)
-            else:
-                # Gone: by our signal, or before it reached it (a parent's SIGTERM took its workers along).
-                result["released"].append(entry)
-            target.close()
-        return sent
-
-    # A child forked during the release shares its parent's session; a supervisor's restart gets a new one.
-    target_sessions = {(taker.read_process(t["pid"]) or {}).get("session") for t in targets} - {None}
-    pinned = pin(targets)
-    sent_any = False
-    # Units first: stopped through systemd, their supervisor cannot restart them; what is left of
-    # the targets is signalled below.
-    stopped = set()
-    for entry in plan:
-        started = time.monotonic()
-        if not entry["command"]:
-            module.warn(f"cannot stop {_release.unit_text(entry)}: no pct here; its processes are signalled,"
-                        " and its supervisor may restart them")
-            continue
-        try:
-            rc, out, err = run_in_group(entry["command"], p["grace_period"] + p["kill_timeout"] + 10,
-                                        " ".join(entry["command"][:3]))
-        except _errors.QueryTimeout as exc:
-            rc, out, err = None, "", exc.msg
-        result["stopped_units"].append(dict(entry, rc=rc, seconds=round(time.monotonic() - started, 3)))
-        if rc != 0:
-            module.warn(f"stopping {_release.unit_text(entry)} failed (rc {rc}): {(err or out).strip()[:300]};"
-                        " its processes are signalled instead")
-        else:
-            sent_any = True
-            stopped.add((entry["container"], entry["unit"]))
-    sent_any |= stop(pinned)
-
-    # After the signals: a child forked in a signal handler (or an orphan of the workload) is
-    # released too; a new holder started by a supervisor is reported, with what to do. Units that
-    # were not stopped are watched for a moment, since a supervisor restarts about a second later.
-    supervised = {((t.get("container") or {}).get("id"), t.get("unit")) for t in targets
-                  if (t.get("unit") or "").endswith(".service")} - stopped
-    watch_until = time.monotonic() + (RESPAWN_WATCH_S if supervised else 0.0)
-    known = {x["pid"] for g in before for x in list(g["processes"]) + list(g["holders"])}
-    target_pids = {t["pid"] for t in targets}
-    after = None
-    for _round in range(int(RESPAWN_WATCH_S / RESPAWN_POLL_S) + 3):
-        try:
-            after_all = taker.take(gather_holders=p["include_device_holders"])["gpus"]
-            after = _snapshot.select_gpus(after_all, p["gpus"])
-        except _errors.GpuError:
-            after = None
-            break
-        new, _invisible = _holding.release_candidates(after_all, selected, p["include_device_holders"], p["pids"])
-        new = [x for x in new if x["pid"] not in known and x["pid"] not in protected_pids
-               and not _snapshot.is_protected(dict(x, cmdline=taker.match_text(x)), p["protect"])]
-        forked, respawned = [], []
-        for x in new:
-            parent = taker.read_process(x["ppid"]) if x.get("ppid") else None
-            orphan = parent is None or parent["pid"] == 1 or parent.get("ns_pid") == 1
-            same_session = (taker.read_process(x["pid"]) or {}).get("session") in target_sessions
-            (forked if x["ppid"] in target_pids or orphan or same_session else respawned).append((x, parent))
-        known |= {x["pid"] for x, _parent in forked + respawned}
-        for x, parent in respawned:
-            supervisor = f"pid {parent['pid']} ({parent['name']})" if parent else None
-            after_s = None if x.get("start_time") is None else max(0.0, (x["start_time"] - t0_ticks) / _CLK_TCK)
-            advice = _release.respawn_advice(x, after_s, supervisor, p["stop_units"])
-            result["respawned"].append(report(x, supervisor=supervisor, advice=advice))
-        if forked:
-            extra = [dict(x, via=x["ppid"], why="appeared during the release (forked by a target, or orphaned by it)")
-                     for x, _parent in forked]
-            target_pids |= {x["pid"] for x in extra}
-            # SIGKILL at once: they had their graceful signal through their parent, and a child that
-            # forked in a SIGTERM handler would fork again on its own SIGTERM.
-            sent_any |= stop(pin(extra), SIGKILL if p["escalate"] else first_signal)
-            continue
-        if result["respawned"] or time.monotonic() >= watch_until:
-            break
-        time.sleep(RESPAWN_POLL_S)
-    result["changed"] = sent_any
-    result["gpus"] = after
-    if result["respawned"]:
-        module.warn("new holders appeared after the release: " + "; ".join(r["advice"] for r in result["respawned"]))
-    if after is not None and module._diff:
-        result["diff"] = {"before": holder_lines(before), "after": holder_lines(after)}
+    result = release.run(first_signal, module._diff)
+    for warning in release.warnings:
+        module.warn(warning)
     result["elapsed"] = round(time.monotonic() - start, 3)
-
-    if result["survivors"] and p["fail_on_survivors"]:
-        names = ", ".join(f"{_holding.describe(s)} (state {s.get('state')})" for s in result["survivors"])
-        what = "SIGKILL" if p["escalate"] else signal_name(first_signal)
-        module.fail_json(msg=f"{len(result['survivors'])} process(es) survived {what}: {names}. A process in state D is"
-                             " stuck in the kernel (often a hung GPU): check dmesg; a reboot may be needed.", **result)
+    if release.failure:
+        module.fail_json(msg=release.failure, error="release_incomplete", **result)
     module.exit_json(**result)
 
 

@@ -205,6 +205,29 @@ def _short(text, limit=240) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+class _Background:
+    """One call in a thread of its own; ``result()`` waits for it and gives its value (or raises its error)."""
+
+    def __init__(self, func, *args):
+        import threading
+
+        self._out = {}
+        self._thread = threading.Thread(target=self._run, args=(func,) + args, daemon=True)
+        self._thread.start()
+
+    def _run(self, func, *args):
+        try:
+            self._out["value"] = func(*args)
+        except Exception as exc:  # handed to the caller of result()  # pylint: disable=broad-except
+            self._out["error"] = exc
+
+    def result(self):
+        self._thread.join()
+        if "error" in self._out:
+            raise self._out["error"]
+        return self._out["value"]
+
+
 def confirm(module, taker, gpus, p):
     """The user's own tool has the last word: one nvidia-smi query must agree.
 
@@ -321,14 +344,25 @@ def main() -> None:
                              confirmation=None,
                              msg=_wait.diagnosis(gpus, p["max_memory_used_mib"]) or "all selected GPUs are idle")
         slice_end = time.monotonic() + p["progress_slice"] if p["progress_slice"] else None
+        confirmed = {}
         while True:
             done, gpus = _wait.step(state, now(), snapshot, alive, p["settle"], FULL_SCAN_EVERY)
+            scan_at = state.get("idle_scan_at")
+            if scan_at is not None and not done and confirmed.get("at") != scan_at:
+                # The GPUs look idle and the settle window opens: nvidia-smi is asked now, beside the polls of
+                # the window, so that the wait returns as the window closes; a holder within the window starts
+                # the window (and this) again.
+                confirmed = {"at": scan_at, "job": _Background(confirm, module, taker, gpus, p)}
             if not carried and "gpus_before" not in result:
                 result["gpus_before"] = gpus  # what the wait started from (later slices: the action plugin keeps it)
             result.update(polls=state["polls"], samples=state["samples"], gpus=gpus,
                           idle_gpus=[g["index"] for g in gpus if g["idle"]])
             if done:
-                seen, disagreement = confirm(module, taker, gpus, p)
+                early = confirmed["job"].result() if confirmed.get("at") == scan_at else None
+                if early is not None and not early[1]:
+                    seen, disagreement = early
+                else:
+                    seen, disagreement = confirm(module, taker, gpus, p)
                 result["confirmation"] = seen
                 result["elapsed"] = round(now(), 3)
                 if disagreement:
