@@ -574,8 +574,8 @@ class Release:
                                             f" {target['pid']}"):
                         forked.append(self.scope.entry(x))
                     continue
-                in_scope = self._respawn_of_target(x) or not self.scope.judge(dict(x, evidence=_scope.CONTEXT),
-                                                                               _scope.HOLDER)
+                as_holder = dict(x, evidence=_scope.CONTEXT)
+                in_scope = self._respawn_of_target(x) or not self.scope.judge(as_holder, _scope.HOLDER)
                 after_s = None
                 if x.get("start_time") is not None:
                     after_s = max(0.0, (x["start_time"] - t0_ticks) / io.ticks_per_s())

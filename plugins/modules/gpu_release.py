@@ -225,10 +225,10 @@ respawned:
   description:
     - Holders of the selected GPUs after the release that were not there before and do not descend from a signalled
       target (a supervisor restarting the server, or a job that started meanwhile). They are never signalled.
-    - Each has its C(unit), C(supervisor) (the first process up its parent chain that is older than the release:
-      systemd as PID 1 of the container, an init, a shell loop, supervisord), C(in_scope) (whether it would be in this
-      release's scope: a respawn of what was released, or a new job in the same place) and C(advice), for example
-      C(pid 812 started 1.1 s after the release in sglang.service in CT 129 by systemd (pid 4012, PID 1 of CT 129):
+    - Each has its C(unit), C(supervisor) (the first process up its parent chain that is older than the release, such
+      as systemd as PID 1 of the container, an init, a shell loop or supervisord), C(in_scope) (whether it would be in
+      this release's scope - a respawn of what was released, or a new job in the same place) and C(advice), for example
+      C(pid 812 started 1.1 s after the release in sglang.service in CT 129 by systemd (pid 4012, PID 1 of CT 129) -
       its supervisor restarted it ...).
     - An entry with C(in_scope) true fails the module (the GPUs are held again); one outside the scope is a warning.
   returned: always
