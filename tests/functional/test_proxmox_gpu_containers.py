@@ -2,7 +2,6 @@
 pct and systemctl, and the simulated driver for the GPUs' minor numbers."""
 
 import json
-import os
 import time
 
 import pytest
@@ -28,11 +27,8 @@ def gone(pid, timeout=10.0):
 
 
 def mainpid(host, service, ct):
-    try:
-        with open(os.path.join(host.dir, "services", str(ct), f"{service}.mainpid"), encoding="utf-8") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
+    """The host pid of the unit's main process in container ``ct`` (systemd's MainPID), else None."""
+    return host.service_mainpid(service, ct=ct)
 
 
 @pytest.fixture
