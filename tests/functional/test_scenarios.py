@@ -48,7 +48,7 @@ from typing import Dict, List, Optional, Tuple
 import pytest
 import test_predeploy as predeploy
 from test_holding_model import children
-from gpusimkit import proctools
+from gpusimkit import cgroups, proctools
 from gpusimkit.pytest_plugin import GpusimFactory
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
@@ -210,7 +210,8 @@ class Scene:
         self.figures: Dict[str, float] = {}
         try:
             for name, gpus in CT_GPUS.items():
-                self.host.ct_create(self.vmids[name], gpus=",".join(map(str, gpus)))
+                # A, where a server may run as a service: systemd as PID 1 (the service is a systemd unit)
+                self.host.ct_create(self.vmids[name], gpus=",".join(map(str, gpus)), systemd=name == "A")
                 self.host.ct_start(self.vmids[name])
         except BaseException:
             self.factory.finish()
@@ -441,7 +442,8 @@ class Scene:
         """A service's instances started by its supervisor since the example was built."""
         for sup in [p for p, x in self.procs.items() if x.role == "supervisor"]:
             for c in children(sup):
-                if c not in self.procs:
+                # in a container the supervisor is systemd, PID 1: only its children in the unit are the service's
+                if c not in self.procs and "/system.slice/llm.service" in (cgroups.of_pid(c) or ""):
                     self.adopt(c, "respawn", "the service respawned by its supervisor", self.procs[sup].place, sup)
 
     def signals(self) -> List[Tuple[int, str, str]]:

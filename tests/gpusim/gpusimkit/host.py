@@ -466,7 +466,9 @@ class SimHost:
             python = os.path.realpath(sys.executable)
             execstart = " ".join(_unit_quote(a) for a in [python, "-m", "gpusimkit.workload", *wargs,
                                                           f"--ready-file={ready}"])
-            envs = {k: env[k] for k in ("PYTHONPATH", "GPUSIM_DIR", "LD_LIBRARY_PATH", "GPUSIM_VMID") if k in env}
+            # The simulator's variables (GPUSIM_*: the scenario, the workload's options such as
+            # GPUSIM_RECORD_SIGNALS) reach the unit's processes, as they reach a workload started by lxc-attach.
+            envs = {k: v for k, v in env.items() if k.startswith("GPUSIM_") or k in ("PYTHONPATH", "LD_LIBRARY_PATH")}
             envs["GPUSIM_VMID"] = str(vmid)
             unit = UNIT.format(
                 name=service, execstart=execstart,
