@@ -136,6 +136,9 @@ def test_a_sibling_of_a_released_job_under_one_launcher_is_left_alone(gpusim, co
 DECOY = r"""
 import os, subprocess, sys
 target = int(sys.argv[1])
+# LXC mounts /proc/sys read-only in the container (lxc.mount.auto = proc:mixed, as on PVE); root of this
+# privileged container may make it writable again
+subprocess.run(["mount", "-o", "remount,rw", "/proc/sys"], check=False)
 with open("/proc/sys/kernel/ns_last_pid", "w") as f:
     f.write(str(target - 1))
 p = subprocess.Popen(["sleep", "120"], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
