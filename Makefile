@@ -32,7 +32,7 @@ export ANSIBLE_COLLECTIONS_PATH := $(TOP)/build
 export ANSIBLE_HOME := $(TOP)/build/ansible-home
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv sim layout test demo sanity lint units integration simtests packaging molecule bench-smoke bench docs gpu-smoke clean
+.PHONY: help venv sim layout test demo sanity lint units integration simtests sshd-prereqs packaging molecule bench-smoke bench docs gpu-smoke clean
 
 help:
 	@echo "make demo   - start a simulated 8 x H200 host with a workload, show nvidia-smi and pct, clean up"
@@ -106,7 +106,11 @@ units: layout
 	  ansible-test units --venv --python $$v --color no --requirements || exit 1; \
 	done
 
-simtests: venv sim
+# The real-SSH tests (tests/functional/test_ssh_become.py) need sshd and sudo: installed when missing.
+sshd-prereqs:
+	.ci/sshd_prereqs.sh
+
+simtests: venv sim sshd-prereqs
 	$(PYTEST) -q -p no:cacheprovider tests/gpusim/tests tests/functional
 
 # The generated scenarios of tests/functional/test_scenarios.py, longer than in make test (which runs

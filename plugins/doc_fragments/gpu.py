@@ -121,4 +121,55 @@ options:
     description:
       - When set, a GPU whose utilization is above this percentage is not idle. From 0 to 100.
     type: int
+  min_free_mib:
+    description:
+      - The free memory (MiB) the next server needs on each selected GPU. A GPU with less is not ready (with
+        O(min_free_pct), the larger of the two counts).
+      - Free memory is the driver's C(free) - C(total - reserved - used) from C(nvmlDeviceGetMemoryInfo_v2),
+        which leaves out the memory the driver reserves (R510 and later); before R510, C(total - used) from the
+        v1 query, whose C(used) includes it (the same amount); with O(backend=nvidia-smi), C(memory.free). Each
+        GPU's C(fit.memory) says which was read.
+      - From 0 to 16777216. Unset - no requirement.
+    type: int
+  min_free_pct:
+    description:
+      - The free memory the next server needs on each selected GPU, in percent of the GPU's total memory (rounded up
+        to a whole MiB). A GPU with less is not ready.
+      - Set it to the next server's C(gpu_memory_utilization) times 100 - vLLM refuses to start when the free memory
+        is below C(gpu_memory_utilization) times the total (V(90) for the default 0.9).
+      - A GPU whose driver reports no memory (a unified-memory GB10) cannot be judged - its C(fits) is null and it
+        is not held back for it.
+      - From 0 to 100. Unset - no requirement.
+    type: float
+  health_checks:
+    description:
+      - The health checks that keep a GPU from being ready while they fail. Every check that fails is reported in
+        the GPU's C(health.checks) all the same; V([]) blocks on none.
+      - V(row_remap_pending) - a row remap is pending (C(nvmlDeviceGetRemappedRows); Ampere and later) - reset the GPU.
+      - V(row_remap_failure) - row remapping failed - drain the GPU and RMA it.
+      - V(retired_pages_pending) - pages are pending retirement (C(nvmlDeviceGetRetiredPagesPendingStatus); before
+        Ampere) - reset the GPU or reboot.
+      - V(fabric) - on an NVSwitch system, the GPU's fabric state is not C(Completed), or completed with an error
+        (C(nvmlDeviceGetGpuFabricInfoV), R525 and later) - every CUDA program fails with error 802 until then;
+        start the fabric manager.
+      - V(ecc_uncorrectable) - uncorrectable ECC errors since the driver loaded (C(nvmlDeviceGetTotalEccErrors),
+        volatile) - drain the GPU.
+      - V(hw_slowdown) - the hardware slows the clocks down (thermal, power brake; C(nvmlDeviceGetCurrentClocksEventReasons)).
+      - V(utilization_latched) - 90% or more utilization with no process (a Blackwell GPU after a kill mid-kernel) -
+        reset the GPU.
+      - V(xid) - an Xid that needs a reset, a reboot or an RMA (48, 61-64, 74, 79, 94, 95, 119, 120) in the kernel
+        log since boot (read at the full scans; see O(kernel_log)).
+      - A check whose data the driver or GPU cannot give (listed in C(unsupported)) passes.
+    type: list
+    elements: str
+    choices: [row_remap_pending, row_remap_failure, retired_pages_pending, fabric, ecc_uncorrectable, hw_slowdown,
+              utilization_latched, xid]
+    default: [row_remap_pending, row_remap_failure, retired_pages_pending, fabric, ecc_uncorrectable]
+  kernel_log:
+    description:
+      - Where Xid events are read from - a file in the format of C(/dev/kmsg) or of C(dmesg) (a saved log).
+      - Unset - the file named by the environment variable C(GPUOPS_KERNEL_LOG) when it is set (the simulator's),
+        else C(/dev/kmsg), else the output of C(dmesg). Reading the kernel log needs root on the node; where it
+        cannot be read, the Xid events are null and the module says why.
+    type: path
 """

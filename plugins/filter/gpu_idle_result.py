@@ -13,6 +13,22 @@ description:
     C(failed_when=false), or skipped - into one dict - whether the GPUs are ready, what was released, the diagnosis
     and the blockers of a failure, the before and after table (P(gpuops.gpu.gpu_table#filter)) and the summary the
     role publishes with C(set_stats).
+  - The GPUs are ready only when each step proved its part - the wait returned a success, the release (when it ran,
+    or O(release_required)) returned a success, and the fence (O(fence)) has no error.
+  - A module result is a success only when it has the keys a success of that module has and no sign of a failure -
+    for M(gpuops.gpu.gpu_wait_idle) C(ready=true) and C(gpus), the GPUs it checked, each of them idle and in
+    C(idle_gpus) (in check mode C(would_wait) and C(gpus)); for M(gpuops.gpu.gpu_release) C(released), C(survivors),
+    C(gpus_before) and C(gpus), and no C(msg); for M(gpuops.gpu.proxmox_gpu_containers) (judged the same way by
+    P(gpuops.gpu.proxmox_fence_result#filter)) C(containers), C(running), C(skipped_containers), C(services_stopped),
+    C(shut_down) and C(check_mode), and no C(msg); for M(gpuops.gpu.gpu_facts) C(ansible_facts) with C(gpu_devices),
+    C(gpu_count) and C(gpu_driver).
+  - Anything else is a failure - C(ready=false), C(error) says what happened and what to do, C(failure) names the
+    module and the kind - the module's own C(error) when its failure gives one (V(scope), V(timeout),
+    V(library_not_found), ...), else V(failed) (a failure with a C(msg), kept as it is in C(error)), V(crashed)
+    (the interpreter was killed by a signal or printed no JSON, or an unhandled exception, which ansible-core 2.19
+    and later keep under C(failed_when) only as C(failed_when_suppressed_exception), with no C(msg)),
+    V(unreachable), V(skipped), V(missing) (no result), V(incomplete) (a result without the keys of a success) or
+    V(inconsistent) (C(ready=true) next to a GPU that its own result shows busy).
   - The role C(gpuops.gpu.gpu_idle) sets its fact C(gpu_idle_result) with it; its logic lives here, unit-tested.
 author:
   - gpuops developers (@gpuops)
@@ -40,6 +56,12 @@ options:
     description: Whether the play runs in check mode.
     type: bool
     default: false
+  release_required:
+    description:
+      - Whether the release had to run (the role's C(gpu_idle_release)) - then a skipped or missing release result is a
+        failure.
+      - Unset - required when O(release) is a result of a task that ran.
+    type: bool
 """
 
 EXAMPLES = r"""
@@ -54,28 +76,206 @@ _value:
   description:
     - C(ready), C(elapsed), C(gpus) (how many), C(idle_gpus), C(released) and C(respawned) (pids),
       C(stopped_units) (C(unit (CT n))), C(shut_down) (vmids), C(check_mode), C(would_wait), C(msg),
-      C(error) (null, or the diagnosis), C(blockers) (one line per busy GPU), C(table) (lines) and
-      C(summary) (what C(set_stats) publishes per host).
+      C(error) (null, or the diagnosis - the module's C(msg) as it is, or what happened and what to do),
+      C(failure) (null, or C({module, kind}) - the step that failed and the kind of its failure, see above),
+      C(blockers) (one line per busy GPU, from the last look at the GPUs),
+      C(table) (lines) and C(summary) (what C(set_stats) publishes per host - C(ready), C(elapsed), C(gpus),
+      C(idle_gpus), C(released), C(respawned), C(stopped_units), C(shut_down), C(check_mode), C(error), C(failure)).
   type: dict
 """
 
+import signal
+
+from ansible.errors import AnsibleFilterError
+
 from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import gpu_blockers, gpu_table
+from ansible_collections.gpuops.gpu.plugins.module_utils._redact import cut, redact_text
+
+# --- whether a registered module result is a success (module_outcome), for both roles' filters ------------
+# proxmox_fence_result imports module_outcome from here. A result counts as a success only when it has the
+# keys a success of its module has (each module's RETURN) and no sign of a failure; anything else is a failure
+# with a kind and a reason that says what happened and what to do.
+
+MODULES = ("gpu_facts", "gpu_release", "gpu_wait_idle", "proxmox_gpu_containers")
+# Modules whose success never carries msg: a msg is a failure (ansible-core before 2.19 keeps no other sign of
+# it under failed_when=false). gpu_wait_idle's success says how long it took; gpu_facts' missing=ignore says why.
+NO_MSG_ON_SUCCESS = ("gpu_release", "proxmox_gpu_containers")
+# What ansible-core puts in msg when a module printed no JSON (2.19+, then older releases).
+NO_JSON = ("Module result deserialization failed", "MODULE FAILURE")
+SHOWN = 300  # characters of a crash's last line of output, at most
+
+NOTHING_PROVED = {
+    "gpu_wait_idle": "nothing proves that the GPUs are idle",
+    "gpu_release": "what it stopped is not known",
+    "proxmox_gpu_containers": "which containers and services were fenced is not known",
+    "gpu_facts": "the GPUs were not read",
+}
+
+
+def _outcome(module, kind=None, reason=None, skipped=False):
+    return {"ok": kind is None, "skipped": skipped, "module": module, "kind": kind, "reason": reason}
+
+
+def _last_line(text) -> str:
+    lines = [line.strip() for line in str(text or "").splitlines() if line.strip()]
+    return cut(redact_text(lines[-1]), SHOWN) if lines else ""
+
+
+def _signal_of(rc):
+    """The signal that killed the interpreter, from the rc that the shell (128 + n) or Python (-n) gives."""
+    if not isinstance(rc, int) or isinstance(rc, bool):
+        return None
+    number = rc - 128 if 128 < rc < 128 + 65 else (-rc if rc < 0 else None)
+    if number is None:
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+HINTS = {
+    "SIGKILL": "the kernel's OOM killer or an operator may have killed it: look at `dmesg` and the memory of the host",
+    "SIGSEGV": "a segmentation fault (in the NVIDIA library or in Python): look at `dmesg` and the driver (nvidia-smi)",
+    "SIGABRT": "it aborted (in the NVIDIA library or in Python): look at `dmesg` and the driver (nvidia-smi)",
+    "exception": "an unhandled error is a bug of the module, or an answer of the driver it did not expect",
+}
+
+
+def _crash_advice(module, how=""):
+    hint = HINTS.get(how, "look at the host (dmesg, the driver)")
+    return (f"{NOTHING_PROVED[module]}. {hint[0].upper() + hint[1:]}; run the play again, and report the crash"
+            " (with -vvv and ANSIBLE_DISPLAY_TRACEBACK=error) if it happens again.")
+
+
+def _where(host) -> str:
+    return f" on {host}" if host else ""
+
+
+def _no_json(result, module, host):
+    rc = result.get("rc")
+    sig = _signal_of(rc)
+    said = _last_line(result.get("module_stderr")) or _last_line(result.get("module_stdout"))
+    if sig:
+        how = f"killed by {sig} (rc {rc})"
+    elif rc is not None:
+        how = f"it exited with rc {rc} and printed no result"
+    else:
+        how = "it printed no result"
+    tail = f"; its last output: {said!r}" if said else ""
+    return f"{module} crashed{_where(host)}: {how}{tail} - {_crash_advice(module, sig or '')}"
+
+
+def _unhandled(result, module, host):
+    trace = result.get("failed_when_suppressed_exception") or result.get("exception")
+    line = _last_line(trace if isinstance(trace, str) else "")
+    if line and line != "(traceback unavailable)":
+        said = f": {line}"
+    else:
+        said = (" (ansible-core keeps its message only in the traceback under failed_when: run again with"
+                " ANSIBLE_DISPLAY_TRACEBACK=error to see it)")
+    return f"{module} crashed{_where(host)} with an unhandled error{said} - {_crash_advice(module, 'exception')}"
+
+
+def _failed(result) -> bool:
+    """Any sign of a failure: ansible-core 2.19+ moves a failure's exception (a fail_json too) to
+    failed_when_suppressed_exception under failed_when; a task without failed_when says failed."""
+    return bool(result.get("failed") or result.get("failed_when_suppressed_exception") or result.get("exception")
+                or result.get("error"))
+
+
+def _gpu_list(value) -> bool:
+    return isinstance(value, list) and len(value) > 0 and all(isinstance(g, dict) for g in value)
+
+
+def _success_checks(r, module):
+    """(the key as the reason names it, whether the result has it) for each key that a success of the module has."""
+    if module == "gpu_wait_idle":
+        if "would_wait" in r:  # check mode: one look
+            return (("would_wait", isinstance(r["would_wait"], bool)), ("gpus", _gpu_list(r.get("gpus"))))
+        return (("ready: true", r.get("ready") is True), ("gpus (the GPUs it checked)", _gpu_list(r.get("gpus"))),
+                ("idle_gpus", isinstance(r.get("idle_gpus"), list)))
+    if module == "gpu_release":  # gpus: null when its last look failed
+        lists = ("released", "survivors", "gpus_before")
+        return tuple((k, isinstance(r.get(k), list)) for k in lists) + (("gpus", "gpus" in r),)
+    if module == "proxmox_gpu_containers":
+        lists = ("containers", "running", "skipped_containers", "services_stopped", "shut_down")
+        return tuple((k, isinstance(r.get(k), list)) for k in lists) + (("check_mode", isinstance(r.get("check_mode"), bool)),)
+    facts = r.get("ansible_facts") if isinstance(r.get("ansible_facts"), dict) else {}
+    return (("ansible_facts.gpu_devices", isinstance(facts.get("gpu_devices"), list)),
+            ("ansible_facts.gpu_count", isinstance(facts.get("gpu_count"), int)),
+            ("ansible_facts.gpu_driver", isinstance(facts.get("gpu_driver"), dict)))
+
+
+def _busy_in_ready(result):
+    """The GPUs that a ready gpu_wait_idle result itself shows busy (never, unless the module is wrong)."""
+    idle = result.get("idle_gpus") or []
+    return [g.get("index") for g in result.get("gpus") or [] if g.get("idle") is not True or g.get("index") not in idle]
+
+
+def module_outcome(result, module, host=""):
+    """Whether ``result``, the registered result of ``module`` (one of MODULES), is a success.
+
+    Returns {ok, skipped, module, kind, reason}: ok - a success; kind and reason - None, or the kind of the
+    failure (the module's own ``error`` when it gives one) and what happened and what to do (a failure's own
+    ``msg`` as it is). ``host``: where the module ran, named in the reason. A skipped task is a failure: call it
+    only for a step that had to run."""
+    if module not in MODULES:
+        raise AnsibleFilterError(f"module_outcome: module must be one of {', '.join(MODULES)}, got {module!r}")
+    where = _where(host)
+    if not isinstance(result, dict) or not result:
+        return _outcome(module, "missing",
+                        f"{module} gave no result{where}: its task did not run (the play stopped before it: a failed"
+                        f" task or an unreachable host) or its result was lost - {NOTHING_PROVED[module]}. Look at the"
+                        " tasks before it, fix what failed and run the play again.")
+    if result.get("skipped"):
+        why = result.get("false_condition") or result.get("skip_reason") or "skipped"
+        return _outcome(module, "skipped",
+                        f"{module} was skipped{where} ({why}) - {NOTHING_PROVED[module]}. Run it: do not skip its"
+                        " tags (gpuops_wait, gpuops_fence), nor start the play after it (--start-at-task).",
+                        skipped=True)
+    if result.get("unreachable"):
+        said = _last_line(result.get("msg")) or "unreachable"
+        return _outcome(module, "unreachable",
+                        f"{module} could not run: {host or 'the host it runs on'} could not be reached ({said}) -"
+                        f" {NOTHING_PROVED[module]}. Check the connection to it (ansible -m ping) and run the play again.")
+    msg = result.get("msg")
+    kind = result.get("error") if isinstance(result.get("error"), str) and result.get("error") else None
+    if "module_stdout" in result or "module_stderr" in result or (isinstance(msg, str) and msg.startswith(NO_JSON)):
+        return _outcome(module, kind or "crashed", _no_json(result, module, host))
+    if _failed(result):
+        if msg:
+            return _outcome(module, kind or "failed", str(msg))
+        if kind:
+            return _outcome(module, kind, f"{module} failed{where} ({kind}) without saying why - {NOTHING_PROVED[module]}."
+                                          " Run the play again with -vvv to see its whole result.")
+        return _outcome(module, "crashed", _unhandled(result, module, host))
+    if msg and module in NO_MSG_ON_SUCCESS:
+        return _outcome(module, kind or "failed", str(msg))
+    missing = [key for key, has in _success_checks(result, module) if not has]
+    if missing:
+        marked = module == "gpu_wait_idle" and ("ready" in result or "would_wait" in result)
+        if msg and not marked:  # a failure that ansible-core did not mark (before 2.19, under failed_when=false)
+            return _outcome(module, kind or "failed", str(msg))
+        return _outcome(module, "incomplete",
+                        f"{module} returned{where} without the keys a success has (no {', '.join(missing)}) -"
+                        f" {NOTHING_PROVED[module]}. Run the play again; if it happens again, report it with the"
+                        " task's whole result (-v).")
+    if module == "gpu_wait_idle" and "would_wait" not in result:
+        busy = _busy_in_ready(result)
+        if busy:
+            return _outcome(module, "inconsistent",
+                            f"{module} said ready{where}, but its own result shows GPU {', '.join(map(str, busy))}"
+                            " not idle - nothing proves that the GPUs are idle. Run the play again; if it happens"
+                            " again, report it with the task's whole result (-v).")
+    return _outcome(module)
+
+
+# --- gpu_idle_result -------------------------------------------------------------------------------------
 
 
 def _ran(result) -> bool:
     return isinstance(result, dict) and bool(result) and not result.get("skipped")
-
-
-def _failed(result) -> bool:
-    """A module result registered with failed_when=false: a failure is the one that carries a msg
-    and no success marker. gpu_release's success has no msg; gpu_wait_idle's success has ready."""
-    if not _ran(result):
-        return False
-    if result.get("unreachable"):
-        return True
-    if "ready" in result or "would_wait" in result:
-        return False  # a success (ready is only ever true), or a check-mode look
-    return "msg" in result
 
 
 def _unit_text(entry) -> str:
@@ -84,7 +284,22 @@ def _unit_text(entry) -> str:
     return f"{unit} (CT {ct})" if ct is not None else unit
 
 
-def gpu_idle_result(wait, release=None, fence=None, host="", seen_from="", check_mode=False):
+def _failure(wait, release, fence, release_required, where):
+    """The first step that did not prove its part - the fence, the release, the wait - as a module_outcome, or None."""
+    if fence.get("error"):
+        return {"ok": False, "skipped": False, "module": "proxmox_fence", "kind": "fence",
+                "reason": f"the fence before the wait failed: {fence['error']}"}
+    if release_required is None:
+        release_required = _ran(release)
+    if release_required or _ran(release):
+        outcome = module_outcome(release, "gpu_release", host=where)
+        if not outcome["ok"]:
+            return outcome  # the wait is not run after a failed release: its failure is the answer
+    outcome = module_outcome(wait, "gpu_wait_idle", host=where)
+    return None if outcome["ok"] else outcome
+
+
+def gpu_idle_result(wait, release=None, fence=None, host="", seen_from="", check_mode=False, release_required=None):
     wait = wait if isinstance(wait, dict) else {}
     release = release if isinstance(release, dict) else {}
     fence = fence if isinstance(fence, dict) else {}
@@ -103,17 +318,13 @@ def gpu_idle_result(wait, release=None, fence=None, host="", seen_from="", check
         after = release.get("gpus") if release.get("gpus") is not None else release.get("gpus_before")
     would_wait = bool(wait.get("would_wait", False))
     in_check = bool(check_mode) or "would_wait" in wait
-    error = None
-    if _failed(release):
-        error = release.get("msg") or "gpu_release failed"
-    elif _failed(wait) or not _ran(wait):
-        error = wait.get("msg") or "gpu_wait_idle did not run"
-    if error is None and in_check:
-        ready = not would_wait
-    else:
-        ready = error is None
+    failure = _failure(wait, release, fence, release_required, seen_from or host)
+    error = failure["reason"] if failure else None
+    # Ready only when every step proved its part: the wait said ready (in check mode: nothing to wait for).
+    ready = failure is None and (not would_wait if in_check else True)
     gpus = after if after is not None else (before or [])
-    blockers = gpu_blockers(gpus) if error is not None else []
+    # What holds the GPUs, from the last look that was taken (never the snapshot before the release).
+    blockers = gpu_blockers(after) if failure is not None and after is not None else []
     msg = error if error is not None else (wait.get("msg") or "")
     table = gpu_table(after or [], before=before if before is not None and before is not after else None,
                       host=host, seen_from=seen_from if seen_from and seen_from != host else "",
@@ -131,11 +342,12 @@ def gpu_idle_result(wait, release=None, fence=None, host="", seen_from="", check
         would_wait=would_wait,
         msg=msg,
         error=error,
+        failure={"module": failure["module"], "kind": failure["kind"]} if failure else None,
         blockers=blockers,
         table=table,
     )
     out["summary"] = {k: out[k] for k in ("ready", "elapsed", "gpus", "idle_gpus", "released", "respawned",
-                                          "stopped_units", "shut_down", "check_mode")}
+                                          "stopped_units", "shut_down", "check_mode", "error", "failure")}
     return out
 
 

@@ -20,7 +20,8 @@ options:
   _input:
     description:
       - The options, as M(gpuops.gpu.gpu_wait_idle) takes them (C(timeout), C(settle), C(sleep), C(delay), C(expected_count),
-        C(max_memory_used_mib), C(max_utilization_pct)); null or absent means the module's default.
+        C(max_memory_used_mib), C(max_utilization_pct), C(min_free_mib), C(min_free_pct), C(leak_after)); null or
+        absent means the module's default.
     type: dict
     required: true
   names:
@@ -49,7 +50,8 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._errors import InvalidO
 
 # gpu_wait_idle's defaults, for the options the input leaves out (plugins/modules/gpu_wait_idle.py).
 DEFAULTS = {"timeout": 300.0, "delay": 0.0, "sleep": 0.5, "settle": 1.0, "expected_count": None,
-            "max_memory_used_mib": 64, "max_utilization_pct": None}
+            "max_memory_used_mib": 64, "max_utilization_pct": None, "min_free_mib": None, "min_free_pct": None,
+            "leak_after": 30.0}
 
 
 def gpu_wait_options(options, names=None):

@@ -13,6 +13,10 @@ description:
     C(failed_when=false), or skipped) into one dict - the containers fenced and skipped, the GPUs passed through to
     them, the services and units stopped, the processes released, the containers shut down, whether anything
     changed, the error of a failure, a one-line summary and what the role publishes with C(set_stats).
+  - Each result counts as a success only when it has what a success of its module has, as
+    P(gpuops.gpu.gpu_idle_result#filter) describes it; a module that failed or crashed (killed by a signal, no JSON, an
+    unhandled exception kept only as C(failed_when_suppressed_exception)), a node that could not be reached, or a
+    release that had to run (containers found running, method V(processes)) and did not, is the C(error).
   - The role C(gpuops.gpu.proxmox_fence) sets its fact C(proxmox_fence_result) with it; its logic lives here, unit-tested.
 author:
   - gpuops developers (@gpuops)
@@ -32,6 +36,10 @@ options:
     description: Whether the play runs in check mode (the modules' own word wins when they give it).
     type: bool
     default: false
+  host:
+    description: The host the modules ran on (the Proxmox VE node), named in the error of a crash or an unreachable node.
+    type: str
+    default: ''
 """
 
 EXAMPLES = r"""
@@ -48,9 +56,13 @@ _value:
       GPU indexes passed through, null for every GPU), C(container_gpus) (their union, null for every GPU),
       C(services_stopped) (C({vmid, unit})), C(released), C(respawned) and C(stopped_units) (from
       M(gpuops.gpu.gpu_release)), C(shut_down) (vmids), C(gpus_before) (the GPUs before the release), C(changed),
-      C(check_mode), C(error) (null, or what failed), C(summary) (one line) and C(stats) (for C(set_stats)).
+      C(check_mode), C(error) (null, or what failed and, for a crash, what to do), C(failure) (null, or
+      C({module, kind}), the kinds of P(gpuops.gpu.gpu_idle_result#filter)), C(summary) (one line) and C(stats) (for
+      C(set_stats), with C(error) and C(failure)).
   type: dict
 """
+
+from ansible_collections.gpuops.gpu.plugins.filter.gpu_idle_result import module_outcome
 
 
 def _ran(result) -> bool:
@@ -64,19 +76,23 @@ ROLE_VARIABLES = {"containers": "proxmox_fence_containers", "services": "proxmox
                   "kill_timeout": "proxmox_fence_kill_timeout", "device_files": "proxmox_fence_device_files"}
 
 
-def _error(result, what):
-    """The msg of a module result registered with failed_when=false (neither module has one on success),
-    naming the role variable when the message is about a module option."""
-    if not (_ran(result) and "msg" in result):
+def _failure(result, module, host):
+    """The module_outcome of a result when it is not a success, its reason as the role says it: a module's own
+    msg names the role variable when it is about a module option, else the module; the other reasons (a crash,
+    an unreachable node, no result) name the module themselves."""
+    outcome = module_outcome(result, module, host=host)
+    if outcome["ok"]:
         return None
-    msg = str(result["msg"])
-    option, sep, rest = msg.partition(": ")
-    if sep and option in ROLE_VARIABLES:
-        return f"{ROLE_VARIABLES[option]}: {rest}"
-    return f"{what}: {msg}"
+    msg = result.get("msg") if isinstance(result, dict) else None
+    if msg is not None and outcome["reason"] == str(msg):
+        option, sep, rest = outcome["reason"].partition(": ")
+        reason = f"{ROLE_VARIABLES[option]}: {rest}" if sep and option in ROLE_VARIABLES else f"{module}: {msg}"
+        outcome = dict(outcome, reason=reason)
+    return outcome
 
 
-def proxmox_fence_result(containers, release=None, method="processes", check_mode=False):
+def proxmox_fence_result(containers, release=None, method="processes", check_mode=False, host=""):
+    failure = _failure(containers, "proxmox_gpu_containers", host)
     containers = containers if isinstance(containers, dict) else {}
     release = release if isinstance(release, dict) else {}
     running = list(containers.get("running") or [])
@@ -91,7 +107,11 @@ def proxmox_fence_result(containers, release=None, method="processes", check_mod
     units = list(release.get("stopped_units") or [])
     shut_down = list(containers.get("shut_down") or [])
     in_check = bool(containers.get("check_mode", check_mode))
-    error = _error(containers, "proxmox_gpu_containers") or _error(release, "gpu_release")
+    # The release must have run when the containers were found and some run (method processes); when it ran
+    # anyway (after a service that would not stop), its result is judged too.
+    if failure is None and ((method == "processes" and running) or _ran(release)):
+        failure = _failure(release, "gpu_release", host)
+    error = failure["reason"] if failure else None
     changed = bool(containers.get("changed")) or bool(release.get("changed"))
 
     parts = []
@@ -122,11 +142,12 @@ def proxmox_fence_result(containers, release=None, method="processes", check_mod
         + f"; changed={changed}"
     stats = {"containers": running, "services_stopped": services, "released": [r.get("pid") for r in released],
              "stopped_units": [{"unit": u.get("unit"), "container": u.get("container")} for u in units],
-             "shut_down": shut_down, "changed": changed, "check_mode": in_check, "error": error}
+             "shut_down": shut_down, "changed": changed, "check_mode": in_check, "error": error,
+             "failure": {"module": failure["module"], "kind": failure["kind"]} if failure else None}
     return dict(method=method, containers=running, skipped=list(containers.get("skipped_containers") or []), gpus=per_ct,
                 container_gpus=union, services_stopped=services, released=released, respawned=respawned,
                 stopped_units=units, shut_down=shut_down, gpus_before=release.get("gpus_before"), changed=changed,
-                check_mode=in_check, error=error, summary=summary, stats=stats)
+                check_mode=in_check, error=error, failure=stats["failure"], summary=summary, stats=stats)
 
 
 class FilterModule:

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _nvml, _procs, _redact, _smi, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import (
+    _errors, _health, _nvml, _procs, _redact, _smi, _snapshot, _validate)
 from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import call_with_timeout, run_in_group
 
 # The options of the doc fragment gpuops.gpu.gpu (every module).
@@ -39,7 +41,14 @@ SNAPSHOT_ARGS = dict(
 IDLE_ARGS = dict(
     max_memory_used_mib=dict(type="int", default=_snapshot.DEFAULT_MAX_MEMORY_USED_MIB),
     max_utilization_pct=dict(type="int"),
+    min_free_mib=dict(type="int"),
+    min_free_pct=dict(type="float"),
+    health_checks=dict(type="list", elements="str", choices=list(_health.CHECK_NAMES),
+                       default=list(_health.DEFAULT_CHECKS)),
+    kernel_log=dict(type="path"),
 )
+# Where the simulator (tests/gpusim) points the modules at its kernel log; an unset kernel_log reads it.
+KERNEL_LOG_ENV = "GPUOPS_KERNEL_LOG"
 
 SBIN_DIRS = ["/usr/bin", "/usr/sbin", "/sbin", "/usr/local/bin"]
 
@@ -101,6 +110,9 @@ class SnapshotTaker:
         self._raw = {}
         self._shown = {}
         self._texts = {}  # argv tuple -> (match text, shown text)
+        self._smi_health = None  # nvidia-smi's health rows, refreshed at each full snapshot
+        self._smi_health_fields = {}  # the health fields this nvidia-smi accepts (_smi.health_query)
+        self.kernel_log = None  # what read_xid_events read last (_health.read_kernel_log)
 
     def run_smi(self, argv):
         """One nvidia-smi run (argv list, no shell, LC_ALL=C) under query_timeout, in its own process group.
@@ -210,14 +222,67 @@ class SnapshotTaker:
             timeout = self.params["query_timeout"]
             deadline = time.monotonic() + timeout
             return call_with_timeout(lambda: _nvml.query(deadline=deadline), timeout, "NVML query")
-        if need_minors and self.minors is None:
-            # Minor numbers tie /dev/nvidiaN to a GPU; only nvidia-smi's XML report has them.
-            self.minors = _smi.minor_query(self.run_smi, self.smi)
-        return _smi.query(self.run_smi, self.smi, self.minors)
+        thread, box = None, {}
+        if self._smi_health is None or need_minors:
+            # Health is one more nvidia-smi run, at the same time as the others (the minor numbers', the
+            # snapshot's): at the first and each full snapshot, kept in between.
+            def health():
+                try:
+                    box["rows"] = _smi.health_query(self.run_smi, self.smi, self._smi_health_fields)
+                except Exception as exc:  # pylint: disable=broad-except  # reported below
+                    box["error"] = exc
 
-    def take(self, gather_processes=True, gather_holders=True) -> dict:
-        """One snapshot of every GPU (selection is applied by the caller)."""
+            thread = threading.Thread(target=health, name="gpuops:nvidia-smi health", daemon=True)
+            thread.start()
+        try:
+            if need_minors and self.minors is None:
+                # Minor numbers tie /dev/nvidiaN to a GPU; only nvidia-smi's XML report has them.
+                self.minors = _smi.minor_query(self.run_smi, self.smi)
+            raw = _smi.query(self.run_smi, self.smi, self.minors)
+        finally:
+            if thread is not None:
+                thread.join()
+        rows, problem = self._smi_health, None
+        if thread is not None:
+            # A health query that fails (a GPU lost while it ran, one that is not selected) does not fail the
+            # snapshot: the health fields are then null, the GPUs' errors say why, and the next full snapshot
+            # asks again.
+            error = box.get("error")
+            self._smi_health = None if error else box["rows"]
+            rows = box.get("rows") or {}
+            problem = None if error is None else (
+                f"nvidia-smi --query-gpu (health): {getattr(error, 'msg', None) or error}")
+        _smi.merge_health(raw["gpus"], rows, problem)
+        return raw
+
+    def read_xid_events(self):
+        """The Xid events of the kernel log (O(kernel_log), else $GPUOPS_KERNEL_LOG, else /dev/kmsg, then
+        dmesg), or None when it cannot be read (``self.kernel_log`` says why)."""
+        path = self.params.get("kernel_log") or os.environ.get(KERNEL_LOG_ENV) or None
+
+        def dmesg(argv):
+            found = self.module.get_bin_path(argv[0], required=False, opt_dirs=SBIN_DIRS)
+            if not found:
+                return 127, "", f"{argv[0]}: not found"
+            return run_in_group([found] + argv[1:], self.params["query_timeout"], "dmesg", {"LC_ALL": "C"})
+
+        self.kernel_log = _health.read_kernel_log(path, dmesg)
+        text = self.kernel_log["text"]
+        events = None if text is None else _health.parse_xid_events(text)
+        self.kernel_log = _health.kernel_log_summary(self.kernel_log, events)
+        return events
+
+    def take(self, gather_processes=True, gather_holders=True, gather_xid=False) -> dict:
+        """One snapshot of every GPU (selection is applied by the caller). The kernel log is read
+        when ``gather_xid``, or at a full snapshot (``gather_holders``) when the xid check is on."""
         raw = self.raw(need_minors=gather_holders)
+        checks = self.params.get("health_checks") or ()
+        xids = None
+        if gather_xid or ("xid" in checks and gather_holders):
+            xids = self.read_xid_events()
+            self._xids = xids
+        elif "xid" in checks:
+            xids = getattr(self, "_xids", None)
         holders = None
         if gather_holders:
             holders = _procs.scan_fd_holders(self.params["device_files"], exclude_pids=(os.getpid(),))
@@ -233,6 +298,10 @@ class SnapshotTaker:
             include_device_holders=self.params["include_device_holders"],
             in_container=self.in_container(),
             exe_of=_procs.read_exe,
+            min_free_mib=self.params.get("min_free_mib"),
+            min_free_pct=self.params.get("min_free_pct"),
+            health_checks=checks,
+            xid_events=xids,
         ))
 
     def in_container(self):

@@ -94,3 +94,28 @@ def message_for_init_failure(kind: str, backend: str, detail: str = "") -> GpuEr
             f"no permission to query the NVIDIA driver{suffix}: run the task with become: true, or give"
             " the user access to /dev/nvidia*.", backend=backend)
     return BackendError(f"{backend} failed{suffix}", backend=backend)
+
+
+class NotPermitted(GpuError):
+    """The module may not act on another user's process (signal it): it does not run as root."""
+
+    kind = "not_permitted"
+
+
+BECOME_HINT = ("run the task as root: become: true on the task or play, or -b (--become) on the command line"
+               " (AWX: Privilege Escalation)")
+
+
+def not_permitted(action: str, whom: str, uid=None, user=None, detail: str = "") -> NotPermitted:
+    """The error for an action on another user's process refused by the kernel (EPERM): names root and become.
+
+    ``action``: what was refused ("signal"); ``whom``: the process ("pid 8812 (python3) in CT 129");
+    ``uid``/``user``: who the module runs as.
+    """
+    who = ""
+    if uid is not None:
+        who = f" as {user} (uid {uid})" if user and user != str(uid) else f" as uid {uid}"
+    suffix = f" ({detail})" if detail else ""
+    return NotPermitted(
+        f"not permitted to {action} {whom}{suffix}: the module runs{who}, not as root, and only root may {action}"
+        f" other users' processes - {BECOME_HINT}.", action=action, uid=uid)

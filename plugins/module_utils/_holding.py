@@ -23,7 +23,9 @@ Busy: health not ok; a context (visible from here or not); memory or utilization
 thresholds; a process list that could not be read; or a ``device`` holder while the driver's
 list cannot be trusted to be complete (unreadable, or memory in use beyond what the listed
 contexts account for). A ``device`` holder of a GPU whose list is complete and whose memory is at
-baseline is ``lingering``: reported, not busy. ``control`` holders never make a GPU busy.
+baseline is ``lingering``: reported, not busy. ``control`` holders never make a GPU busy. Ready,
+beyond idle (``verdict``'s ``health_checks``, ``min_free_mib``, ``min_free_pct``): no failing health
+check of those asked for (_health.CHECKS), and enough free memory for the next server.
 
 Release targets for the selected GPUs: the processes with a context on one of them; the
 ``device`` holders of one of them, unless the driver shows that process with contexts only on
@@ -33,6 +35,8 @@ GPUs that are not selected; never a ``control``-only holder unless it is named i
 from __future__ import annotations
 
 import re
+
+from ansible_collections.gpuops.gpu.plugins.module_utils import _health
 
 CONTEXT = "context"
 DEVICE = "device"
@@ -132,8 +136,12 @@ def unaccounted_memory(used: int, index, in_container=None) -> str:
 
 
 def verdict(gpu: dict, max_memory_used_mib: int, max_utilization_pct=None, include_device_holders=True,
-            in_container=None, contexts=None):
+            in_container=None, contexts=None, min_free_mib=None, min_free_pct=None, health_checks=(), backend=None):
     """(idle, busy_reasons, blockers, lingering) of one GPU of a snapshot.
+
+    Ready for the next server, beyond idle: a failing health check named in ``health_checks``
+    (_health.CHECKS) and free memory below what ``min_free_mib`` / ``min_free_pct`` ask
+    (_health.fit) are busy reasons too, each saying what to do.
 
     ``blockers``: the processes that keep it busy (contexts, and device holders when the list is
     incomplete); ``lingering``: device holders that do not. ``contexts`` ({pid: GPU indexes the
@@ -177,6 +185,12 @@ def verdict(gpu: dict, max_memory_used_mib: int, max_utilization_pct=None, inclu
     util = (gpu.get("utilization") or {}).get("gpu")
     if max_utilization_pct is not None and util is not None and util > max_utilization_pct:
         reasons.append(f"utilization {util}% (more than {max_utilization_pct}%)")
+    for failure in _health.failed_checks(gpu, health_checks):
+        if failure["blocking"]:
+            reasons.append(f"health check {failure['check']} failed: {failure['detail']}: {failure['action']}")
+    short = _health.fit_text(gpu, _health.fit(gpu, min_free_mib, min_free_pct, backend))
+    if short:
+        reasons.append(short)
     return (not reasons, reasons, blockers, lingering)
 
 

@@ -17,6 +17,10 @@ No AnsibleModule here. It works on every driver branch from R440 to the newest:
   the unversioned query (16 bytes).
 - Memory is read with ``nvmlDeviceGetMemoryInfo_v2``, else v1 (whose ``used`` includes the
   reserved memory).
+- Health (_health.CHECKS): remapped rows, retired pages pending, volatile uncorrectable ECC errors,
+  the NVSwitch fabric state (``nvmlDeviceGetGpuFabricInfoV``, else the unversioned query, read with
+  nvml.h's layout: its state is one byte, which the bindings' structure reads as four) and the
+  clock event reasons (``...ClocksEventReasons``, else ``...ClocksThrottleReasons`` before R535).
 - Every field is read on its own: a field the library or the GPU cannot give (FUNCTION_NOT_FOUND,
   NOT_SUPPORTED) is None and listed in the GPU's ``unsupported``; any other error is listed in
   the GPU's ``errors``, naming the GPU and the NVML function. A process list that cannot be read
@@ -28,7 +32,7 @@ from __future__ import annotations
 import ctypes
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health
 
 try:
     import pynvml
@@ -56,6 +60,7 @@ _LIBRARY_NOT_FOUND = 12
 _FUNCTION_NOT_FOUND = 13
 _GPU_IS_LOST = 15
 _LIB_RM_VERSION_MISMATCH = 18
+_ARGUMENT_VERSION_MISMATCH = 25
 _UNKNOWN = 999
 _UNSUPPORTED_CODES = (_NOT_SUPPORTED, _FUNCTION_NOT_FOUND)
 _INIT_KINDS = {
@@ -98,6 +103,24 @@ class PciInfo(ctypes.Structure):
     _fields_ = [("busIdLegacy", ctypes.c_char * 16), ("domain", ctypes.c_uint), ("bus", ctypes.c_uint),
                 ("device", ctypes.c_uint), ("pciDeviceId", ctypes.c_uint), ("pciSubSystemId", ctypes.c_uint),
                 ("busId", ctypes.c_char * 32)]
+
+
+class GpuFabricInfoV1(ctypes.Structure):
+    """nvmlGpuFabricInfo_t (nvml.h): state is an unsigned char; 28 bytes."""
+    _fields_ = [("clusterUuid", ctypes.c_ubyte * 16), ("status", ctypes.c_int), ("cliqueId", ctypes.c_uint),
+                ("state", ctypes.c_ubyte)]
+
+
+class GpuFabricInfoV2(ctypes.Structure):
+    """nvmlGpuFabricInfo_v2_t (nvml.h): 36 bytes, version nvmlGpuFabricInfo_v2 = 0x02000024."""
+    _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_ubyte * 16), ("status", ctypes.c_int),
+                ("cliqueId", ctypes.c_uint), ("state", ctypes.c_ubyte), ("healthMask", ctypes.c_uint)]
+
+
+FABRIC_INFO_V2 = ctypes.sizeof(GpuFabricInfoV2) | (2 << 24)
+# nvmlMemoryErrorType_t / nvmlEccCounterType_t
+_UNCORRECTED = 1
+_VOLATILE = 0
 
 
 class _Lost(Exception):
@@ -307,6 +330,62 @@ class _GpuReader:
         return {"total": mem.total // MIB, "used": mem.used // MIB, "free": mem.free // MIB, "reserved": None,
                 "used_includes_reserved": True}
 
+    def health(self) -> dict:
+        """The raw health fields (_health.HEALTH_FIELDS); each None when this driver or GPU cannot give it.
+
+        Read through the library's symbols (ctypes), not the bindings' wrappers, so that bindings older
+        than the driver cannot make a field fail."""
+        out = {}
+        rows = [ctypes.c_uint(0) for _row in range(4)]
+        got = self.raw_field("remapped_rows", "nvmlDeviceGetRemappedRows", *[ctypes.byref(r) for r in rows])
+        out["remapped_rows"] = None if got is None else {
+            "corrected": rows[0].value, "uncorrected": rows[1].value, "pending": bool(rows[2].value),
+            "failure": bool(rows[3].value)}
+        pending = ctypes.c_uint(0)
+        got = self.raw_field("retired_pages", "nvmlDeviceGetRetiredPagesPendingStatus", ctypes.byref(pending))
+        out["retired_pages_pending"] = None if got is None else bool(pending.value)
+        count = ctypes.c_ulonglong(0)
+        got = self.raw_field("ecc", "nvmlDeviceGetTotalEccErrors", ctypes.c_uint(_UNCORRECTED), ctypes.c_uint(_VOLATILE),
+                             ctypes.byref(count))
+        out["ecc_uncorrected_volatile"] = None if got is None else int(count.value)
+        out["fabric"] = self.fabric()
+        name = ("nvmlDeviceGetCurrentClocksEventReasons" if self.lib.has("nvmlDeviceGetCurrentClocksEventReasons")
+                else "nvmlDeviceGetCurrentClocksThrottleReasons")
+        mask = ctypes.c_ulonglong(0)
+        got = self.raw_field("clock_event_reasons", name, ctypes.byref(mask))
+        out["clock_event_reasons"] = None if got is None else _health.clock_reason_names(mask.value)
+        return out
+
+    def raw_field(self, field, name, *args):
+        """True once the symbol ``name`` answered SUCCESS for (handle, *args); None (noted) otherwise."""
+        fn = self.lib.fn(name)
+        if fn is None:
+            if field not in self.unsupported:
+                self.unsupported.append(field)
+            return None
+        return self.field(field, name, lambda: _check(fn(self.handle, *args)))
+
+    def fabric(self):
+        """{state, status} of the NVSwitch fabric: _V (v2 structure), else the unversioned query."""
+        for name, struct in (("nvmlDeviceGetGpuFabricInfoV", GpuFabricInfoV2),
+                             ("nvmlDeviceGetGpuFabricInfo", GpuFabricInfoV1)):
+            fn = self.lib.fn(name)
+            if fn is None:
+                continue
+            info = struct()
+            if struct is GpuFabricInfoV2:
+                info.version = FABRIC_INFO_V2
+            got = self.field("fabric", name, lambda fn=fn, info=info: _check(fn(self.handle, ctypes.byref(info))))
+            if got is None:
+                return None
+            state = _health.FABRIC_STATES.get(int(info.state), f"unknown state {int(info.state)}")
+            status = None
+            if state == _health.FABRIC_COMPLETED:
+                status = "Success" if info.status == _SUCCESS else _error_text(info.status)
+            return {"state": state, "status": status}
+        self.unsupported.append("fabric")
+        return None
+
     def processes(self):
         """(merged process list, error text or None)."""
         merged = {}
@@ -340,6 +419,13 @@ class _GpuReader:
             self.unsupported.append("processes")
             return [], "the driver does not report processes on this GPU (the query is not supported)"
         return sorted(merged.values(), key=lambda p: p["pid"]), None
+
+
+def _error_text(code) -> str:
+    try:
+        return str(pynvml.NVMLError(code))
+    except Exception:  # pylint: disable=broad-except  # an unknown code: the number says enough
+        return f"NVML error {code}"
 
 
 def _check(ret):
@@ -377,6 +463,8 @@ def _gpu(lib, index: int, deadline, pid_max, branch) -> dict:
     gpu["utilization"] = {"gpu": None, "memory": None}
     gpu["processes"] = []
     gpu["processes_error"] = None
+    for key in _health.HEALTH_FIELDS:
+        gpu[key] = None
     try:
         # Identity first (a lost GPU still answers it), the bus id before anything that may fail.
         gpu["pci_bus_id"] = r.bus_id = r.pci_bus_id()
@@ -403,6 +491,7 @@ def _gpu(lib, index: int, deadline, pid_max, branch) -> dict:
         gpu["compute_mode"] = None if compute is None else _COMPUTE_MODES.get(compute, str(compute))
         mig = r.field("mig_mode", "nvmlDeviceGetMigMode", lambda: pynvml.nvmlDeviceGetMigMode(handle))
         gpu["mig_mode"] = None if mig is None else bool(mig[0])
+        gpu.update(r.health())
         gpu["processes"], problem = r.processes()
         if problem:
             gpu["processes_error"] = f"processes could not be read: {problem}"

@@ -11,7 +11,10 @@ Pure: no AnsibleModule, no subprocess (proxmox_gpu_containers runs the commands)
 pve-container's (``src/PVE/CLI/pct.pm``; see the notes, section C): ``pct list`` is
 ``"%-10s %-10s %-12s %-20s"`` of VMID, Status, Lock, Name with a blank Lock when there is none,
 and nothing at all (not even the header) when the node has no container; ``pct config`` prints
-``key: value`` for the sorted keys, then the raw ``lxc.*`` entries in file order.
+``key: value`` for the sorted keys, then the raw ``lxc.*`` entries in file order. For a running
+container ``pct config <vmid>`` prints the config with its pending changes applied (a ``pct set`` that
+could not be hot-plugged, such as ``delete: dev0`` or a changed ``dev0``), ``--current`` what the
+container runs with (PVE::AbstractConfig::load_current_config); ``passthrough_changes`` compares the two.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ MAX_UNIT_CHARS = 255
 _DEV_KEY = re.compile(r"dev\d+")
 _CGROUP_KEYS = ("lxc.cgroup2.devices.allow", "lxc.cgroup.devices.allow")
 _ALLOW = re.compile(r"c\s+(\d+|\*):(\d+|\*)(?:\s+\S+)?", re.ASCII)
+# A raw LXC key takes ":" or "=" (pct.conf(5); parse_pct_config's ``^(lxc\.[a-z0-9_\-\.]+)(:|\s*=)``).
+_LXC_LINE = re.compile(r"^(lxc\.[a-z0-9_\-.]+)(?::|\s*=)\s*(.*?)\s*$")
 
 
 def _split(values) -> list:
@@ -131,7 +136,8 @@ def parse_config(stdout: str) -> dict:
     - ``devN: /dev/nvidiaK`` and ``devN: path=/dev/nvidiaK,mode=...`` (PVE 8.1+ device
       passthrough: the node and its cgroup permission) give GPU minor K;
     - ``lxc.mount.entry: /dev/nvidiaK dev/nvidiaK none bind,optional,create=file`` (the source
-      path counts) gives minor K;
+      path counts) gives minor K; a mount onto ``dev/nvidia*`` from another host path
+      (``/lxc/102010/devices/nvidia0``) is passthrough, but gives no minor;
     - ``lxc.cgroup2.devices.allow: c 195:K rwm`` (cgroup v1: ``lxc.cgroup.devices.allow``) gives
       minor K; ``c 195:* rwm`` allows every minor: the minors are then those of the ``devN`` and
       mount lines if there are any, else None - every GPU of the node, which cannot be narrowed;
@@ -155,10 +161,14 @@ def parse_config(stdout: str) -> dict:
             break  # a snapshot section: the current config ends here
         if not line or line.startswith("#"):
             continue
-        key, sep, value = line.partition(":")
-        if not sep:
-            continue
-        key, value = key.strip(), value.strip()
+        m = _LXC_LINE.match(line)
+        if m:
+            key, value = m.group(1), m.group(2)
+        else:
+            key, sep, value = line.partition(":")
+            if not sep:
+                continue
+            key, value = key.strip(), value.strip()
         if key == "hostname":
             hostname = value
             continue
@@ -166,7 +176,14 @@ def parse_config(stdout: str) -> dict:
         if _DEV_KEY.fullmatch(key):
             path = _device_path(value)
         elif key == "lxc.mount.entry":
-            path = value.split()[0] if value.split() else ""
+            words = value.split()
+            path = words[0] if words else ""
+            if not _is_nvidia_path(path) and len(words) > 1 and _is_nvidia_path("/" + words[1].lstrip("/")):
+                # bound from another host path onto the container's /dev/nvidia*: passthrough, but which GPU
+                # cannot be told from the path (the cgroup lines say it)
+                lines.append(f"{key}: {value}")
+                devices.append(path)
+                continue
         elif key in _CGROUP_KEYS:
             m = _ALLOW.fullmatch(value)
             if not m or m.group(1) != str(NVIDIA_MAJOR):
@@ -190,6 +207,20 @@ def parse_config(stdout: str) -> dict:
         result = None
     return {"hostname": hostname, "passthrough": bool(lines), "minors": result, "devices": _unique(devices),
             "lines": lines}
+
+
+def passthrough_changes(current: dict, pending: dict):
+    """What a running container's pending changes do to its NVIDIA passthrough: None when nothing, else
+    {"removed": lines, "added": lines, "minors": the minors with the pending changes applied}.
+
+    ``current``: parse_config of ``pct config <vmid> --current``; ``pending``: of ``pct config <vmid>``
+    (a pending ``delete: dev0`` leaves the line out there, a pending ``dev0: /dev/nvidia1`` replaces it).
+    """
+    removed = [line for line in current["lines"] if line not in pending["lines"]]
+    added = [line for line in pending["lines"] if line not in current["lines"]]
+    if not removed and not added and current["minors"] == pending["minors"]:
+        return None
+    return {"removed": removed, "added": added, "minors": pending["minors"]}
 
 
 def gpus_of(minors, gpu_minors: dict):

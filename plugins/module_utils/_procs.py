@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections import namedtuple
+from stat import S_ISCHR, S_ISDIR
 
 from ansible_collections.gpuops.gpu.plugins.module_utils._redact import redact_argv
 
@@ -275,29 +276,161 @@ def device_file_index(path: str):
     return int(m.group(1)) if m else None
 
 
-def _literal_prefix(pattern: str) -> str:
-    cut = len(pattern)
-    for ch in "*?[":
-        pos = pattern.find(ch)
-        if pos != -1:
-            cut = min(cut, pos)
-    return pattern[:cut]
+# --- device holders, by identity ----------------------------------------------------------------
+# A file's identity, as the scan compares it: (st_mode, st_ino, rdev major, rdev minor, dev major,
+# dev minor), the order in which statx(2) lays them out.
 
 
-def scan_fd_holders(patterns, proc: str = "/proc", exclude_pids=()):
-    """Which processes hold files matching the glob ``patterns`` open: {pid: sorted paths}.
+def device_identities(entries) -> dict:
+    """The identity index of device files: {(dev major, dev minor, ino): path, (rdev major, rdev minor): path}.
 
-    Walks /proc/<pid>/fd once and reads each link (what fuser does with a stat per fd, minus
-    the cwd/exe/root/maps look-ups that device files never need). A cheap prefix test runs
-    before the glob match.
+    ``entries``: (path, identity) of each file the patterns match. A file is itself wherever it is bound
+    or linked (device and inode); a character device is also every node of the same device number, as a
+    container's own ``mknod`` of it (PVE's ``devN:``) is. Directories (``nvidia-caps/``) hold no device.
+    The first path in sorted order names an identity.
     """
-    import fnmatch
+    index = {}
+    for path, (mode, ino, rdev_major, rdev_minor, dev_major, dev_minor) in sorted(entries):
+        if S_ISDIR(mode):
+            continue
+        index.setdefault((dev_major, dev_minor, ino), path)
+        if S_ISCHR(mode):
+            index.setdefault((rdev_major, rdev_minor), path)
+    return index
+
+
+def identity_match(index: dict, identity):
+    """The device file (its path in ``index``) that an open file of this identity is, or None."""
+    mode, ino, rdev_major, rdev_minor, dev_major, dev_minor = identity
+    path = index.get((dev_major, dev_minor, ino))
+    if path is None and S_ISCHR(mode):
+        path = index.get((rdev_major, rdev_minor))
+    return path
+
+
+# statx(2) (linux/fcntl.h, linux/stat.h), as fuser (psmisc) calls it: AT_STATX_DONT_SYNC, so that a file
+# on NFS or FUSE (lxcfs) answers from what the kernel has, without asking its server; the mask asks only
+# for the type and the inode (the device numbers always come). struct statx: stx_mode (u16) at offset 28,
+# stx_ino (u64) at 32, stx_rdev_major, stx_rdev_minor, stx_dev_major, stx_dev_minor (u32 each) at 128.
+_AT_FDCWD = -100
+_AT_NO_AUTOMOUNT = 0x800
+_AT_STATX_DONT_SYNC = 0x4000
+_STATX_TYPE_INO = 0x1 | 0x100
+_STATX_FIELDS = "=28xH2xQ88x4I"
+_IDENTITY_OF = []
+
+
+def _statx_identity():
+    """path -> identity through libc's statx, or None where there is none (glibc < 2.28, kernel < 4.11).
+    The function fills one buffer: one thread at a time (the modules scan from their main thread)."""
+    import ctypes
+    import os
+    import struct
+
+    try:
+        call = ctypes.CDLL(None, use_errno=True).statx
+    except (OSError, AttributeError):
+        return None
+    # No argtypes: ctypes converts the ints and bytes itself, at half the cost of a checked call.
+    buf = ctypes.create_string_buffer(256)
+    fields = struct.Struct(_STATX_FIELDS).unpack_from
+    flags = _AT_NO_AUTOMOUNT | _AT_STATX_DONT_SYNC
+    fsencode = os.fsencode
+
+    def identity(path):
+        if call(_AT_FDCWD, path if isinstance(path, bytes) else fsencode(path), flags, _STATX_TYPE_INO, buf) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), path)
+        return fields(buf)
+
+    try:
+        identity("/")
+    except OSError:  # ENOSYS
+        return None
+    return identity
+
+
+def _os_stat_identity(path):
     import os
 
-    prefixes = tuple(_literal_prefix(p) for p in patterns)
-    exclude = set(exclude_pids)
+    st = os.stat(path)
+    return (st.st_mode, st.st_ino, os.major(st.st_rdev), os.minor(st.st_rdev), os.major(st.st_dev),
+            os.minor(st.st_dev))
+
+
+def stat_identity():
+    """The function path -> identity (following links, /proc/<pid>/fd/N to the open file): statx where
+    libc has it, else os.stat. Chosen once per process."""
+    if not _IDENTITY_OF:
+        _IDENTITY_OF.append(_statx_identity() or _os_stat_identity)
+    return _IDENTITY_OF[0]
+
+
+def device_files(patterns, identity=None) -> dict:
+    """The identity index (device_identities) of the files the glob ``patterns`` match now."""
+    import glob
+
+    identity = identity or stat_identity()
+    entries = []
+    for pattern in patterns:
+        for path in glob.glob(pattern):
+            try:
+                entries.append((path, identity(path)))
+            except OSError:
+                continue
+    return device_identities(entries)
+
+
+# The pids whose file descriptors the last scan_fd_holders of this process could not read (EACCES or
+# EPERM on /proc/<pid>/fd: another user's process, read by a user that is not root). See fd_scan_denied.
+_LAST_SCAN_DENIED = []
+
+
+def fd_scan_denied() -> list:
+    """The pids (sorted) whose fd tables the last scan_fd_holders could not read: its holders are
+    incomplete when this is not empty (holders_incomplete_warning says so)."""
+    return list(_LAST_SCAN_DENIED)
+
+
+def holders_incomplete_warning(denied, uid=None) -> str:
+    """The warning for a scan that could not read the fds of ``denied`` pids ('' when none)."""
+    if not denied:
+        return ""
+    who = "it does not run as root" if uid is None else f"it runs as {user_name(uid)} (uid {uid}), not as root"
+    return (f"could not read the file descriptors (/proc/<pid>/fd) of {len(denied)} process(es): {who}, and only"
+            " root reads other users' file descriptors, so holders are incomplete - a process that holds a GPU's"
+            " device file may be missing from them. Run the task as root (become: true, or -b).")
+
+
+def scan_fd_holders(patterns, proc: str = "/proc", exclude_pids=(), denied=None):
+    """Which processes hold the device files that the glob ``patterns`` match: {pid: sorted paths}.
+
+    By identity, as fuser does, not by the text of the fd's link: the files are stat'ed once, and
+    each open file of each process (/proc/<pid>/fd/N, followed to the open file itself) is compared
+    by device and inode, and for a character device by device number (device_identities). So a
+    container's process that holds the node bound in from another path, or at another path (its
+    link reads the path inside the container, ``/dev/nvidia0``, from the host), is found; the paths
+    reported are the matched device files'. One statx per fd (stat_identity), no readlink: a socket
+    or a pipe costs what reading its link would. A leader that has exited while its threads run is
+    read through its threads.
+
+    The pids whose fd table is refused (EACCES/EPERM: another user's, and this process is not root)
+    are added to ``denied`` when it is a set, and kept for fd_scan_denied().
+    """
+    import errno
+    import os
+
+    identity = stat_identity()
+    index = device_files(patterns, identity)
+    inodes = {key[2] for key in index if len(key) == 3}
+    refused = set()
     found = {}
-    readlink = os.readlink
+    _LAST_SCAN_DENIED[:] = []
+    if not index:
+        return found
+    exclude = set(exclude_pids)
+    listdir = os.listdir
+    denials = (errno.EACCES, errno.EPERM)
     try:
         entries = os.scandir(proc)
     except OSError:
@@ -310,31 +443,40 @@ def scan_fd_holders(patterns, proc: str = "/proc", exclude_pids=()):
             pid = int(name)
             if pid in exclude:
                 continue
-            fd_dir = f"{proc}/{name}/fd"
+            fd_dir = os.fsencode(f"{proc}/{name}/fd")
             try:
-                fds = os.listdir(fd_dir)
-            except OSError:
+                fds = listdir(fd_dir)
+            except OSError as exc:
+                if exc.errno in denials:
+                    refused.add(pid)
                 continue
             # A leader that has exited (state Z) while its other threads run has an empty fd/:
             # the file table is still reachable through those threads (it is one table for all).
-            tables = [(fd_dir, fds)] if fds else [(d, None) for d in _thread_fd_dirs(proc, name)]
+            tables = [(fd_dir, fds)] if fds else [(os.fsencode(d), None) for d in _thread_fd_dirs(proc, name)]
             for fd_dir, fds in tables:
                 if fds is None:
                     try:
-                        fds = os.listdir(fd_dir)
-                    except OSError:
+                        fds = listdir(fd_dir)
+                    except OSError as exc:
+                        if exc.errno in denials:
+                            refused.add(pid)
                         continue
+                prefix = fd_dir + b"/"
                 for fd in fds:
                     try:
-                        target = readlink(f"{fd_dir}/{fd}")
+                        ident = identity(prefix + fd)
                     except OSError:
                         continue
-                    if not target.startswith(prefixes):
-                        continue
-                    if any(fnmatch.fnmatchcase(target, p) for p in patterns):
-                        found.setdefault(pid, set()).add(target)
+                    # Most open files are neither a device file's inode nor a character device.
+                    if ident[1] in inodes or S_ISCHR(ident[0]):
+                        path = identity_match(index, ident)
+                        if path is not None:
+                            found.setdefault(pid, set()).add(path)
                 if fds:
                     break
+    _LAST_SCAN_DENIED[:] = sorted(refused)
+    if isinstance(denied, set):
+        denied.update(refused)
     return {pid: sorted(paths) for pid, paths in found.items()}
 
 

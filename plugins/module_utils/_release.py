@@ -20,7 +20,13 @@ import signal
 import time
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _procs, _scope, _snapshot
-from ansible_collections.gpuops.gpu.plugins.module_utils._signals import SIGKILL, Target, signal_name, wait_gone
+from ansible_collections.gpuops.gpu.plugins.module_utils._signals import (
+    SIGKILL,
+    Target,
+    check_may_signal,
+    signal_name,
+    wait_gone,
+)
 
 SIGCONT = int(signal.SIGCONT)
 # How long a unit that was not stopped is watched after the release for a supervisor's restart
@@ -314,6 +320,10 @@ class HostIO:
         return wait_gone(targets, timeout)
 
     @staticmethod
+    def check_may_signal(procs):
+        check_may_signal(procs)
+
+    @staticmethod
     def state(pid):
         return _procs.process_state(pid)
 
@@ -402,6 +412,9 @@ class Release:
                                                 io.bins("pct") if entry["container"] is not None else None)
                 self.plan_units.append(entry)
         self.result["changed"] = bool(targets or self.plan_units)
+        # Before anything is stopped (and in check mode too): a target this user may not signal (not root)
+        # fails the release here, naming root and become (_errors.NotPermitted).
+        self.io.check_may_signal(targets)
         return ""
 
     def _nothing_selected_warning(self, before: list) -> None:

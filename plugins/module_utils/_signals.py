@@ -12,6 +12,8 @@ the kernel allow it (Python >= 3.9, Linux >= 5.3) a pidfd is opened and the iden
 right after, so that every later signal goes to exactly that process whatever happens to the
 pid number; waiting uses poll() on the pidfds, which wakes the moment a process exits.
 Elsewhere os.kill is used, after re-checking the identity before each signal.
+A process that this one may not signal (another user's, and this one is not root) is found when it
+is pinned, by signal 0, before any signal is sent: _errors.NotPermitted, which names root and become.
 No AnsibleModule here.
 """
 
@@ -23,7 +25,8 @@ import select
 import signal
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils._procs import read_identity
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
+from ansible_collections.gpuops.gpu.plugins.module_utils._procs import read_identity, user_name
 
 SIGKILL = int(signal.SIGKILL)
 HAS_PIDFD = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
@@ -50,6 +53,33 @@ def signal_number(value) -> int:
     return int(sig)
 
 
+def describe(pid: int, info=None) -> str:
+    """'pid 8812 (python3) in CT 129', from what the snapshot knew of the process."""
+    info = info or {}
+    name = info.get("name")
+    ct = info.get("container") or {}
+    return f"pid {pid}" + (f" ({name})" if name else "") + (f" in CT {ct['id']}" if ct.get("id") is not None else "")
+
+
+def not_permitted(pid: int, info=None, exc=None) -> _errors.NotPermitted:
+    """The error for a signal the kernel refused (EPERM): it names root and become."""
+    uid = os.geteuid()
+    detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else ""
+    return _errors.not_permitted("signal", describe(pid, info), uid=uid, user=user_name(uid), detail=detail)
+
+
+def check_may_signal(procs) -> None:
+    """Raise _errors.NotPermitted for the first of ``procs`` ({pid, ...} dicts) that this process may not
+    signal (signal 0: the kernel's permission check, nothing is sent). A process that is gone passes."""
+    for info in procs:
+        try:
+            os.kill(info["pid"], 0)
+        except ProcessLookupError:
+            continue
+        except PermissionError as exc:
+            raise not_permitted(info["pid"], info, exc) from None
+
+
 def signal_name(num: int) -> str:
     try:
         return signal.Signals(num).name
@@ -70,7 +100,9 @@ class Target:
         self.recycled = False
 
     def open(self) -> bool:
-        """Pin the process. False when it is already gone or the pid now names another process."""
+        """Pin the process. False when it is already gone or the pid now names another process.
+
+        Raises _errors.NotPermitted (nothing sent) when this process may not signal it: not root."""
         if HAS_PIDFD:
             try:
                 self.fd = os.pidfd_open(self.pid)
@@ -84,6 +116,16 @@ class Target:
             self.recycled = ident is not None
             self.close()
             return False
+        try:
+            if self.fd is not None:
+                signal.pidfd_send_signal(self.fd, 0)
+            else:
+                os.kill(self.pid, 0)
+        except ProcessLookupError:
+            pass  # exited meanwhile: alive() and send() will say so
+        except PermissionError as exc:
+            self.close()
+            raise not_permitted(self.pid, self.info, exc) from None
         return True
 
     def alive(self) -> bool:
@@ -116,6 +158,8 @@ class Target:
         except ProcessLookupError:
             self.gone_at = time.monotonic()
             return False
+        except PermissionError as exc:  # open() checked; a process that changed its credentials since
+            raise not_permitted(self.pid, self.info, exc) from None
         self.signals.append(signal_name(sig))
         return True
 

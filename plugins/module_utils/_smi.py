@@ -23,6 +23,18 @@ GPU_FIELDS = [
     "persistence_mode", "compute_mode", "mig.mode.current", "driver_version",
 ]
 APP_FIELDS = ["gpu_uuid", "pid", "process_name", "used_memory"]
+# Without these a row cannot be placed. Every other field can be done without: before R510 nvidia-smi has no
+# memory.reserved and refuses the whole query for it (exit 2); then only the fields its --help-query-gpu lists
+# are asked, for the rest of the run.
+REQUIRED_FIELDS = ("index", "uuid")
+NVML_HINT = ("The NVML backend (backend: nvml, with the nvidia-ml-py package on the target) reads every driver"
+             " branch without nvidia-smi's field list.")
+_LISTED_FIELD = re.compile(r'^"[^"]+"(?:\s+or\s+"[^"]+")*\s*$')
+_REFUSED_FIELD = re.compile(r'Field "([^"]*)" is not a valid field to query')
+# {executable: the names its --help-query-gpu lists, or None when it could not say}: read once per run, when
+# the executable first refuses a field; {executable: the fields it refused}.
+_LISTED = {}
+_DROPPED = {}
 _MISSING = re.compile(r"^\[.*\]$|^N/A$|^$")
 _COMPUTE_MODES = {"Default": "default", "Exclusive_Thread": "exclusive_thread", "Prohibited": "prohibited",
                   "Exclusive_Process": "exclusive_process"}
@@ -32,7 +44,9 @@ _LOST_GPU = re.compile(r"GPU\s*([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.
 
 
 def value(text: str):
-    """One CSV cell: None for [N/A], [Not Supported], [Unknown Error], N/A; else stripped text."""
+    """One CSV cell: None for [N/A], [Not Supported], [Unknown Error], N/A, or a field not asked; else stripped text."""
+    if text is None:
+        return None
     text = text.strip()
     return None if _MISSING.match(text) else text
 
@@ -62,44 +76,49 @@ def to_bool_mode(text):
     return None if v is None else v.lower() == "enabled"
 
 
-def parse_gpus(out: str) -> list:
-    """Rows of ``--query-gpu=<GPU_FIELDS> --format=csv,noheader,nounits``."""
+def parse_gpus(out: str, fields=None) -> list:
+    """Rows of ``--query-gpu=<fields> --format=csv,noheader,nounits``; ``fields``: the ones asked (GPU_FIELDS
+    by default), a field not asked reads as null."""
+    fields = list(fields or GPU_FIELDS)
     gpus = []
     for line in out.splitlines():
         if not line.strip():
             continue
         cells = [c.strip() for c in line.split(", ")]
-        if len(cells) != len(GPU_FIELDS):
-            raise ValueError(f"nvidia-smi --query-gpu: expected {len(GPU_FIELDS)} fields, got {len(cells)}: {line!r}")
-        row = dict(zip(GPU_FIELDS, cells))
-        mode = value(row["compute_mode"])
+        if len(cells) != len(fields):
+            raise ValueError(f"nvidia-smi --query-gpu: expected {len(fields)} fields, got {len(cells)}: {line!r}. "
+                             + NVML_HINT)
+        row = dict(zip(fields, cells))
+        mode = value(row.get("compute_mode"))
         gpus.append({
             "index": int(row["index"]),
             "uuid": value(row["uuid"]),
-            "name": value(row["name"]),
-            "serial": value(row["serial"]),
-            "pci_bus_id": value(row["pci.bus_id"]),
+            "name": value(row.get("name")),
+            "serial": value(row.get("serial")),
+            "pci_bus_id": value(row.get("pci.bus_id")),
             "minor_number": None,
             "memory": {
-                "total": to_int(row["memory.total"]),
-                "used": to_int(row["memory.used"]),
-                "free": to_int(row["memory.free"]),
-                "reserved": to_int(row["memory.reserved"]),
-                # nvidia-smi reports memory.used without the reserved memory (memory.reserved, R510+).
-                "used_includes_reserved": False if to_int(row["memory.used"]) is not None else None,
+                "total": to_int(row.get("memory.total")),
+                "used": to_int(row.get("memory.used")),
+                "free": to_int(row.get("memory.free")),
+                "reserved": to_int(row.get("memory.reserved")),
+                # nvidia-smi reports memory.used without the reserved memory (memory.reserved, R510+); an
+                # nvidia-smi without memory.reserved (before R510) reads NVML's v1 figures, whose used includes it.
+                "used_includes_reserved": (None if to_int(row.get("memory.used")) is None
+                                           else "memory.reserved" not in row),
             },
-            "utilization": {"gpu": to_int(row["utilization.gpu"]), "memory": to_int(row["utilization.memory"])},
-            "temperature": to_int(row["temperature.gpu"]),
-            "power": to_float(row["power.draw"]),
-            "persistence_mode": to_bool_mode(row["persistence_mode"]),
+            "utilization": {"gpu": to_int(row.get("utilization.gpu")), "memory": to_int(row.get("utilization.memory"))},
+            "temperature": to_int(row.get("temperature.gpu")),
+            "power": to_float(row.get("power.draw")),
+            "persistence_mode": to_bool_mode(row.get("persistence_mode")),
             "compute_mode": None if mode is None else _COMPUTE_MODES.get(mode, mode.lower()),
-            "mig_mode": to_bool_mode(row["mig.mode.current"]),
+            "mig_mode": to_bool_mode(row.get("mig.mode.current")),
             "health": {"status": "ok", "detail": None},
             "processes": [],
             "processes_error": None,
             "unsupported": [],
             "errors": [],
-            "_driver_version": value(row["driver_version"]),
+            "_driver_version": value(row.get("driver_version")),
         })
         gpu = gpus[-1]
         # nvidia-smi prints [N/A] (older: [Not Supported]) for what the GPU or driver cannot give.
@@ -166,7 +185,53 @@ def error_for_exit(rc: int, out: str, err: str) -> _errors.GpuError:
     if rc == 6 and "No devices were found" in text:
         return _errors.BackendError("nvidia-smi found no GPUs (exit 6: No devices were found)",
                                     backend="nvidia-smi", rc=rc)
-    return _errors.BackendError(f"nvidia-smi failed with exit {rc}: {text}", backend="nvidia-smi", rc=rc)
+    return _errors.BackendError(f"nvidia-smi failed with exit {rc}: {text}. {NVML_HINT}", backend="nvidia-smi", rc=rc)
+
+
+def parse_listed_fields(text: str) -> set:
+    """The field names (and their aliases) of ``nvidia-smi --help-query-gpu``: the lines that hold only
+    quoted names (``"name" or "gpu_name"``); a description that starts with a quoted word is not one."""
+    names = set()
+    for line in (text or "").splitlines():
+        if _LISTED_FIELD.match(line.strip()):
+            names.update(re.findall(r'"([^"]+)"', line))
+    return names
+
+
+def listed_fields(run, executable: str):
+    """What this nvidia-smi's ``--help-query-gpu`` lists (a set), or None when it cannot say; asked once per run."""
+    if executable not in _LISTED:
+        rc, out, _err = run([executable, "--help-query-gpu"])
+        names = parse_listed_fields(out) if rc == 0 else set()
+        _LISTED[executable] = names if "index" in names and "uuid" in names else None
+    return _LISTED[executable]
+
+
+def gpu_fields(executable: str) -> list:
+    """The GPU_FIELDS to ask this nvidia-smi: all of them, until it refused one in this run; then those its
+    listing names, less those it refused (REQUIRED_FIELDS are always asked)."""
+    listed, dropped = _LISTED.get(executable), _DROPPED.get(executable, set())
+    return [f for f in GPU_FIELDS
+            if f in REQUIRED_FIELDS or ((listed is None or f in listed) and f not in dropped)]
+
+
+def _query_gpus(run, executable: str, fields: list, first=None):
+    """(rc, out, err, fields) of ``--query-gpu``. When nvidia-smi refuses a field (exit 2, ``Field "x" is not
+    a valid field to query.``), its ``--help-query-gpu`` is read (once per run) and the query asked again with
+    the fields it lists, less the refused one: at most once per field."""
+    answer = first
+    for _attempt in range(len(GPU_FIELDS) + 1):
+        if answer is None:
+            answer = run([executable, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"])
+        rc, out, err = answer
+        m = _REFUSED_FIELD.search(out + err) if rc == 2 else None
+        if not m or m.group(1) not in fields or m.group(1) in REQUIRED_FIELDS:
+            return rc, out, err, fields
+        _DROPPED.setdefault(executable, set()).add(m.group(1))
+        listed_fields(run, executable)
+        fields = gpu_fields(executable)
+        answer = None
+    return rc, out, err, fields  # pragma: no cover - bounded by the number of fields
 
 
 def _run_both(run, first, second):
@@ -194,18 +259,24 @@ def query(run, executable: str, minor_numbers=None) -> dict:
     """A raw snapshot through nvidia-smi. ``run(argv) -> (rc, out, err)``.
 
     ``minor_numbers``: a dict {uuid: minor} to fill in (from ``minor_query``), else they are null.
-    The GPU and the process queries run at the same time.
+    The GPU and the process queries run at the same time. A field this nvidia-smi refuses is left out for
+    the rest of the run, and so is every field its ``--help-query-gpu`` does not list (read once, at the
+    first refusal): the driver's ``missing_fields`` names the GPU_FIELDS it could not give (memory.reserved
+    before R510).
     """
-    (rc, out, err), apps = _run_both(
+    fields = gpu_fields(executable)
+    first, apps = _run_both(
         run,
-        [executable, "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits"],
+        [executable, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"],
         [executable, "--query-compute-apps=" + ",".join(APP_FIELDS), "--format=csv,noheader,nounits"])
+    rc, out, err, fields = _query_gpus(run, executable, fields, first)
+    missing = [f for f in GPU_FIELDS if f not in fields]
     if rc == 6 and "No devices were found" in (out + err):
         return {"driver": {"backend": "nvidia-smi", "driver_version": None, "nvml_version": None,
-                           "cuda_driver_version": None}, "gpus": []}
+                           "cuda_driver_version": None, "missing_fields": missing}, "gpus": []}
     if rc != 0:
         raise error_for_exit(rc, out, err)
-    gpus = parse_gpus(out)
+    gpus = parse_gpus(out, fields)
     rc, out, err = apps
     if rc != 0:
         raise error_for_exit(rc, out, err)
@@ -219,7 +290,7 @@ def query(run, executable: str, minor_numbers=None) -> dict:
         g.pop("_driver_version", None)
         g["minor_number"] = (minor_numbers or {}).get(g["uuid"])
     return {"driver": {"backend": "nvidia-smi", "driver_version": driver_version, "nvml_version": None,
-                       "cuda_driver_version": None}, "gpus": gpus}
+                       "cuda_driver_version": None, "missing_fields": missing}, "gpus": gpus}
 
 
 def minor_query(run, executable: str) -> dict:
@@ -231,3 +302,128 @@ def minor_query(run, executable: str) -> dict:
         return parse_minor_numbers(out)
     except ValueError:
         return {}
+
+
+# --- health (_health.CHECKS): one more --query-gpu, negotiated field by field -----------------------
+
+# (field, the raw health field it fills, its name in ``unsupported``); the first of the clock reasons
+# that this nvidia-smi knows is used (clocks_event_reasons from R535 on).
+HEALTH_FIELDS = [
+    ("remapped_rows.correctable", "remapped_rows", "remapped_rows"),
+    ("remapped_rows.uncorrectable", "remapped_rows", "remapped_rows"),
+    ("remapped_rows.pending", "remapped_rows", "remapped_rows"),
+    ("remapped_rows.failure", "remapped_rows", "remapped_rows"),
+    ("retired_pages.pending", "retired_pages_pending", "retired_pages"),
+    ("ecc.errors.uncorrected.volatile.total", "ecc_uncorrected_volatile", "ecc"),
+    ("fabric.state", "fabric", "fabric"),
+    ("fabric.status", "fabric", "fabric"),
+    ("clocks_event_reasons.active", "clock_event_reasons", "clock_event_reasons"),
+    ("clocks_throttle_reasons.active", "clock_event_reasons", "clock_event_reasons"),
+]
+_INVALID_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
+_YES = {"yes": True, "no": False, "1": True, "0": False, "true": True, "false": False, "enabled": True,
+        "disabled": False}
+
+
+def _yes(text):
+    v = value(text) if text is not None else None
+    return None if v is None else _YES.get(v.lower())
+
+
+def parse_health(fields, out: str) -> dict:
+    """{index: raw health fields} from ``--query-gpu=index,<fields> --format=csv,noheader,nounits``."""
+    rows = {}
+    for line in out.splitlines():
+        if not line.strip():
+            continue
+        cells = [c.strip() for c in line.split(", ")]
+        if len(cells) != len(fields) + 1:
+            raise ValueError(f"nvidia-smi --query-gpu (health): expected {len(fields) + 1} fields, got {len(cells)}: {line!r}")
+        row = dict(zip(fields, cells[1:]))
+        health = {}
+        if "remapped_rows.pending" in row:
+            pending, failure = _yes(row["remapped_rows.pending"]), _yes(row.get("remapped_rows.failure"))
+            health["remapped_rows"] = None if pending is None else {
+                "corrected": to_int(row.get("remapped_rows.correctable")),
+                "uncorrected": to_int(row.get("remapped_rows.uncorrectable")), "pending": pending,
+                "failure": bool(failure)}
+        if "retired_pages.pending" in row:
+            health["retired_pages_pending"] = _yes(row["retired_pages.pending"])
+        if "ecc.errors.uncorrected.volatile.total" in row:
+            health["ecc_uncorrected_volatile"] = to_int(row["ecc.errors.uncorrected.volatile.total"])
+        if "fabric.state" in row:
+            state = value(row["fabric.state"])
+            health["fabric"] = None if state is None else {"state": state, "status": value(row.get("fabric.status", ""))}
+        reasons = row.get("clocks_event_reasons.active", row.get("clocks_throttle_reasons.active"))
+        if reasons is not None:
+            mask = value(reasons)
+            try:
+                health["clock_event_reasons"] = None if mask is None else _clock_names(int(mask, 16))
+            except ValueError:
+                health["clock_event_reasons"] = None
+        rows[int(cells[0])] = health
+    return rows
+
+
+def _clock_names(mask: int) -> list:
+    from ansible_collections.gpuops.gpu.plugins.module_utils import _health  # only here: _health is pure
+
+    return _health.clock_reason_names(mask)
+
+
+def health_query(run, executable: str, known=None) -> dict:
+    """{index: raw health fields} through one nvidia-smi query.
+
+    ``known``: a dict kept by the caller across snapshots: the fields this nvidia-smi accepts are
+    found once (an older nvidia-smi refuses a field it does not know, naming it: that field is left
+    out and its health field listed as unsupported), then reused.
+    """
+    known = known if known is not None else {}
+    if "fields" not in known:
+        fields = [f for f, _key, _name in HEALTH_FIELDS if f != "clocks_throttle_reasons.active"]
+        refused = []
+    else:
+        fields, refused = known["fields"], known["refused"]
+    for _attempt in range(len(HEALTH_FIELDS) + 1):
+        if not fields:
+            break
+        rc, out, err = run([executable, "--query-gpu=index," + ",".join(fields), "--format=csv,noheader,nounits"])
+        m = _INVALID_FIELD.search(out + err) if rc == 2 else None
+        if m and m.group(1) in fields:
+            # A field this nvidia-smi does not know: its whole group goes (remapped_rows.*, fabric.*), which
+            # the same query came with, so that an old nvidia-smi costs one run per group, not per field.
+            group = m.group(1).rsplit(".", 1)[0] + "."
+            bad = [f for f in fields if f == m.group(1) or (group in ("remapped_rows.", "fabric.") and f.startswith(group))]
+            fields = [f for f in fields if f not in bad]
+            refused.extend(bad)
+            bad = m.group(1)
+            if bad == "clocks_event_reasons.active" and "clocks_throttle_reasons.active" not in refused:
+                fields.append("clocks_throttle_reasons.active")  # the name before R535
+            continue
+        if rc != 0:
+            raise error_for_exit(rc, out, err)
+        known["fields"], known["refused"] = fields, refused
+        rows = parse_health(fields, out)
+        break
+    else:  # pragma: no cover - every field refused one by one
+        fields, rows = [], {}
+    known.setdefault("fields", fields)
+    known.setdefault("refused", refused)
+    return rows if fields else {}
+
+
+def merge_health(gpus: list, rows: dict, problem=None) -> None:
+    """Put the health fields into a raw snapshot's GPUs; a field nvidia-smi cannot give ([N/A], or a
+    field this nvidia-smi does not know) is None and listed in the GPU's ``unsupported``. ``problem``:
+    why the health query failed (then every field is None and each GPU's ``errors`` says so)."""
+    names = {}
+    for _f, key, name in HEALTH_FIELDS:
+        names.setdefault(key, name)
+    for g in gpus:
+        health = (rows or {}).get(g["index"]) or {}
+        for key, name in names.items():
+            g[key] = health.get(key)
+            if g[key] is None and problem is None and name not in g["unsupported"]:
+                g["unsupported"].append(name)
+        if problem:
+            g["errors"].append(f"GPU {g['index']}: {problem}")

@@ -18,7 +18,7 @@ import os
 import re
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
-from ansible_collections.gpuops.gpu.plugins.module_utils import _holding
+from ansible_collections.gpuops.gpu.plugins.module_utils import _health, _holding
 
 # Never signalled, and never counted as keeping a GPU busy: the NVIDIA daemons hold nvidiactl
 # (or a device) on an idle GPU by design.
@@ -141,11 +141,16 @@ def _type_name(types) -> str:
 
 
 def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_used_mib=DEFAULT_MAX_MEMORY_USED_MIB,
-          max_utilization_pct=None, include_device_holders=True, in_container=None, exe_of=None) -> dict:
+          max_utilization_pct=None, include_device_holders=True, in_container=None, exe_of=None,
+          min_free_mib=None, min_free_pct=None, health_checks=(), xid_events=None) -> dict:
     """Assemble the facts from a raw backend snapshot.
 
     ``read_process(pid) -> dict|None`` enriches NVML's pids (None: the pid does not exist here);
     ``holders``: {pid: [paths]} from the device-file scan (None: not gathered).
+    ``min_free_mib``/``min_free_pct``: each GPU gets ``fit`` and ``fits`` (_health.fit);
+    ``health_checks``: the checks that keep a GPU from being idle (every failing check is in
+    ``health.checks`` all the same); ``xid_events``: the kernel log's (_health.parse_xid_events), or
+    None when it was not read (each GPU's ``xid_events`` is then None).
     """
     cache = {}
 
@@ -206,11 +211,23 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
             holder["evidence"] = evidence
             gpu["holders"].append(holder)
 
+    backend = (raw.get("driver") or {}).get("backend")
+    for gpu in gpus:
+        for key in _health.HEALTH_FIELDS:
+            gpu.setdefault(key, None)
+        gpu["xid_events"] = None if xid_events is None else _health.xid_events_of(gpu, xid_events)
+        reasons = _health.hw_slowdown(gpu)
+        gpu["hw_slowdown"] = None if reasons is None else bool(reasons)
+        gpu["utilization_latched"] = _health.utilization_latched(gpu)
+        gpu["health"] = dict(gpu.get("health") or {"status": "ok", "detail": None})
+        gpu["health"]["checks"] = _health.failed_checks(gpu, health_checks)
+        gpu["fit"] = _health.fit(gpu, min_free_mib, min_free_pct, backend)
+        gpu["fits"] = None if gpu["fit"] is None else gpu["fit"]["fits"]
     contexts = _holding.context_gpus(gpus)
     for gpu in gpus:
         gpu["idle"], gpu["busy_reasons"], blockers, lingering = _holding.verdict(
             gpu, max_memory_used_mib, max_utilization_pct, include_device_holders and holders is not None,
-            in_container, contexts)
+            in_container, contexts, min_free_mib, min_free_pct, health_checks, backend)
         gpu["blockers"] = sorted({b["pid"] for b in blockers})
         gpu["lingering"] = sorted({h["pid"] for h in lingering})
     return {"driver": raw["driver"], "gpus": gpus}

@@ -304,6 +304,12 @@ def idle(params: dict) -> None:
         integer("max_memory_used_mib", params["max_memory_used_mib"], 0, MAX_MEMORY_MIB)
     if params.get("max_utilization_pct") is not None:
         integer("max_utilization_pct", params["max_utilization_pct"], 0, 100)
+    if params.get("min_free_mib") is not None:
+        integer("min_free_mib", params["min_free_mib"], 0, MAX_MEMORY_MIB)
+    if params.get("min_free_pct") is not None:
+        number("min_free_pct", params["min_free_pct"], 0.0, 100.0, unit=" %")
+    if params.get("kernel_log") is not None:
+        path("kernel_log", params["kernel_log"], absolute=True)
 
 
 def device_pattern_warnings(params: dict) -> list:
@@ -343,6 +349,8 @@ def wait(params: dict) -> None:
     if settle > timeout:
         _fail("settle", f"settle ({settle:g} s) must not be above timeout ({timeout:g} s)")
     expected_count(params)
+    if params.get("leak_after") is not None:
+        number("leak_after", params["leak_after"], above_low=True)
     if params.get("progress_slice") is not None:
         number("progress_slice", params["progress_slice"], above_low=True)
     state = params.get("progress_state")

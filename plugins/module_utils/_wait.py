@@ -16,7 +16,7 @@ not when the memory is freed, and any holder that appears restarts it.
 
 from __future__ import annotations
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _holding
 
 
 def holders_of(gpu: dict) -> list:
@@ -56,26 +56,116 @@ def blockers(gpus: list) -> dict:
     return out
 
 
-def diagnosis(gpus: list, max_memory_used_mib: int) -> str:
-    """'GPU 2 holds 1200 MiB with no visible process (...); GPU 5 is used by pid 8812 (python3) in CT 129'."""
+# Memory that has not moved for this long with no process holding the GPU is a leak (gpu_wait_idle's leak_after).
+LEAK_AFTER = 30.0
+# The drain rate is measured over the samples of the last few seconds.
+DRAIN_WINDOW = 5.0
+
+
+def memory_trend(series: list, now: float, leak_after: float = LEAK_AFTER, max_memory_used_mib: int = 64):
+    """What the samples of one GPU (record_sample's [t, used MiB, holders]) say of memory held with no
+    holder at ``now``: None (a holder, or memory at baseline); {"kind": "draining", "used", "rate" (MiB/s),
+    "left" (s at this rate)} while it falls; {"kind": "leaked", "used", "still"} once it has not moved for
+    ``leak_after`` seconds; else {"kind": "unchanged", "used", "still"} (not yet a leak)."""
+    if not series:
+        return None
+    t_last, used, holders = series[-1]
+    if used is None or holders or used <= max_memory_used_mib:
+        return None
+    still = max(0.0, now - t_last)
+    if still >= leak_after:
+        return {"kind": "leaked", "used": used, "still": still}
+    run = []
+    for point in reversed(series):
+        if point[2] or point[1] is None:
+            break
+        run.append(point)
+    run.reverse()
+    window = [p for p in run if p[0] >= t_last - DRAIN_WINDOW]
+    if len(window) < 2:
+        window = run[-2:]
+    if len(window) >= 2 and window[0][1] > used and t_last > window[0][0]:
+        rate = (window[0][1] - used) / (t_last - window[0][0])
+        return {"kind": "draining", "used": used, "rate": rate, "left": (used - max_memory_used_mib) / rate}
+    return {"kind": "unchanged", "used": used, "still": still}
+
+
+def trends(state: dict, now: float, leak_after: float = LEAK_AFTER, max_memory_used_mib: int = 64) -> dict:
+    """memory_trend of every GPU with samples, by index (a string, as in state["samples"])."""
+    return {k: memory_trend(v, now, leak_after, max_memory_used_mib) for k, v in (state.get("samples") or {}).items()}
+
+
+def _gpu_list(indexes) -> str:
+    indexes = list(indexes)
+    return ("GPU " if len(indexes) == 1 else "GPUs ") + ", ".join(str(i) for i in indexes)
+
+
+def _rate_text(mib_per_s: float) -> str:
+    return f"{mib_per_s / 1024:.1f} GiB/s" if mib_per_s >= 102.4 else f"{mib_per_s:.0f} MiB/s"
+
+
+def diagnosis(gpus: list, max_memory_used_mib: int, memory=None, leak_after: float = LEAK_AFTER) -> str:
+    """'GPU 2 holds 1200 MiB with no visible process (...); GPU 5 is used by pid 8812 (python3) in CT 129'.
+
+    ``memory`` (trends(), from the wait's samples) tells memory still being freed from a leak: those
+    GPUs are named once per cause. The failing health checks are named once per check and detail,
+    with the GPUs they fail on and what to do.
+    """
     parts = []
+    draining, leaked = [], []
+    health = {}
     for g in gpus:
         if g["idle"]:
             continue
         hs = holders_of(g)
         used = (g.get("memory") or {}).get("used")
-        health = g.get("health") or {}
-        if health.get("status", "ok") != "ok":
-            parts.append(f"GPU {g['index']} is {health.get('status')} ({health.get('detail')})")
+        status = g.get("health") or {}
+        trend = (memory or {}).get(str(g["index"])) if not hs else None
+        reasons = list(g.get("busy_reasons") or [])
+        if trend and trend["kind"] == "leaked" and any("not visible from this PID namespace" in r for r in reasons):
+            # From a container, memory no visible process holds may be another namespace's: not called a leak.
+            trend = dict(trend, kind="unchanged")
+        checks = [c for c in status.get("checks") or [] if c.get("blocking")]
+        for c in checks:
+            health.setdefault((c["check"], c["detail"]), []).append(g["index"])
+        reasons = [r for r in reasons if not r.startswith("health check ")]
+        if status.get("status", "ok") != "ok":
+            parts.append(f"GPU {g['index']} is {status.get('status')} ({status.get('detail')})")
         elif g.get("processes_error") and not hs:
             parts.append(f"GPU {g['index']}: {g['processes_error']}")
         elif hs:
             parts.append(f"GPU {g['index']} is used by " + ", ".join(
                 _holding.describe(h) if h.get("visible", True) else f"pid {h['pid']} (not visible from here)" for h in hs))
+        elif trend and trend["kind"] in ("draining", "leaked") and used is not None:
+            (draining if trend["kind"] == "draining" else leaked).append((g["index"], trend))
+            others = [r for r in reasons if not r.startswith(f"{used} MiB used")]
+            if others:
+                parts.append(f"GPU {g['index']}: " + "; ".join(others))
         elif used is not None and used > max_memory_used_mib:
-            parts.append(f"GPU {g['index']}: " + "; ".join(g.get("busy_reasons") or [f"{used} MiB used"]))
-        else:
-            parts.append(f"GPU {g['index']}: " + "; ".join(g.get("busy_reasons") or ["busy"]))
+            text = "; ".join(reasons or [f"{used} MiB used"])
+            if trend and trend["kind"] == "unchanged":
+                text += (f"; unchanged for {trend['still']:.0f} s with no process (a leak once it stays so for"
+                         f" leak_after, {leak_after:g} s)")
+            parts.append(f"GPU {g['index']}: {text}")
+        elif reasons:
+            parts.append(f"GPU {g['index']}: " + "; ".join(reasons))
+        elif not checks:
+            parts.append(f"GPU {g['index']}: busy")
+    for (check, detail), indexes in health.items():
+        action = _health.CHECKS[check][1].format(index=",".join(str(i) for i in indexes))
+        parts.append(f"{_gpu_list(indexes)}: health check {check} failed: {detail}: {action}")
+    if draining:
+        rate = min(t["rate"] for _i, t in draining)
+        left = max(t["left"] for _i, t in draining)
+        parts.append(f"{_gpu_list(i for i, _t in draining)}: memory still being freed ({_rate_text(rate)}, about"
+                     f" {left:.0f} s left at this rate) with no process holding "
+                     + ("it" if len(draining) == 1 else "them") + ": raise gpu_idle_timeout (the wait's timeout)")
+    if leaked:
+        held = ", ".join(f"{_holding.mib_text(t['used'])} on GPU {i}" for i, t in leaked)
+        still = min(t["still"] for _i, t in leaked)
+        parts.append(f"{_gpu_list(i for i, _t in leaked)}: memory leaked ({held}, not freed for {still:.0f} s with no"
+                     " process holding it, leak_after " + f"{leak_after:g} s): a leaked context; reset the GPU once"
+                     " nothing holds it (" + ", ".join(f"nvidia-smi -r -i {i}" for i, _t in leaked) + ")")
     return "; ".join(parts)
 
 

@@ -16,6 +16,12 @@ description:
   - Each process is attributed to the Proxmox VE LXC container it lives in (from C(/proc/<pid>/cgroup)),
     with its pid inside the container.
   - Each GPU carries C(idle) and C(busy_reasons), by the same definition that M(gpuops.gpu.gpu_wait_idle) waits for.
+  - Each GPU carries its health - remapped rows, retired pages pending, uncorrectable ECC errors, the NVSwitch fabric
+    state, the clock event reasons that mean a hardware slowdown, a utilization latched with no process - through
+    NVML, or C(nvidia-smi) with O(backend=nvidia-smi); a field the driver or GPU cannot give is null and listed in
+    C(unsupported). C(health.checks) lists the checks that fail, with what to do.
+  - With O(min_free_mib) or O(min_free_pct), each GPU carries C(fit) and C(fits) - whether the next server fits.
+  - The Xid events of the kernel log (V(xid) in O(gather)) are listed per GPU with their meaning.
   - Inside a container the driver may report memory in use but no process, or pids that do not exist
     there; the module says so instead of guessing. Run it on the Proxmox node for complete attribution.
 author:
@@ -31,10 +37,11 @@ options:
       - What to gather besides the driver's view of the GPUs.
       - V(processes) reads name, command line, user and container of every process the driver reports.
       - V(holders) scans C(/proc/*/fd) for the O(device_files).
+      - V(xid) reads the Xid events of the kernel log (O(kernel_log)).
     type: list
     elements: str
-    choices: [processes, holders]
-    default: [processes, holders]
+    choices: [processes, holders, xid]
+    default: [processes, holders, xid]
   missing:
     description:
       - What to do on a host where no NVIDIA driver can be used (no library, no C(nvidia-smi), driver not loaded).
@@ -46,7 +53,11 @@ options:
 requirements:
   - The NVIDIA driver, and either C(nvidia-ml-py) (C(import pynvml)) or C(nvidia-smi) on the target.
 notes:
-  - Reading other users' C(/proc/<pid>/fd) needs root; without it holders of other users are not seen.
+  - Reading other users' C(/proc/<pid>/fd) needs root; without it holders of other users are not seen, and the
+    module warns that C(holders) are incomplete (run it with C(become=true)).
+  - Holders are found by the identity of the open file (device and inode, and the device number of a character
+    device), as C(fuser) does, not by its name, so a container's process that holds a node bound from another
+    path is found; C(files) are the paths of the matched O(device_files).
 seealso:
   - module: gpuops.gpu.gpu_release
   - module: gpuops.gpu.gpu_wait_idle
@@ -70,6 +81,19 @@ EXAMPLES = r"""
     gpus: ["0", "GPU-3fb142e7-7102-c7ac-bd5a-fc829e11ed84"]
     backend: nvidia-smi
     gather: [processes]
+
+- name: Will a vLLM server with gpu_memory_utilization 0.9 fit, and are the GPUs healthy?
+  gpuops.gpu.gpu_facts:
+    min_free_pct: 90
+  become: true
+  register: gpu_check
+
+- name: Show what keeps each GPU from taking the next server
+  ansible.builtin.debug:
+    msg: "GPU {{ item.index }}: fits={{ item.fits }}, checks={{ item.health.checks | map(attribute='check') | list }}"
+  loop: "{{ ansible_facts.gpu_devices }}"
+  loop_control:
+    label: "{{ item.index }}"
 
 - name: Facts on a mixed fleet where some hosts have no GPU
   gpuops.gpu.gpu_facts:
@@ -96,6 +120,22 @@ ansible_facts:
               16 for the unversioned query of R440 and older); null with nvidia-smi.
           type: dict
           returned: always
+        missing_fields:
+          description:
+            - With the nvidia-smi backend, the C(--query-gpu) fields this driver's nvidia-smi does not have and the facts
+              were read without (C(memory.reserved) before R510, when C(memory.reserved) is null and C(memory.used)
+              includes it).
+          type: list
+          elements: str
+          returned: with the nvidia-smi backend
+    gpu_kernel_log:
+      description:
+        - Where the Xid events came from - C(source) (the file, C(/dev/kmsg) or V(dmesg)), C(readable), C(problem)
+          (why it could not be read - not root on the node, a container without the host's log) and C(xid_events)
+          (how many, over every GPU); null when V(xid) is not in O(gather).
+      returned: always
+      type: dict
+      sample: {"source": "/dev/kmsg", "readable": true, "problem": null, "xid_events": 1}
     gpu_count:
       description: The number of GPUs the driver shows (all of them, whatever O(gpus) selects).
       returned: always
@@ -135,8 +175,84 @@ ansible_facts:
         compute_mode: {description: "V(default), V(exclusive_process) or V(prohibited).", type: str, returned: always}
         mig_mode: {description: Whether MIG mode is on., type: bool, returned: always}
         health:
-          description: "C(status) (V(ok), V(lost) or V(error)) and C(detail)."
+          description:
+            - C(status) (V(ok), V(lost) or V(error)) and C(detail).
+            - C(checks) - every health check that fails on this GPU (O(health_checks) lists them), each with C(check),
+              C(detail), C(action) (what to do) and C(blocking) (it is one of O(health_checks), so the GPU is not idle).
           type: dict
+          returned: always
+          sample: {"status": "ok", "detail": null, "checks": [{"check": "row_remap_pending", "blocking": true,
+                   "detail": "a row remap is pending (uncorrectable errors on 1 row(s), 0 corrected)",
+                   "action": "reset the GPU once nothing holds it (nvidia-smi -r -i 3) to apply the remap"}]}
+        remapped_rows:
+          description:
+            - The row remapper (C(nvmlDeviceGetRemappedRows), nvidia-smi C(remapped_rows.*); Ampere and later, R450 and
+              later) - C(corrected) and C(uncorrected) rows, C(pending) (a reset applies it) and C(failure).
+          type: dict
+          returned: always
+          sample: {"corrected": 0, "uncorrected": 1, "pending": true, "failure": false}
+        retired_pages_pending:
+          description:
+            - Whether memory pages are pending retirement (C(nvmlDeviceGetRetiredPagesPendingStatus), nvidia-smi
+              C(retired_pages.pending)); GPUs before Ampere (later ones remap rows instead - null).
+          type: bool
+          returned: always
+        ecc_uncorrected_volatile:
+          description:
+            - Uncorrectable ECC errors since the driver loaded (C(nvmlDeviceGetTotalEccErrors), nvidia-smi
+              C(ecc.errors.uncorrected.volatile.total)); null where ECC is off or absent.
+          type: int
+          returned: always
+        fabric:
+          description:
+            - The NVSwitch fabric - C(state) (V(Not Supported) where there is none, V(Not Started), V(In Progress),
+              V(Completed)) and C(status) (V(Success), or the error, once completed). C(nvmlDeviceGetGpuFabricInfoV) on
+              R550 and later, C(nvmlDeviceGetGpuFabricInfo) on R525 and later, nvidia-smi C(fabric.state) and
+              C(fabric.status); null before R525.
+          type: dict
+          returned: always
+          sample: {"state": "Completed", "status": "Success"}
+        clock_event_reasons:
+          description:
+            - Why the clocks are where they are (C(nvmlDeviceGetCurrentClocksEventReasons), before R535
+              C(nvmlDeviceGetCurrentClocksThrottleReasons); nvidia-smi C(clocks_event_reasons.active)) - V(gpu_idle),
+              V(sw_power_cap), V(hw_slowdown), V(hw_thermal_slowdown), V(hw_power_brake_slowdown) and others.
+          type: list
+          elements: str
+          returned: always
+          sample: ["gpu_idle"]
+        hw_slowdown:
+          description: Whether a clock event reason means the hardware slows the GPU down (null when they cannot be read).
+          type: bool
+          returned: always
+        utilization_latched:
+          description:
+            - Whether the GPU reports 90% utilization or more with no process on it (a utilization latched after a kill
+              mid-kernel, seen on Blackwell); null when the utilization or the processes cannot be read.
+          type: bool
+          returned: always
+        xid_events:
+          description:
+            - The Xid events of this GPU in the kernel log since boot (the last 20) - C(xid), C(meaning), C(action),
+              C(seconds) (since boot) and C(message); null when the log was not read (see C(gpu_kernel_log)).
+          type: list
+          elements: dict
+          returned: always
+          sample: [{"xid": 79, "meaning": "GPU has fallen off the bus", "seconds": 5123.45,
+                    "action": "drain the node and reboot it; check power, cooling and the PCIe slot",
+                    "message": "pid=0, name=<unknown>, GPU has fallen off the bus."}]
+        fit:
+          description:
+            - With O(min_free_mib) or O(min_free_pct) - C(free_mib), C(need_mib) (the larger of the two), C(fits), and
+              C(memory) (the query the free memory was read with); else null.
+          type: dict
+          returned: always
+          sample: {"free_mib": 143771, "need_mib": 129394, "fits": true,
+                   "memory": "nvmlDeviceGetMemoryInfo_v2 (used excludes the reserved memory)"}
+        fits:
+          description: Whether the next server fits (C(fit.fits)); null without O(min_free_mib) and O(min_free_pct), or
+            when the driver reports no memory.
+          type: bool
           returned: always
         processes:
           description:
@@ -216,7 +332,9 @@ ansible_facts:
           sample: ["used by pid 8812 (python3) in CT 129, 80 GiB"]
 """
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _snapshot
+import os
+
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _procs, _snapshot
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     IDLE_ARGS,
     SNAPSHOT_ARGS,
@@ -232,7 +350,8 @@ NO_GPU_KINDS = ("library_not_found", "driver_not_loaded")
 def main() -> None:
     argument_spec = dict(SNAPSHOT_ARGS, **IDLE_ARGS)
     argument_spec.update(
-        gather=dict(type="list", elements="str", choices=["processes", "holders"], default=["processes", "holders"]),
+        gather=dict(type="list", elements="str", choices=["processes", "holders", "xid"],
+                    default=["processes", "holders", "xid"]),
         missing=dict(type="str", choices=["fail", "ignore"], default="fail"),
     )
     module = new_module(argument_spec, supports_check_mode=True)
@@ -240,23 +359,36 @@ def main() -> None:
     try:
         validate_snapshot_params(params, module)
         taker = SnapshotTaker(module)
-        snap = taker.take(gather_processes="processes" in params["gather"], gather_holders="holders" in params["gather"])
+        snap = taker.take(gather_processes="processes" in params["gather"], gather_holders="holders" in params["gather"],
+                          gather_xid="xid" in params["gather"])
         selected = _snapshot.select_gpus(snap["gpus"], params["gpus"])
     except _errors.GpuError as exc:
         if params["missing"] == "ignore" and exc.kind in NO_GPU_KINDS:
             module.exit_json(changed=False, msg=exc.msg, ansible_facts=dict(
                 gpu_driver={"backend": None, "driver_version": None, "cuda_driver_version": None, "nvml_version": None},
-                gpu_count=0, gpu_devices=[]))
+                gpu_count=0, gpu_devices=[], gpu_kernel_log=None))
         fail(module, exc)
         return
     for warning in _snapshot.visibility_warnings(selected, taker.in_container()) + _snapshot.read_warnings(selected):
         module.warn(warning)
+    if "holders" in params["gather"]:
+        # Without root, /proc/<pid>/fd of other users' processes is refused: say that holders are incomplete.
+        denied = _procs.holders_incomplete_warning(_procs.fd_scan_denied(), os.geteuid())
+        if denied:
+            module.warn(denied)
     for gpu in selected:
         if gpu["health"]["status"] == "lost":
             module.warn(f"GPU {gpu['index']} ({gpu.get('pci_bus_id')}) has fallen off the bus: reboot the host to"
                         " recover it; check dmesg for Xid 79")
+    kernel_log = taker.kernel_log if "xid" in params["gather"] else None
+    if kernel_log and not kernel_log["readable"]:
+        module.warn(kernel_log["problem"])
+    for gpu in selected:
+        if gpu.get("fit") and gpu["fit"]["fits"] is None:
+            module.warn(f"GPU {gpu['index']}: min_free_mib/min_free_pct cannot be checked: the driver reports no memory"
+                        " for it (a unified-memory GPU)")
     module.exit_json(changed=False, ansible_facts=dict(
-        gpu_driver=snap["driver"], gpu_count=len(snap["gpus"]), gpu_devices=selected))
+        gpu_driver=snap["driver"], gpu_count=len(snap["gpus"]), gpu_devices=selected, gpu_kernel_log=kernel_log))
 
 
 if __name__ == "__main__":

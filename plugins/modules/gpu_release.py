@@ -291,25 +291,27 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._signals import signal_
 from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import run_in_group
 
 
+ARGUMENT_SPEC = dict(
+    SNAPSHOT_ARGS,
+    containers=dict(type="list", elements="int"),
+    users=dict(type="list", elements="str"),
+    match=dict(type="str"),
+    pids=dict(type="list", elements="int"),
+    exclude=dict(type="str"),
+    tree=dict(type="bool", default=True),
+    signal=dict(type="str", default="SIGTERM"),
+    grace_period=dict(type="float", default=10.0),
+    escalate=dict(type="bool", default=True),
+    kill_timeout=dict(type="float", default=45.0),
+    fail_on_survivors=dict(type="bool", default=True),
+    stop_units=dict(type="bool", default=True),
+    all=dict(type="bool", default=False),
+    expected_count=dict(type="int"),
+)
+
+
 def main() -> None:
-    argument_spec = dict(SNAPSHOT_ARGS)
-    argument_spec.update(
-        containers=dict(type="list", elements="int"),
-        users=dict(type="list", elements="str"),
-        match=dict(type="str"),
-        pids=dict(type="list", elements="int"),
-        exclude=dict(type="str"),
-        tree=dict(type="bool", default=True),
-        signal=dict(type="str", default="SIGTERM"),
-        grace_period=dict(type="float", default=10.0),
-        escalate=dict(type="bool", default=True),
-        kill_timeout=dict(type="float", default=45.0),
-        fail_on_survivors=dict(type="bool", default=True),
-        stop_units=dict(type="bool", default=True),
-        all=dict(type="bool", default=False),
-        expected_count=dict(type="int"),
-    )
-    module = new_module(argument_spec, supports_check_mode=True)
+    module = new_module(dict(ARGUMENT_SPEC), supports_check_mode=True)
     p = module.params
     start = time.monotonic()
     # Everything is validated before anything is read or signalled (_validate has the bounds).

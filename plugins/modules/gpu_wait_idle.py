@@ -29,6 +29,14 @@ description:
     slice at default verbosity. Within a slice the target polls every O(sleep) seconds.
   - Polls are cheap (the driver's view and a liveness check of known holders); the full C(/proc/*/fd) scan
     runs at the first poll, before declaring the GPUs idle, and every 15 s otherwise.
+  - Ready means the next server will start, not only that nothing holds the GPUs - each selected GPU must have
+    the free memory O(min_free_mib) and O(min_free_pct) ask for, and pass the health checks of O(health_checks)
+    (a pending row remap or page retirement, a failed row remap, a fabric that the fabric manager has not
+    registered, uncorrectable ECC errors). The diagnosis names the check, the GPUs and what to do.
+  - When the wait times out, memory held with no process is told apart from the samples the wait keeps - memory
+    that falls is still being freed (the rate and the time left at that rate are given - raise the timeout); memory
+    that has not moved for O(leak_after) seconds is a leaked context (reset the GPU). Each cause is named once, with
+    the GPUs it applies to.
 author:
   - gpuops developers (@gpuops)
 extends_documentation_fragment:
@@ -91,6 +99,15 @@ options:
         cannot fail the wait; a query that fails is tried once more before the task fails.
       - Unset means - when C(nvidia-smi) (O(nvidia_smi_path)) exists.
     type: bool
+  leak_after:
+    description:
+      - Seconds that memory held with no process must stay unchanged before the timeout's diagnosis calls it a
+        leaked context, rather than memory the driver is still freeing.
+      - Teardowns with large pinned host buffers free their memory over 30 s or more after the last process has
+        gone (a draining curve); a leaked context never frees it. More than 0, at most 86400.
+      - It only changes the diagnosis - the wait still ends at O(timeout).
+    type: float
+    default: 30
   progress_slice:
     description:
       - Internal to the collection, not for tasks - the action plugin sets it (return after this many seconds with
@@ -119,6 +136,12 @@ EXAMPLES = r"""
     gpus: ["0", "1", "2", "3"]
     max_utilization_pct: 10
     settle: 2
+
+- name: Wait until the next server fits (vLLM with gpu_memory_utilization 0.9) and the GPUs are healthy
+  gpuops.gpu.gpu_wait_idle:
+    min_free_pct: 90
+    timeout: 180
+  become: true
 
 - name: Would we have to wait?
   gpuops.gpu.gpu_wait_idle:
@@ -176,6 +199,14 @@ confirmation:
   description: What the final C(nvidia-smi) query said, per GPU index (used MiB and pids), or null when it did not run.
   returned: always
   type: dict
+memory:
+  description:
+    - On a timeout, per GPU index, what the samples say of memory held with no process - C(kind) V(draining) (with
+      C(rate) in MiB/s and C(left), seconds at that rate), V(leaked) or V(unchanged) (with C(still), seconds
+      without a change), and C(used) MiB; null for a GPU with a holder or at baseline.
+  returned: failure
+  type: dict
+  sample: {"0": {"kind": "draining", "used": 61440, "rate": 4096.0, "left": 15.0}, "1": null}
 """
 
 import time
@@ -281,6 +312,7 @@ def main() -> None:
         settle=dict(type="float", default=1.0),
         msg=dict(type="str"),
         confirm_with_nvidia_smi=dict(type="bool"),
+        leak_after=dict(type="float", default=_wait.LEAK_AFTER),
         progress_slice=dict(type="float"),
         progress_state=dict(type="dict"),
     )
@@ -372,11 +404,15 @@ def main() -> None:
             elapsed = now()
             if elapsed >= p["timeout"]:
                 gpus = snapshot(True)  # the diagnosis names device-file holders too
-                result.update(gpus=gpus, idle_gpus=[g["index"] for g in gpus if g["idle"]])
-                result.update(elapsed=round(elapsed, 3), confirmation=None, blockers=_wait.blockers(gpus))
+                for g in gpus:
+                    _wait.record_sample(state, elapsed, g, len(_wait.holders_of(g)))
+                memory = _wait.trends(state, elapsed, p["leak_after"], p["max_memory_used_mib"])
+                result.update(gpus=gpus, idle_gpus=[g["index"] for g in gpus if g["idle"]], samples=state["samples"])
+                result.update(elapsed=round(elapsed, 3), confirmation=None, blockers=_wait.blockers(gpus),
+                              memory=memory)
                 prefix = (p["msg"] + ": ") if p["msg"] else ""
                 module.fail_json(msg=f"{prefix}timed out after {p['timeout']:g} s: "
-                                     + (_wait.diagnosis(gpus, p["max_memory_used_mib"])
+                                     + (_wait.diagnosis(gpus, p["max_memory_used_mib"], memory, p["leak_after"])
                                         or f"a holder appeared within the last {p['settle']:g} s (settle)"),
                                  **result)
             if slice_end is not None and time.monotonic() >= slice_end:

@@ -13,6 +13,10 @@ description:
   - Runs on a Proxmox VE node. Reads C(pct list) once, then C(pct config) of each selected container (or, with
     no O(containers), of every container, keeping those whose config passes NVIDIA devices through), and says
     which GPUs each one gets.
+  - A running container is read with C(pct config <vmid> --current), what it runs with. Its pending changes
+    (C(pct set) or the GUI on a running container, for what cannot be hot-plugged, such as removing or changing a
+    C(devN)) take effect at its next start; when they touch its NVIDIA passthrough, a warning and
+    RV(pending_passthrough) say so.
   - A container's GPUs come from its config - C(devN) device passthrough (PVE 8.1+), C(lxc.mount.entry) lines
     of C(/dev/nvidiaN) and C(lxc.cgroup2.devices.allow) lines of major 195. C(c 195:* rwm) with no C(/dev/nvidiaN)
     line gives the container every GPU of the node (RV(containers[].gpus) is null). The minor numbers are tied
@@ -192,6 +196,16 @@ check_mode:
       when check mode was set on a block or an include, which C(ansible_check_mode) does not reflect.
   returned: after the containers were read
   type: bool
+pending_passthrough:
+  description:
+    - The running containers whose pending changes touch their NVIDIA passthrough (C(pct config <vmid>) differs from
+      C(pct config <vmid> --current)), each with C(vmid), C(removed) and C(added) (the passthrough lines, as C(pct
+      config) prints them) and C(minors) (the GPU minors the container gets at its next start; null means every
+      GPU). What they run with now is in RV(containers).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"vmid": 129, "removed": ["dev0: /dev/nvidia0"], "added": ["dev0: /dev/nvidia1"], "minors": [1]}]
 skipped_containers:
   description:
     - The selected containers that were not acted on, each with C(vmid) and C(reason) (V(stopped)).
@@ -305,12 +319,25 @@ def main() -> None:
         module.fail_json(msg=f"containers: no container {describe(missing)} on this node (pct list shows"
                              f" {describe(sorted(listed))}). Nothing was stopped.", missing=missing)
 
-    configs = {}
-    for vmid in selected or sorted(listed):
-        rc, out, err = run(["config", str(vmid)])
+    def read_config(vmid, current):
+        rc, out, err = run(["config", str(vmid)] + (["--current", "1"] if current else []))
         if rc != 0:
-            module.fail_json(msg=f"pct config {vmid} failed (rc {rc}): {(err or out).strip()}. Nothing was stopped.", rc=rc)
-        config = _pct.parse_config(out)
+            module.fail_json(msg=f"pct config {vmid}{' --current 1' if current else ''} failed (rc {rc}):"
+                                 f" {(err or out).strip()}. Nothing was stopped.", rc=rc)
+        return _pct.parse_config(out)
+
+    configs, pending = {}, []
+    for vmid in selected or sorted(listed):
+        # A running container runs with its current config; `pct config` alone applies the pending changes.
+        running_now = listed[vmid]["status"] == "running"
+        config = read_config(vmid, current=running_now)
+        if running_now:
+            change = _pct.passthrough_changes(config, read_config(vmid, current=False))
+            if change:
+                pending.append(dict(vmid=vmid, **change))
+                module.warn(f"CT {vmid} has pending changes to its NVIDIA passthrough (removed: {describe(change['removed'])};"
+                            f" added: {describe(change['added'])}): it keeps its current devices until it restarts."
+                            " The GPUs reported are those it has now.")
         if selected or config["passthrough"]:
             configs[vmid] = config
 
@@ -348,7 +375,8 @@ def main() -> None:
     result = dict(
         changed=False, containers=containers, running=[c["vmid"] for c in running],
         skipped_containers=[{"vmid": c["vmid"], "reason": c["status"]} for c in containers if not c["running"]],
-        gpus=None if union is None else sorted(union), services_stopped=[], shut_down=[], check_mode=module.check_mode)
+        gpus=None if union is None else sorted(union), services_stopped=[], shut_down=[], check_mode=module.check_mode,
+        pending_passthrough=pending)
 
     # Read the state of every service first: a container whose systemd cannot answer fails the task
     # before anything is stopped.

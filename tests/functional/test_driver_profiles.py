@@ -20,14 +20,16 @@ DISCRETE = ("r440", "r470", "r525", "r535-early", "r535", "r550", "r580")
 PROFILES = DISCRETE + ("gb10",)
 # What each profile's library cannot give, as gpu_facts must list it in `unsupported`.
 UNSUPPORTED = {
-    "r440": ["mig_mode"],
-    "r470": [],
-    "r525": [],
-    "r535-early": [],
-    "r535": [],
-    "r550": [],
-    "r580": [],
-    "gb10": ["memory", "mig_mode"],
+    # health: no RemappedRows before R450 nor fabric query before R525; pages are retired only before
+    # Ampere (a V100), rows remapped from Ampere on; a GB10 has no ECC and (assumed) no row remapper.
+    "r440": ["mig_mode", "remapped_rows", "fabric"],
+    "r470": ["retired_pages", "fabric"],
+    "r525": ["retired_pages"],
+    "r535-early": ["retired_pages"],
+    "r535": ["retired_pages"],
+    "r550": ["retired_pages"],
+    "r580": ["retired_pages"],
+    "gb10": ["memory", "mig_mode", "remapped_rows", "retired_pages", "ecc"],
 }
 # The query and entry size the backend must choose (nvitop's rule, see _nvml.choose_process_query).
 PROCESS_QUERY = {
@@ -165,4 +167,5 @@ def test_the_profiles_table_tool_reads_every_scenario_exactly(tmp_path):
     assert rows["r535-early"]["exact"] and rows["r535-early"]["query"]["entry_bytes"] == 32
     # what the bindings' own wrapper gives on early R535: the second and third entries are garbage
     assert [p for p, _mib in rows["r535-early"]["bindings_wrapper"]["0"]][1:] == [0, 4294967295]
-    assert rows["gb10"]["unsupported"] == ["memory", "mig_mode"] and rows["gb10"]["memory_used"] == [None]
+    assert rows["gb10"]["unsupported"] == ["ecc", "memory", "mig_mode", "remapped_rows", "retired_pages"]
+    assert rows["gb10"]["memory_used"] == [None]

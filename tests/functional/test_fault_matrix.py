@@ -337,8 +337,8 @@ def signals_of(res):
     return {r["pid"]: r["signals"] for r in res["released"]}
 
 
-def container(host, vmid, gpus="all"):
-    host.ct_create(vmid, gpus=gpus)
+def container(host, vmid, gpus="all", systemd=False):
+    host.ct_create(vmid, gpus=gpus, systemd=systemd)
     host.ct_start(vmid)
     return vmid
 
@@ -387,7 +387,7 @@ def test_02_slow_exit(row, gpusim, collection):
 @matrix(3, "respawn by a supervisor", "gpu_release stop_units: true stops the unit (pct exec systemctl stop); "
         "stop_units: false signals, reports the respawn with advice, never signals it, and fails")
 def test_03_respawn_by_a_supervisor(row, gpusim, collection):
-    vmid = container(gpusim, row.vmids[0])
+    vmid = container(gpusim, row.vmids[0], systemd=True)
     row.standard_bystanders(gpusim)
     first = gpusim.hold(gpus=[0, 1], mib=4096, ct=vmid, service="sglang", respawn=True, restart_delay=0.3)
     args = {"containers": [vmid], "grace_period": GRACE, "device_files": devices(gpusim)}
@@ -787,7 +787,8 @@ def test_18_two_releases_at_once(row, gpusim, collection):
 @matrix(19, "a container that will not shut down", "proxmox_gpu_containers state=shutdown fails with the advice "
         "(force: true, shutdown_timeout); with force: true it stops the container")
 def test_19_container_that_will_not_shut_down(row, gpusim, collection):
-    ct, other = container(gpusim, row.vmids[0], gpus="0-3"), container(gpusim, row.vmids[1], gpus="4-7")
+    # systemd as PID 1 waits 90 s for a process that ignores SIGTERM (busybox's init would SIGKILL it after 1 s)
+    ct, other = container(gpusim, row.vmids[0], gpus="0-3", systemd=True), container(gpusim, row.vmids[1], gpus="4-7")
     row.standard_bystanders(gpusim)
     row.bystander(gpusim.hold(gpus=[4], mib=2048, ct=other), f"a job in CT {other}")
     stubborn = gpusim.hold(gpus=[0], mib=2048, ct=ct, ignore_term=True)

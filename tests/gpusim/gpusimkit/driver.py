@@ -97,7 +97,9 @@ class Driver:
             return default
 
     def lag_ns(self) -> int:
-        return max(0, self._int_setting("release_lag_ms", 0)) * 1_000_000
+        """How long an exited process's line is kept: the release lag, plus the drain (nvml.c
+        dead_counted_mib releases its memory linearly over drain_ms after the lag)."""
+        return (max(0, self._int_setting("release_lag_ms", 0)) + max(0, self._int_setting("drain_ms", 0))) * 1_000_000
 
     def gpu_count(self) -> int:
         return self._int_setting("gpu_count", 0)

@@ -32,7 +32,29 @@ from .scenario import ScenarioError
 MAX_SOCK_PATH = 107
 CREATED_MARKER = ".gpusim-created"
 LAYOUT = ("lib", "bin", "ctbin", "dev", "run", "ct", "lxc", "services", "scenario", "scenario.json", "scenario.lock",
-          "procs", CREATED_MARKER)
+          "procs", "kmsg", CREATED_MARKER)
+# The simulated kernel log (README "Health"): /dev/kmsg records, Xid lines appended by fault(xid=...).
+KMSG = "kmsg"
+# Xid: the text the driver logs after the code (NVIDIA's Xid catalog; "GPU has fallen off the bus" as in
+# NVIDIA/open-gpu-kernel-modules#1151's logs). Other codes are logged with a generic text.
+XID_TEXT = {
+    13: "Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address",
+    31: "Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f2a_00000000.",
+    43: "Ch 00000010",
+    45: "Ch 00000010",
+    48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer.",
+    63: "Row Remapper: New row marked for remapping, reset gpu to activate.",
+    64: "Row Remapper Error: row remapping failed.",
+    74: "NVLINK: fatal error detected on link 3",
+    79: "GPU has fallen off the bus.",
+    94: "Contained: SM (0x1). RST: No, D-RST: No",
+    95: "Uncontained: FBHUB. RST: Yes, D-RST: No",
+    119: "Timeout after 6s of waiting for RPC response from GPU0 GSP!",
+    120: "GSP task exception",
+}
+HEALTH_FIELDS = ("remap_corrected", "remap_uncorrected", "remap_pending", "remap_failure", "retired_pending",
+                 "ecc_mode", "ecc_volatile_corrected", "ecc_volatile_uncorrected", "fabric_state", "fabric_status",
+                 "clock_reasons")
 INIT_ERROR_NAMES = {"none": 0, "ok": 0, "driver_not_loaded": 9, "version_mismatch": 18, "no_permission": 4}
 SERVICE_RE = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 READY_TIMEOUT_S = 30.0
@@ -194,6 +216,8 @@ class SimHost:
                     f.write("created by gpusim up; removed by gpusim down\n")
             for d in ("lib", "bin", "ctbin", "dev", "run", "ct", "lxc", "services"):
                 os.makedirs(host.path(d), exist_ok=True)
+            with open(host.path(KMSG), "a", encoding="utf-8"):
+                pass  # the simulated kernel log: empty until a fault logs an Xid
             scn.save(simdir, sc)
             try:
                 cgroups.make_host(simdir)
@@ -271,6 +295,8 @@ class SimHost:
             "PATH": os.pathsep.join([self.path("bin"), *parts]),
             "LD_LIBRARY_PATH": self.path("lib"),
             "GPUSIM_DIR": self.dir,
+            # The modules read Xid events from this file, never from the real kernel log (README "Health").
+            "GPUOPS_KERNEL_LOG": self.path(KMSG),
         }
 
     def env(self) -> Dict[str, str]:
@@ -560,6 +586,8 @@ class SimHost:
               leak: Union[Dict[int, int], str, Iterable[str], None] = None, pid_mode: Optional[str] = None,
               release_lag_ms: Optional[int] = None, hide: Union[str, Iterable[str], None] = None,
               unknown: Union[Dict[int, Iterable[str]], str, Iterable[str], None] = None,
+              health: Union[Dict[int, Dict[str, Any]], str, Iterable[str], None] = None,
+              xid: Union[Dict[int, Any], str, Iterable[str], None] = None, drain_ms: Optional[int] = None,
               clear: bool = False) -> None:
         """Change the scenario while programs run.
 
@@ -570,9 +598,16 @@ class SimHost:
         seconds from now.  not_supported: {gpu: [fields]} or "I:field,field" (added to the GPU's
         list).  unknown: the same shape; those fields' queries answer NVML_ERROR_UNKNOWN (999) on every
         call (an intermittent driver error that outlasts the retries).  leak: {gpu: mib} or "I:MIB".  hide: the exact set of hidden symbols besides the
-        profile's (the library in DIR/lib is reinstalled; programs started afterwards see it)."""
+        profile's (the library in DIR/lib is reinstalled; programs started afterwards see it).
+        health: {gpu: {field: value}} or "I:field=value,field=value" with the fields of HEALTH_FIELDS
+        (fabric_state also by name: not_supported, not_started, in_progress, completed); clear puts
+        them back to a healthy GPU's.  xid: {gpu: code or [codes]} or "I:79": Xid lines appended to
+        the simulated kernel log DIR/kmsg (lose_gpu logs an Xid 79 too); the log is history, clear
+        keeps it.  drain_ms: from now on, the memory of an exited process is released linearly over
+        this long after the release lag (a setting, kept by clear)."""
         if after is not None and lose_gpu is None:
             raise ScenarioError("invalid after: needs lose_gpu")
+        xid_lines: List[Tuple[Any, int, int]] = []
         with scn.edit(self.dir) as sc:
             old_hidden = list(sc.hidden_symbols)
             count = sc.gpu_count
@@ -586,6 +621,10 @@ class SimHost:
                     g.not_supported = scn.profile_not_supported(sc)
                     g.unknown = []
                     g.leaked_mib = 0
+                    healthy = scn.Gpu(index=g.index)
+                    for name in HEALTH_FIELDS:
+                        setattr(g, name, getattr(healthy, name))
+                    g.fabric_state = scn.profile_of(sc).fabric_state
             if init_error is not None:
                 if isinstance(init_error, str) and not init_error.strip().lstrip("-").isdigit():
                     if init_error not in INIT_ERROR_NAMES:
@@ -607,6 +646,7 @@ class SimHost:
                     when += int(delay * 1e9)
                 for i in idx:
                     sc.gpus[self._gpu_index(i, count, "lose_gpu")].lost_at_ns = when
+                    xid_lines.append((sc.gpus[self._gpu_index(i, count, "lose_gpu")], 79, when))
             for i, fields in self._pairs(not_supported, "not_supported", count, lambda v: [
                     f.strip() for f in (v.split(",") if isinstance(v, str) else v) if f.strip()]):
                 g = sc.gpus[i]
@@ -617,6 +657,17 @@ class SimHost:
                 g.unknown = sorted(set(g.unknown) | set(fields))
             for i, mib in self._pairs(leak, "leak", count, lambda v: _as_int(v, "leak")):
                 sc.gpus[i].leaked_mib = mib
+            for i, fields in self._pairs(health, "health", count, self._health_fields):
+                for name, v in fields.items():
+                    setattr(sc.gpus[i], name, v)
+            for i, codes in self._pairs(xid, "xid", count, lambda v: [
+                    _as_int(c, "xid") for c in (v if isinstance(v, (list, tuple)) else str(v).split(","))]):
+                for code in codes:
+                    if not 1 <= code <= 999:
+                        raise ScenarioError(f"invalid xid={code!r}: must be an Xid code 1..999")
+                    xid_lines.append((sc.gpus[i], code, time.monotonic_ns()))
+            if drain_ms is not None:
+                sc.drain_ms = _as_int(drain_ms, "drain_ms")
             if unknown_every is not None:
                 sc.unknown_every = _as_int(unknown_every, "unknown_every")
             if call_delay_ms is not None:
@@ -633,6 +684,45 @@ class SimHost:
                 self.check_hidden(new_hidden)
         if new_hidden != old_hidden:
             self._install_library(new_hidden)
+        if xid_lines:
+            self._log_xids(xid_lines)
+
+    @staticmethod
+    def _health_fields(value) -> Dict[str, int]:
+        """{"remap_pending": 1} or "remap_pending=1,fabric_state=in_progress" -> {field: int}."""
+        if isinstance(value, dict):
+            items = list(value.items())
+        else:
+            items = []
+            for part in str(value).split(","):
+                k, sep, v = part.partition("=")
+                if not sep:
+                    raise ScenarioError(f"invalid health={value!r}: must look like GPU:field=value,field=value")
+                items.append((k.strip(), v.strip()))
+        out = {}
+        for k, v in items:
+            if k not in HEALTH_FIELDS:
+                raise ScenarioError(f"invalid health field {k!r}: known: {', '.join(HEALTH_FIELDS)}")
+            if k == "fabric_state" and isinstance(v, str) and v in scn.FABRIC_STATES:
+                v = scn.FABRIC_STATES[v]
+            out[k] = int(v, 0) if isinstance(v, str) and k == "clock_reasons" else _as_int(v, k)
+        return out
+
+    def _log_xids(self, lines: List[Tuple[Any, int, int]]) -> None:
+        """Append Xid records to DIR/kmsg in /dev/kmsg's format ("prio,seq,usec,-;message")."""
+        path = self.path(KMSG)
+        try:
+            with open(path, encoding="utf-8") as f:
+                seq = sum(1 for _line in f)
+        except FileNotFoundError:
+            seq = 0
+        with open(path, "a", encoding="utf-8") as f:
+            for g, code, when_ns in lines:
+                dom, bus, dev = g.pci_bus_id.split(":")[0], g.pci_bus_id.split(":")[1], g.pci_bus_id.split(":")[2][:2]
+                text = XID_TEXT.get(code, "Xid event")
+                f.write(f"3,{seq},{when_ns // 1000},-;NVRM: Xid (PCI:{int(dom, 16):04x}:{bus.lower()}:{dev.lower()}):"
+                        f" {code}, pid='<unknown>', name=<unknown>, {text}\n")
+                seq += 1
 
     @staticmethod
     def _gpu_index(value: Any, count: int, field: str) -> int:
@@ -690,9 +780,15 @@ class SimHost:
             p["alive"] = proctools.alive(p["pid"], p["starttime"])
             p["exit_ns"] = exits.get(key)
             counted = p["alive"] or p["exit_ns"] is None or now < p["exit_ns"] + lag
+            mib = max(0, p["used_mib"])
+            drain = sc.drain_ms * 1_000_000
+            if not counted and drain > 0 and now < p["exit_ns"] + lag + drain:
+                # released linearly over drain_ms after the lag (nvml.c dead_counted_mib)
+                counted = True
+                mib = int(mib * (p["exit_ns"] + lag + drain - now) / drain + 0.5)
             p["counted"] = counted
             if counted and p["gpu"] in used:
-                used[p["gpu"]] += max(0, p["used_mib"])
+                used[p["gpu"]] += mib
             if p["alive"] and p["gpu"] in pids:
                 pids[p["gpu"]].append(p["pid"])
         gpus = []
@@ -713,6 +809,7 @@ class SimHost:
                          "nvml_version": sc.nvml_version, "cuda_version": sc.cuda_version,
                          "process_v3_entry_bytes": sc.process_v3_entry_bytes,
                          "init_error": sc.init_error, "pid_mode": sc.pid_mode, "release_lag_ms": sc.release_lag_ms,
+                         "drain_ms": sc.drain_ms,
                          "unknown_every": sc.unknown_every, "call_delay_ms": sc.call_delay_ms,
                          "hidden_symbols": list(sc.hidden_symbols),
                          "profile_hidden_symbols": scn.profile_hidden(sc)},

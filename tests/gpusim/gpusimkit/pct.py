@@ -369,6 +369,9 @@ def main(argv: Sequence[str], simdir: Optional[str] = None) -> int:
         print_usage_short(sys.stderr, f"unknown command '{EXE} {argv[0]}'")
         return 255
     try:
+        if os.geteuid() != 0:
+            # pve-common's PVE::CLIHandler (setup_default_cli_env): die "please run as root\n" if $> != 0
+            raise Die("please run as root", 255)
         if not simdir:
             raise Die("pct: no scenario directory (GPUSIM_DIR is not set)")
         opts = get_options(cmd, argv[1:])

@@ -48,8 +48,16 @@ NOT_SUPPORTED_FIELDS = frozenset(
         "memory_v1",  # nvmlDeviceGetMemoryInfo only ("memory": both calls)
         "memory_v2",  # nvmlDeviceGetMemoryInfo_v2 only
         "conf_compute",  # nvmlDeviceGetConfComputeMemSizeInfo
+        "remapped_rows",  # nvmlDeviceGetRemappedRows
+        "retired_pages",  # nvmlDeviceGetRetiredPagesPendingStatus
+        "ecc",  # nvmlDeviceGetEccMode, nvmlDeviceGetTotalEccErrors
+        "fabric",  # nvmlDeviceGetGpuFabricInfo, nvmlDeviceGetGpuFabricInfoV
+        "clock_reasons",  # nvmlDeviceGetCurrentClocksEventReasons, ...ThrottleReasons
     ]
 )
+# nvmlGpuFabricState_t (nvml.h NVML_GPU_FABRIC_STATE_*)
+FABRIC_STATES = {"not_supported": 0, "not_started": 1, "in_progress": 2, "completed": 3}
+IDLE_CLOCK_REASONS = 0x1  # nvmlClocksEventReasonGpuIdle
 INIT_ERRORS = {0: "ok", 4: "no_permission", 9: "driver_not_loaded", 18: "version_mismatch"}
 PID_MODES = ("host", "translate")
 HIDEABLE_PREFIX = "nvml"
@@ -89,6 +97,19 @@ class Gpu:
     mig_current: int = 0
     mig_pending: int = 0
     lost_at_ns: int = -1
+    # Health (README "Health"): what the row remapper, page retirement, ECC counters, the NVSwitch
+    # fabric and the clock event reasons report. Which of them a GPU has follows its model (the C library).
+    remap_corrected: int = 0
+    remap_uncorrected: int = 0
+    remap_pending: int = 0
+    remap_failure: int = 0
+    retired_pending: int = 0
+    ecc_mode: int = 1
+    ecc_volatile_corrected: int = 0
+    ecc_volatile_uncorrected: int = 0
+    fabric_state: int = 3
+    fabric_status: int = 0
+    clock_reasons: int = IDLE_CLOCK_REASONS
     not_supported: List[str] = dataclasses.field(default_factory=list)
     unknown: List[str] = dataclasses.field(default_factory=list)
 
@@ -113,6 +134,16 @@ class Gpu:
         _check(self.compute_mode in (0, 2, 3), f + ".compute_mode", self.compute_mode, "must be 0, 2 or 3")
         _check(self.mig_current in (0, 1), f + ".mig_current", self.mig_current, "must be 0 or 1")
         _check(self.mig_pending in (0, 1), f + ".mig_pending", self.mig_pending, "must be 0 or 1")
+        for name in ("remap_pending", "remap_failure", "retired_pending", "ecc_mode"):
+            v = getattr(self, name)
+            _check(v in (0, 1), f"{f}.{name}", v, "must be 0 or 1")
+        for name in ("remap_corrected", "remap_uncorrected", "ecc_volatile_corrected", "ecc_volatile_uncorrected"):
+            v = getattr(self, name)
+            _check(isinstance(v, int) and 0 <= v < 2**32, f"{f}.{name}", v, "must be a count 0..2**32-1")
+        _check(self.fabric_state in FABRIC_STATES.values(), f + ".fabric_state", self.fabric_state,
+               "must be 0 (not supported), 1 (not started), 2 (in progress) or 3 (completed)")
+        _check(0 <= self.fabric_status <= 999, f + ".fabric_status", self.fabric_status, "must be an NVML return code")
+        _check(0 <= self.clock_reasons < 2**64, f + ".clock_reasons", self.clock_reasons, "must be a 64-bit mask")
         bad = sorted(set(self.not_supported) - NOT_SUPPORTED_FIELDS)
         _check(not bad, f + ".not_supported", ",".join(bad), f"unknown field; known: {', '.join(sorted(NOT_SUPPORTED_FIELDS))}")
         bad = sorted(set(self.unknown) - NOT_SUPPORTED_FIELDS)
@@ -129,6 +160,8 @@ class Scenario:
     pid_mode: str = "translate"
     host_pidns: int = 0
     release_lag_ms: int = 0
+    # After the lag, the memory of an exited process is released linearly over drain_ms (0: at once).
+    drain_ms: int = 0
     unknown_every: int = 0
     call_delay_ms: int = 0
     hidden_symbols: List[str] = dataclasses.field(default_factory=list)
@@ -150,6 +183,7 @@ class Scenario:
                "must be one of " + ", ".join(f"{k} ({v})" for k, v in INIT_ERRORS.items()))
         _check(self.pid_mode in PID_MODES, "pid_mode", self.pid_mode, "must be host or translate")
         _check(self.release_lag_ms >= 0, "release_lag_ms", self.release_lag_ms, "must be >= 0")
+        _check(isinstance(self.drain_ms, int) and self.drain_ms >= 0, "drain_ms", self.drain_ms, "must be >= 0")
         _check(self.unknown_every >= 0, "unknown_every", self.unknown_every, "must be >= 0")
         _check(self.call_delay_ms >= 0, "call_delay_ms", self.call_delay_ms, "must be >= 0")
         _check(self.driver_profile in profiles.PROFILES, "driver", self.driver_profile,
@@ -178,6 +212,7 @@ class Scenario:
             f"pid_mode {self.pid_mode}",
             f"host_pidns {self.host_pidns}",
             f"release_lag_ms {self.release_lag_ms}",
+            f"drain_ms {self.drain_ms}",
             f"unknown_every {self.unknown_every}",
             f"call_delay_ms {self.call_delay_ms}",
             f"hidden_symbols {','.join(self.hidden_symbols)}",
@@ -271,6 +306,7 @@ def profile_scenario(driver: str = profiles.DEFAULT_PROFILE, count: Optional[int
         g.pci_bus_id = bus_id
     for g in sc.gpus:
         g.not_supported = profile_not_supported(sc)
+        g.fabric_state = prof.fabric_state
     sc.hidden_symbols = profile_hidden(sc, hidden_symbols)
     sc.validate()
     return sc

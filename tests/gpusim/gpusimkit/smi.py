@@ -37,6 +37,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 from xml.sax.saxutils import escape as _xml_escape
 from xml.sax.saxutils import quoteattr as _xml_quoteattr
 
+from . import profiles
+
 # --- NVML constants ---------------------------------------------------------
 
 SUCCESS = 0
@@ -224,7 +226,6 @@ GPU_FIELDS: Dict[str, Tuple[Optional[str], str, Callable[[Dict, Dict], object]]]
     "pci.device_id": (None, "str", _pci("pci_device_id", "0x%08X")),
     "pci.sub_device_id": (None, "str", _pci("pci_subsystem_id", "0x%08X")),
     "index": (None, "str", _key("index")),
-    "minor_number": (None, "str", _key("minor")),
     "persistence_mode": (None, "enabled", _key("persistence")),
     "compute_mode": (None, "compute_mode", _key("compute_mode")),
     "mig.mode.current": (None, "enabled", _key("mig_current")),
@@ -243,6 +244,35 @@ GPU_FIELDS: Dict[str, Tuple[Optional[str], str, Callable[[Dict, Dict], object]]]
     "power.limit": ("W", "watt", _key("power_limit_mw")),
     "enforced.power.limit": ("W", "watt", _key("power_limit_mw")),
 }
+
+# Health (README "Health"): what read_health() puts in the GPU record, as the real tool prints it.
+HEALTH_GPU_FIELDS: Dict[str, Tuple[Optional[str], str, Callable[[Dict, Dict], object]]] = {
+    "remapped_rows.correctable": (None, "str", _key("remap_corrected")),
+    "remapped_rows.uncorrectable": (None, "str", _key("remap_uncorrected")),
+    "remapped_rows.pending": (None, "str", _key("remap_pending")),
+    "remapped_rows.failure": (None, "str", _key("remap_failure")),
+    "retired_pages.pending": (None, "str", _key("retired_pending")),
+    "ecc.mode.current": (None, "str", _key("ecc_mode_text")),
+    "ecc.errors.corrected.volatile.total": (None, "str", _key("ecc_corrected_volatile")),
+    "ecc.errors.uncorrected.volatile.total": (None, "str", _key("ecc_uncorrected_volatile")),
+    "fabric.state": (None, "str", _key("fabric_state")),
+    "fabric.status": (None, "str", _key("fabric_status")),
+    "clocks_event_reasons.active": (None, "str", _key("clock_reasons")),
+    "clocks_throttle_reasons.active": (None, "str", _key("clock_reasons")),
+}
+GPU_FIELDS.update(HEALTH_GPU_FIELDS)
+# A field the nvidia-smi of a branch knows only when that branch's library has the query behind it
+# (the tool and the library ship together): another branch's tool refuses it as "not a valid field".
+FIELD_SYMBOLS = {
+    "remapped_rows.correctable": "nvmlDeviceGetRemappedRows",
+    "remapped_rows.uncorrectable": "nvmlDeviceGetRemappedRows",
+    "remapped_rows.pending": "nvmlDeviceGetRemappedRows",
+    "remapped_rows.failure": "nvmlDeviceGetRemappedRows",
+    "fabric.state": "nvmlDeviceGetGpuFabricInfo",
+    "fabric.status": "nvmlDeviceGetGpuFabricInfo",
+    "clocks_event_reasons.active": "nvmlDeviceGetCurrentClocksEventReasons",
+}
+FABRIC_STATE_TEXT = {0: "Not Supported", 1: "Not Started", 2: "In Progress", 3: "Completed"}
 
 GPU_ALIASES = {
     "gpu_name": "name",
@@ -872,6 +902,11 @@ class nvmlPciInfo_t(ctypes.Structure):
     ]
 
 
+class c_nvmlGpuFabricInfo_t(ctypes.Structure):  # nvml.h: the state is one byte
+    _fields_ = [("clusterUuid", ctypes.c_ubyte * 16), ("status", ctypes.c_int), ("cliqueId", ctypes.c_uint),
+                ("state", ctypes.c_ubyte)]
+
+
 class c_nvmlUtilization_t(ctypes.Structure):
     _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
 
@@ -1125,6 +1160,51 @@ def read_query_extras(nv: Nvml, g: Dict) -> Dict:
     return g
 
 
+def read_health(nv: Nvml, g: Dict) -> Dict:
+    """The health values of the CSV query (HEALTH_GPU_FIELDS), each an Err where the library or the
+    GPU cannot give it (printed [N/A]). A lost GPU raises DeviceFailure, as in read_gpu."""
+    h = g["handle"]
+    rows = [ctypes.c_uint(0) for _ in range(4)]
+    ret = nv.call("nvmlDeviceGetRemappedRows", h, *[ctypes.byref(r) for r in rows])
+    if ret == SUCCESS:
+        g["remap_corrected"], g["remap_uncorrected"] = rows[0].value, rows[1].value
+        g["remap_pending"] = "Yes" if rows[2].value else "No"
+        g["remap_failure"] = "Yes" if rows[3].value else "No"
+    else:
+        g["remap_corrected"] = g["remap_uncorrected"] = g["remap_pending"] = g["remap_failure"] = _check(g, nv.err(ret))
+    pending = _check(g, nv.uint("nvmlDeviceGetRetiredPagesPendingStatus", h))
+    g["retired_pending"] = pending if isinstance(pending, Err) else ("Yes" if pending else "No")
+    mode = _check(g, nv.uint2("nvmlDeviceGetEccMode", h))
+    g["ecc_mode_text"] = mode if isinstance(mode, Err) else _enabled(mode[0])
+    for key, kind in (("ecc_corrected_volatile", 0), ("ecc_uncorrected_volatile", 1)):
+        v = ctypes.c_ulonglong(0)
+        ret = nv.call("nvmlDeviceGetTotalEccErrors", h, ctypes.c_uint(kind), ctypes.c_uint(0), ctypes.byref(v))
+        g[key] = v.value if ret == SUCCESS else _check(g, nv.err(ret))
+    info = c_nvmlGpuFabricInfo_t()
+    ret = nv.call("nvmlDeviceGetGpuFabricInfo", h, ctypes.byref(info))
+    if ret == SUCCESS:
+        g["fabric_state"] = FABRIC_STATE_TEXT.get(info.state, "Unknown")
+        g["fabric_status"] = (("Success" if info.status == SUCCESS else nv.error_string(info.status))
+                              if info.state == 3 else NA)
+    else:
+        g["fabric_state"] = g["fabric_status"] = _check(g, nv.err(ret))
+    mask = ctypes.c_ulonglong(0)
+    sym = ("nvmlDeviceGetCurrentClocksEventReasons" if nv.has("nvmlDeviceGetCurrentClocksEventReasons")
+           else "nvmlDeviceGetCurrentClocksThrottleReasons")
+    ret = nv.call(sym, h, ctypes.byref(mask))
+    g["clock_reasons"] = f"0x{mask.value:016X}" if ret == SUCCESS else _check(g, nv.err(ret))
+    return g
+
+
+def unknown_fields(nv: Nvml, fields: Sequence[str]) -> Optional[str]:
+    """The first requested field this branch's tool does not know (FIELD_SYMBOLS), or None."""
+    for name in fields:
+        sym = FIELD_SYMBOLS.get(name)
+        if sym and not nv.has(sym):
+            return name
+    return None
+
+
 def _ecc(nv: Nvml, g: Dict, h):
     """Volatile uncorrected ECC errors; a library without the ECC calls reads as 0 (an H200)."""
     if not nv.has("nvmlDeviceGetTotalEccErrors"):
@@ -1231,11 +1311,20 @@ class Io:
         self.err.write(s)
 
 
-def help_query_text(kind: str) -> str:
+def absent_fields(simdir: str) -> Tuple[str, ...]:
+    """The --query-gpu fields the nvidia-smi of the scenario's driver branch does not list
+    (profiles.Profile.smi_absent_fields: memory.reserved before R510, ...)."""
+    prof = profiles.PROFILES.get(scenario_value(simdir, "driver_profile") or profiles.DEFAULT_PROFILE)
+    return prof.smi_absent_fields if prof else ()
+
+
+def help_query_text(kind: str, absent: Sequence[str] = ()) -> str:
     table, aliases = (GPU_FIELDS, GPU_ALIASES) if kind == "gpu" else (APP_FIELDS, APP_ALIASES)
     lines = ["List of valid properties to query for the switch \"--query-%s\":" %
              ("gpu" if kind == "gpu" else "compute-apps"), ""]
     for name in table:
+        if name in absent:
+            continue
         alias = [a for a, c in aliases.items() if c == name and a != name]
         label = " or ".join(f'"{n}"' for n in [name] + alias)
         lines.append(label)
@@ -1270,6 +1359,10 @@ def _main(argv: Sequence[str], simdir: str, io: Io) -> int:
             fields, bad = resolve_fields(args.query_gpu if kind == "gpu" else args.query_apps, kind)
             if bad is not None:
                 raise UsageError(f'Field "{bad}" is not a valid field to query.\n\n')
+            absent = absent_fields(simdir) if kind == "gpu" else ()
+            for raw in args.query_gpu.split(",") if absent else ():
+                if resolve_fields(raw, "gpu")[0][0] in absent:  # the branch's tool does not list it
+                    raise UsageError(f'Field "{raw.strip()}" is not a valid field to query.\n\n')
     except UsageError as e:
         io.o(e.message)
         return e.code
@@ -1277,7 +1370,7 @@ def _main(argv: Sequence[str], simdir: str, io: Io) -> int:
         io.o(USAGE.format(version=scenario_value(simdir, "driver_version") or "580.159.03"))
         return EXIT_OK
     if args.help_query:
-        io.o(help_query_text(args.help_query))
+        io.o(help_query_text(args.help_query, absent_fields(simdir) if args.help_query == "gpu" else ()))
         return EXIT_OK
 
     path = library_path(simdir)
@@ -1290,6 +1383,10 @@ def _main(argv: Sequence[str], simdir: str, io: Io) -> int:
         io.o(MSG_LIB_NOT_FOUND + "\n")
         return ERROR_LIBRARY_NOT_FOUND
     nv.v3_entry_bytes = v3_entry_bytes(simdir)
+    unknown = unknown_fields(nv, fields) if args.query_gpu is not None else None
+    if unknown is not None:
+        io.o(f'Field "{unknown}" is not a valid field to query.\n\n')
+        return EXIT_BAD_ARGS
     ret = nv.call("nvmlInitWithFlags", ctypes.c_uint(0))
     if ret == ERROR_FUNCTION_NOT_FOUND:
         ret = nv.call("nvmlInit_v2")
@@ -1352,6 +1449,8 @@ def _run(nv: Nvml, args: Args, fields: List[str], header: bool, units: bool, io:
             read_gpu(nv, g, need_table=(mode == "table"))
             if mode in ("xml", "text"):
                 read_query_extras(nv, g)
+            if mode == "gpu" and any(f in HEALTH_GPU_FIELDS for f in fields):
+                read_health(nv, g)
             if mode in ("table", "xml", "text"):
                 rows, rep = read_processes(nv, g, [("Compute", "C"), ("Graphics", "G"), ("MPSCompute", "M")])
             elif mode == "app":

@@ -152,6 +152,33 @@ typedef struct {
     nvmlProcessDetail_v1_t *procArray;
 } nvmlProcessDetailList_t;
 
+/*
+ * nvmlGpuFabricInfo_t and nvmlGpuFabricInfo_v2_t/_v3_t (nvml.h; go-nvml pkg/nvml/nvml.h): the
+ * state is an unsigned char (nvmlGpuFabricState_t), so the v1 struct is 28 bytes with padding and
+ * healthMask sits at offset 32 of v2.  nvmlGpuFabricInfoV_t is v3 in NVML 12.5+ headers, v2 before.
+ */
+#define NVML_GPU_FABRIC_UUID_LEN 16
+typedef struct {
+    unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned char state;
+} nvmlGpuFabricInfo_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned char state;
+    unsigned int healthMask;
+    unsigned char healthSummary; /* v3 only */
+} nvmlGpuFabricInfoV_t;
+
+/* 0x02000024 and 0x03000028 */
+#define NVML_GPU_FABRIC_INFO_V2_VERSION ((unsigned)(offsetof(nvmlGpuFabricInfoV_t, healthSummary) | (2u << 24)))
+#define NVML_GPU_FABRIC_INFO_V3_VERSION ((unsigned)(sizeof(nvmlGpuFabricInfoV_t) | (3u << 24)))
+
 /* nvmlDeviceGetConfComputeMemSizeInfo (R535 and later). */
 typedef struct {
     unsigned long long protectedMemSizeKib;
@@ -172,6 +199,9 @@ _Static_assert(offsetof(nvmlProcessDetail_v1_t, usedGpuCcProtectedMemory) ==
                "nvmlProcessDetail_v1_t is nvmlProcessInfo_v3_t (put_process writes both)");
 _Static_assert(sizeof(nvmlProcessDetailList_t) == 24, "nvmlProcessDetailList_t layout");
 _Static_assert(sizeof(nvmlConfComputeMemSizeInfo_t) == 16, "nvmlConfComputeMemSizeInfo_t layout");
+_Static_assert(sizeof(nvmlGpuFabricInfo_t) == 28, "nvmlGpuFabricInfo_t layout");
+_Static_assert(offsetof(nvmlGpuFabricInfoV_t, healthMask) == 32 && sizeof(nvmlGpuFabricInfoV_t) == 40,
+               "nvmlGpuFabricInfo_v2_t / _v3_t layout");
 
 /* ---- the simulated state ------------------------------------------------ */
 
@@ -196,6 +226,11 @@ enum {
     NS_MEMORY_V1 = 1u << 14, /* nvmlDeviceGetMemoryInfo only */
     NS_MEMORY_V2 = 1u << 15, /* nvmlDeviceGetMemoryInfo_v2 only */
     NS_CONF_COMPUTE = 1u << 16,
+    NS_REMAPPED_ROWS = 1u << 17, /* nvmlDeviceGetRemappedRows */
+    NS_RETIRED_PAGES = 1u << 18, /* nvmlDeviceGetRetiredPagesPendingStatus */
+    NS_ECC = 1u << 19,           /* nvmlDeviceGetEccMode, nvmlDeviceGetTotalEccErrors */
+    NS_FABRIC = 1u << 20,        /* nvmlDeviceGetGpuFabricInfo, ...V */
+    NS_CLOCK_REASONS = 1u << 21, /* nvmlDeviceGetCurrentClocksEventReasons, ...ThrottleReasons */
 };
 
 static const struct {
@@ -211,6 +246,9 @@ static const struct {
     {"encoder", NS_ENCODER},         {"decoder", NS_DECODER},
     {"memory_v1", NS_MEMORY_V1},     {"memory_v2", NS_MEMORY_V2},
     {"conf_compute", NS_CONF_COMPUTE},
+    {"remapped_rows", NS_REMAPPED_ROWS}, {"retired_pages", NS_RETIRED_PAGES},
+    {"ecc", NS_ECC},                 {"fabric", NS_FABRIC},
+    {"clock_reasons", NS_CLOCK_REASONS},
 };
 
 struct gpu {
@@ -228,6 +266,14 @@ struct gpu {
     int fan; /* < 0: no fan (NOT_SUPPORTED) */
     unsigned persistence, compute_mode, mig_current, mig_pending;
     long long lost_at_ns; /* CLOCK_MONOTONIC; < 0: never lost */
+    /* health (README "Health"): row remapper, page retirement, ECC, fabric, clock event reasons */
+    unsigned remap_corrected, remap_uncorrected, remap_pending, remap_failure;
+    unsigned retired_pending;
+    unsigned ecc_mode;
+    unsigned long long ecc_volatile_corrected, ecc_volatile_uncorrected;
+    int fabric_state;  /* NVML_GPU_FABRIC_STATE_*: 0 not supported, 1 not started, 2 in progress, 3 completed */
+    int fabric_status; /* an nvmlReturn_t, meaningful once the state is completed */
+    unsigned long long clock_reasons; /* nvmlClocksEventReason* bits */
     unsigned not_supported; /* NS_* bits */
     unsigned unknown;       /* NS_* bits whose queries answer NVML_ERROR_UNKNOWN (an intermittent driver error) */
 };
@@ -242,6 +288,7 @@ struct scenario {
     int pid_mode;
     unsigned long long host_pidns;
     long long release_lag_ms;
+    long long drain_ms; /* after the lag, a dead process's memory is released linearly over this long */
     long long unknown_every;
     long long call_delay_ms;
     unsigned process_v3_entry_bytes; /* sizeof(nvmlProcessInfo_t) or sizeof(nvmlProcessInfo_v3_t) */
@@ -513,6 +560,9 @@ static void default_gpu(struct gpu *g, unsigned i, int count)
     g->fan = -1;
     g->persistence = 1;
     g->lost_at_ns = -1;
+    g->ecc_mode = 1;
+    g->fabric_state = 3;    /* an HGX board whose fabric manager has registered the GPU */
+    g->clock_reasons = 0x1; /* nvmlClocksEventReasonGpuIdle */
 }
 
 static void set_gpu_field(struct gpu *g, const char *f, const char *v)
@@ -561,6 +611,28 @@ static void set_gpu_field(struct gpu *g, const char *f, const char *v)
         g->mig_pending = (unsigned)parse_int(v, g->mig_pending);
     else if (!strcmp(f, "lost_at_ns"))
         g->lost_at_ns = parse_int(v, g->lost_at_ns);
+    else if (!strcmp(f, "remap_corrected"))
+        g->remap_corrected = (unsigned)parse_int(v, g->remap_corrected);
+    else if (!strcmp(f, "remap_uncorrected"))
+        g->remap_uncorrected = (unsigned)parse_int(v, g->remap_uncorrected);
+    else if (!strcmp(f, "remap_pending"))
+        g->remap_pending = (unsigned)parse_int(v, g->remap_pending);
+    else if (!strcmp(f, "remap_failure"))
+        g->remap_failure = (unsigned)parse_int(v, g->remap_failure);
+    else if (!strcmp(f, "retired_pending"))
+        g->retired_pending = (unsigned)parse_int(v, g->retired_pending);
+    else if (!strcmp(f, "ecc_mode"))
+        g->ecc_mode = (unsigned)parse_int(v, g->ecc_mode);
+    else if (!strcmp(f, "ecc_volatile_corrected"))
+        g->ecc_volatile_corrected = parse_u64(v, g->ecc_volatile_corrected);
+    else if (!strcmp(f, "ecc_volatile_uncorrected"))
+        g->ecc_volatile_uncorrected = parse_u64(v, g->ecc_volatile_uncorrected);
+    else if (!strcmp(f, "fabric_state"))
+        g->fabric_state = (int)parse_int(v, g->fabric_state);
+    else if (!strcmp(f, "fabric_status"))
+        g->fabric_status = (int)parse_int(v, g->fabric_status);
+    else if (!strcmp(f, "clock_reasons"))
+        g->clock_reasons = (unsigned long long)parse_int(v, (long long)g->clock_reasons);
     else if (!strcmp(f, "not_supported") || !strcmp(f, "unknown")) {
         unsigned *bits = !strcmp(f, "unknown") ? &g->unknown : &g->not_supported;
         *bits = 0;
@@ -630,6 +702,8 @@ static void parse_scenario(char *buf, struct scenario *sc)
             sc->host_pidns = parse_u64(val, 0);
         else if (!strcmp(key, "release_lag_ms"))
             sc->release_lag_ms = parse_int(val, 0);
+        else if (!strcmp(key, "drain_ms"))
+            sc->drain_ms = parse_int(val, 0);
         else if (!strcmp(key, "unknown_every"))
             sc->unknown_every = parse_int(val, 0);
         else if (!strcmp(key, "call_delay_ms"))
@@ -827,12 +901,27 @@ static long reported_pid(const struct proc_line *p)
     return -1; /* new drivers drop processes the caller cannot see */
 }
 
-/* Rule 3: memory of a dead process counts until exit_ns + release_lag_ms ("now" when no exit line yet). */
-static int dead_still_counts(const struct proc_line *p, long long now)
+/*
+ * Rule 3: memory of a dead process counts in full until exit_ns + release_lag_ms ("now" when no
+ * exit line yet); then, with drain_ms > 0, it is released linearly over drain_ms (the teardown of
+ * a large context with pinned host memory: README "Draining"), else at once.  Returns the MiB
+ * still counted.
+ */
+static long long dead_counted_mib(const struct proc_line *p, long long now)
 {
+    if (p->used_mib <= 0)
+        return 0;
     const struct exit_line *e = find_exit(p);
     long long exit_ns = e ? e->exit_ns : now;
-    return now < exit_ns + g_sc.release_lag_ms * 1000000LL;
+    long long start = exit_ns + g_sc.release_lag_ms * 1000000LL;
+    if (now < start)
+        return p->used_mib;
+    long long drain_ns = g_sc.drain_ms * 1000000LL;
+    if (drain_ns <= 0 || now - start >= drain_ns)
+        return 0;
+    long double left = (long double)(drain_ns - (now - start)) / (long double)drain_ns;
+    long long mib = (long long)((long double)p->used_mib * left + 0.5L);
+    return mib > 0 ? mib : 0;
 }
 
 struct seen_proc {
@@ -857,8 +946,7 @@ static long long scan_gpu(unsigned gi, unsigned types, struct seen_proc *out, si
         if (!alive) {
             if (now < 0)
                 now = mono_ns();
-            if (dead_still_counts(p, now) && p->used_mib > 0)
-                used += p->used_mib;
+            used += dead_counted_mib(p, now);
             continue; /* never reported */
         }
         if (p->used_mib > 0)
@@ -1597,5 +1685,124 @@ NVMLAPI nvmlReturn_t nvmlDeviceGetConfComputeMemSizeInfo(nvmlDevice_t device, nv
     (void)g;
     memInfo->protectedMemSizeKib = 0;
     memInfo->unprotectedMemSizeKib = 0;
+    return leave(NVML_SUCCESS);
+}
+
+/* ---- health: row remapper, page retirement, ECC, fabric, clock event reasons ---------------- */
+
+/*
+ * What a GPU model supports, by its architecture (the compute capability its name gives, as in
+ * nvmlDeviceGetCudaComputeCapability): pages are retired before Ampere and rows remapped from
+ * Ampere on (NVIDIA's A100 memory error management docs: row remapping replaces page
+ * retirement); a GB10's unified LPDDR5x reports no ECC ("Volatile Uncorr. ECC: N/A" in its
+ * nvidia-smi tables) and, assumed, no row remapper.
+ */
+static int gpu_major(const struct gpu *g)
+{
+    static const struct {
+        const char *needle;
+        int major;
+    } table[] = {{"GB10", 12}, {"B200", 10}, {"B100", 10}, {"H100", 9}, {"H200", 9}, {"H800", 9}, {"H20", 9},
+                 {"A100", 8},  {"A800", 8},  {"A30", 8},   {"L40", 8},  {"L4", 8},   {"A40", 8},  {"A10", 8},
+                 {"T4", 7},    {"V100", 7}};
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (strstr(g->name, table[i].needle))
+            return table[i].major;
+    return 9;
+}
+
+static int is_gb10(const struct gpu *g) { return strstr(g->name, "GB10") != NULL; }
+
+NVMLAPI nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows, unsigned int *uncRows,
+                                               unsigned int *isPending, unsigned int *failureOccurred)
+{
+    DEVICE_CALL(device, corrRows && uncRows && isPending && failureOccurred, QUERY, NS_REMAPPED_ROWS);
+    if (gpu_major(g) < 8 || is_gb10(g))
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    *corrRows = g->remap_corrected;
+    *uncRows = g->remap_uncorrected;
+    *isPending = g->remap_pending ? 1 : 0;
+    *failureOccurred = g->remap_failure ? 1 : 0;
+    return leave(NVML_SUCCESS);
+}
+
+NVMLAPI nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, unsigned int *isPending)
+{
+    DEVICE_CALL(device, isPending != NULL, QUERY, NS_RETIRED_PAGES);
+    if (gpu_major(g) >= 8)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    *isPending = g->retired_pending ? 1 : 0;
+    return leave(NVML_SUCCESS);
+}
+
+NVMLAPI nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending)
+{
+    DEVICE_CALL(device, current != NULL && pending != NULL, QUERY, NS_ECC);
+    if (is_gb10(g))
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    *current = *pending = g->ecc_mode ? 1 : 0;
+    return leave(NVML_SUCCESS);
+}
+
+/* errorType: 0 corrected, 1 uncorrected; counterType: 0 volatile (since the driver loaded), 1 aggregate. */
+NVMLAPI nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, unsigned int errorType, unsigned int counterType,
+                                                 unsigned long long *eccCounts)
+{
+    DEVICE_CALL(device, eccCounts != NULL && errorType <= 1 && counterType <= 1, QUERY, NS_ECC);
+    if (is_gb10(g) || !g->ecc_mode)
+        return leave(NVML_ERROR_NOT_SUPPORTED); /* nvml.h: needs ECC mode on */
+    *eccCounts = errorType ? g->ecc_volatile_uncorrected : g->ecc_volatile_corrected;
+    return leave(NVML_SUCCESS);
+}
+
+static void fill_fabric(const struct gpu *g, unsigned char *uuid, nvmlReturn_t *status, unsigned int *clique,
+                        unsigned char *state)
+{
+    memset(uuid, 0, NVML_GPU_FABRIC_UUID_LEN);
+    *state = (unsigned char)(g->fabric_state < 0 ? 0 : g->fabric_state);
+    *clique = 0;
+    *status = NVML_SUCCESS;
+    if (*state == 3) { /* nvml.h: status "must be checked only if state returns complete" */
+        uint32_t h = fnv1a(g_dir, 2166136261u);
+        memcpy(uuid, &h, sizeof h);
+        *clique = 1;
+        *status = g->fabric_status;
+    }
+}
+
+NVMLAPI nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabricInfo_t *info)
+{
+    DEVICE_CALL(device, info != NULL, QUERY, NS_FABRIC);
+    memset(info, 0, sizeof *info);
+    fill_fabric(g, info->clusterUuid, &info->status, &info->cliqueId, &info->state);
+    return leave(NVML_SUCCESS);
+}
+
+NVMLAPI nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfoV_t *info)
+{
+    DEVICE_CALL(device, info != NULL, QUERY, NS_FABRIC);
+    unsigned version = info->version;
+    if (version != NVML_GPU_FABRIC_INFO_V2_VERSION && version != NVML_GPU_FABRIC_INFO_V3_VERSION)
+        return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    size_t n = version == NVML_GPU_FABRIC_INFO_V2_VERSION ? offsetof(nvmlGpuFabricInfoV_t, healthSummary)
+                                                           : sizeof(nvmlGpuFabricInfoV_t);
+    memset(info, 0, n); /* never past the caller's (v2: 36-byte) struct */
+    info->version = version;
+    fill_fabric(g, info->clusterUuid, &info->status, &info->cliqueId, &info->state);
+    return leave(NVML_SUCCESS);
+}
+
+NVMLAPI nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons)
+{
+    DEVICE_CALL(device, reasons != NULL, QUERY, NS_CLOCK_REASONS);
+    *reasons = g->clock_reasons;
+    return leave(NVML_SUCCESS);
+}
+
+/* The name before R535 (nvml.h keeps it, deprecated): the same bits. */
+NVMLAPI nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *reasons)
+{
+    DEVICE_CALL(device, reasons != NULL, QUERY, NS_CLOCK_REASONS);
+    *reasons = g->clock_reasons;
     return leave(NVML_SUCCESS);
 }

@@ -42,26 +42,34 @@ MIG = ["nvmlDeviceGetMigMode", "nvmlDeviceIsMigDeviceHandle"]
 CC = "nvmlDeviceGetConfComputeMemSizeInfo"
 DETAIL = "nvmlDeviceGetRunningProcessDetailList"
 TEMPV = "nvmlDeviceGetTemperatureV"
+# Health: RemappedRows from R450, GpuFabricInfo from R525, CurrentClocksEventReasons from R535, GpuFabricInfoV
+# from R550 (nvidia-ml-py 11.450.51, 11.525.150, 12.535.77, 12.550.52); the rest on every branch.
+REMAP = "nvmlDeviceGetRemappedRows"
+FABRIC = "nvmlDeviceGetGpuFabricInfo"
+FABRICV = "nvmlDeviceGetGpuFabricInfoV"
+EVENTS = "nvmlDeviceGetCurrentClocksEventReasons"
+ALWAYS = ["nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetEccMode",
+          "nvmlDeviceGetCurrentClocksThrottleReasons"]
 
 # profile: (driver_version, nvml_version, cuda_version, "CUDA Version" text, model, memory MiB, GPUs,
 #           symbols missing, symbols present, _v3 entry bytes (None: no _v3))
 EXPECTED = {
     "r440": ("440.118.02", "10.440.118.02", 10020, "10.2", "Tesla V100-SXM2-32GB", 32510, 8,
-             V2 + V3 + [MEM2] + MIG + [CC, DETAIL, TEMPV], V1, None),
+             V2 + V3 + [MEM2] + MIG + [CC, DETAIL, TEMPV, REMAP, FABRIC, FABRICV, EVENTS], V1 + ALWAYS, None),
     "r470": ("470.256.02", "11.470.256.02", 11040, "11.4", "NVIDIA A100-SXM4-80GB", 81920, 8,
-             V3 + [MEM2, CC, DETAIL, TEMPV], V1 + V2 + MIG, None),
+             V3 + [MEM2, CC, DETAIL, TEMPV, FABRIC, FABRICV, EVENTS], V1 + V2 + MIG + [REMAP] + ALWAYS, None),
     "r525": ("525.147.05", "12.525.147.05", 12000, "12.0", "NVIDIA H100 80GB HBM3", 81559, 8,
-             [CC, DETAIL, TEMPV], V1 + V2 + V3 + [MEM2] + MIG, 24),
+             [CC, DETAIL, TEMPV, FABRICV, EVENTS], V1 + V2 + V3 + [MEM2] + MIG + [REMAP, FABRIC] + ALWAYS, 24),
     "r535-early": ("535.54.03", "12.535.54.03", 12020, "12.2", "NVIDIA H100 80GB HBM3", 81559, 8,
-                   [DETAIL, TEMPV], V1 + V2 + V3 + [MEM2, CC] + MIG, 32),
+                   [DETAIL, TEMPV, FABRICV], V1 + V2 + V3 + [MEM2, CC] + MIG + [REMAP, FABRIC, EVENTS] + ALWAYS, 32),
     "r535": ("535.216.01", "12.535.216.01", 12020, "12.2", "NVIDIA H100 80GB HBM3", 81559, 8,
-             [TEMPV], V1 + V2 + V3 + [MEM2, CC, DETAIL] + MIG, 24),
+             [TEMPV, FABRICV], V1 + V2 + V3 + [MEM2, CC, DETAIL] + MIG + [REMAP, FABRIC, EVENTS] + ALWAYS, 24),
     "r550": ("550.163.01", "12.550.163.01", 12040, "12.4", "NVIDIA H200", 143771, 8,
-             [TEMPV], V1 + V2 + V3 + [MEM2, CC, DETAIL] + MIG, 24),
+             [TEMPV], V1 + V2 + V3 + [MEM2, CC, DETAIL] + MIG + [REMAP, FABRIC, FABRICV, EVENTS] + ALWAYS, 24),
     "r580": ("580.159.03", "13.580.159.03", 13000, "13.0", "NVIDIA H200", 143771, 8,
-             [], V1 + V2 + V3 + [MEM2, CC, DETAIL, TEMPV] + MIG, 24),
+             [], V1 + V2 + V3 + [MEM2, CC, DETAIL, TEMPV] + MIG + [REMAP, FABRIC, FABRICV, EVENTS] + ALWAYS, 24),
     "gb10": ("580.126.09", "13.580.126.09", 13000, "13.0", "NVIDIA GB10", None, 1,
-             [], V1 + V2 + V3 + [MEM2, CC, DETAIL, TEMPV] + MIG, 24),
+             [], V1 + V2 + V3 + [MEM2, CC, DETAIL, TEMPV] + MIG + [REMAP, FABRIC, FABRICV, EVENTS] + ALWAYS, 24),
 }
 
 
@@ -288,8 +296,21 @@ def test_profile(gpusim_factory, driver):
     if driver == "gb10":
         assert out["gpus"][0]["bus_id"] == "0000000F:01:00.0"
 
-    # nvidia-smi of that branch, with its own library
-    rows = smi(host, "--query-gpu=memory.used,memory.reserved", "--format=csv,noheader,nounits").splitlines()
+    # nvidia-smi of that branch, with its own library; before R510 it has no memory.reserved field at all
+    # and refuses the whole query for it, as the real one (tests/field: the pre-R510 listing)
+    prof = profiles.get(driver)
+    refused = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,memory.reserved", "--format=csv,noheader,nounits"],
+                             env=host.env(), capture_output=True, text=True, timeout=60, check=False)
+    listing = smi(host, "--help-query-gpu")
+    if "memory.reserved" in prof.smi_absent_fields:
+        assert (refused.returncode, refused.stdout) == (2, 'Field "memory.reserved" is not a valid field to query.\n\n')
+        assert '"memory.reserved"' not in listing and '"memory.used"' in listing
+        rows = [r + ", [N/A]" for r in smi(host, "--query-gpu=memory.used", "--format=csv,noheader,nounits").splitlines()]
+    else:
+        assert refused.returncode == 0 and '"memory.reserved"' in listing
+        rows = refused.stdout.splitlines()
+    for field in prof.smi_absent_fields:
+        assert f'"{field}"' not in listing
     if driver == "gb10":
         assert rows == ["[N/A], [N/A]"]
     else:
@@ -506,7 +527,7 @@ def test_cli_up_driver_and_status():
         assert "hidden=" not in r.stdout  # the profile's symbols are not faults
         st = json.loads(cli("status", "--dir", d, "--json").stdout)
         assert st["scenario"]["driver_profile"] == "r535-early"
-        assert st["scenario"]["hidden_symbols"] == sorted([DETAIL, TEMPV])
+        assert st["scenario"]["hidden_symbols"] == sorted([DETAIL, TEMPV, FABRICV])
     finally:
         assert cli("down", "--dir", d).returncode == 0
         os.rmdir(base)

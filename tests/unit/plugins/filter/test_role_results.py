@@ -34,8 +34,9 @@ WAIT_CHECK_BUSY = {"changed": False, "would_wait": True, "elapsed": 0.0, "idle_g
 WAIT_COUNT = {"changed": False, "failed_when_result": False,
               "msg": "expected 8 GPUs, the driver shows 7: a GPU fell off the bus (check dmesg for Xid 79), or ..."}
 RELEASE_OK = {"changed": True, "released": [{"pid": 8812}, {"pid": 8813}], "respawned": [], "gpus_before": [BUSY],
-              "gpus": [gpu(0, 130048, False, reasons=["130048 MiB used"])],
-              "stopped_units": [{"unit": "sglang.service", "container": 129}]}
+              "gpus": [gpu(0, 130048, False, reasons=["130048 MiB used"])], "survivors": [], "protected": [],
+              "skipped_processes": [], "elapsed": 2.1, "stopped_units": [{"unit": "sglang.service", "container": 129}]}
+RELEASE_NOTHING = dict(RELEASE_OK, changed=False, released=[], stopped_units=[], gpus=[FREE], gpus_before=[FREE])
 RELEASE_REFUSED = {"changed": False, "failed_when_result": False, "released": [], "respawned": [],
                    "msg": "the targets live in 2 places: CT 129, CT 130", "gpus_before": [BUSY]}
 FENCE = {"released": [{"pid": 7001}], "respawned": [], "services_stopped": [{"vmid": 129, "unit": "sglang"}],
@@ -97,8 +98,8 @@ CTS_UNKNOWN = {"changed": False, "failed_when_result": False,
     pytest.param(CTS, RELEASE_OK, "processes",
                  {"containers": [129], "container_gpus": [0, 1, 2, 3], "changed": True, "error": None,
                   "services_stopped": [{"vmid": 129, "unit": "sglang"}], "gpus_before": [BUSY]}, id="processes"),
-    pytest.param(CTS_ALL_GPUS, SKIPPED, "processes",
-                 {"container_gpus": None, "changed": False, "released": []}, id="every-gpu"),
+    pytest.param(CTS_ALL_GPUS, RELEASE_NOTHING, "processes",
+                 {"container_gpus": None, "changed": False, "released": [], "error": None}, id="every-gpu"),
     pytest.param(dict(CTS, shut_down=[129]), SKIPPED, "shutdown",
                  {"shut_down": [129], "changed": True}, id="shutdown"),
     pytest.param(CTS_UNKNOWN, SKIPPED, "processes",
@@ -128,3 +129,99 @@ def test_proxmox_fence_result_summary_names_what_was_stopped():
     assert out["summary"] == ("fenced CT 129 (processes); stopped sglang in CT 129; stopped sglang.service in CT 129;"
                               " released 2 process(es) (pid 8812, 8813); skipped CT 131 (stopped); changed=True")
     assert out["stats"]["released"] == [8812, 8813]
+
+
+# --- "ready" only when proved: every kind of non-success result of each module the roles call ------------
+
+CRASH_EXCEPTION = {"changed": False, "failed": False, "failed_when_result": False,
+                   "failed_when_suppressed_exception": "(traceback unavailable)"}
+CRASH_SEGV = dict(CRASH_EXCEPTION, rc=139, module_stdout="", module_stderr="Segmentation fault\n",
+                  msg="Module result deserialization failed: No start of json char found")
+UNREACHABLE = {"changed": False, "unreachable": True, "msg": "Task failed: Failed to connect to the host via ssh"}
+WAIT_SLICE_CRASH = dict(CRASH_SEGV, gpus_before=[BUSY])  # a later slice died: the action plugin keeps the first look
+
+
+@pytest.mark.parametrize("wait, release, release_required, failure, said", [
+    pytest.param(CRASH_EXCEPTION, SKIPPED, False, ("gpu_wait_idle", "crashed"),
+                 "gpu_wait_idle crashed on pve with an unhandled error", id="wait-exception"),
+    pytest.param(CRASH_SEGV, SKIPPED, False, ("gpu_wait_idle", "crashed"), "killed by SIGSEGV (rc 139)", id="wait-segv"),
+    pytest.param(WAIT_SLICE_CRASH, SKIPPED, False, ("gpu_wait_idle", "crashed"), "SIGSEGV", id="wait-slice-crash"),
+    pytest.param(UNREACHABLE, SKIPPED, False, ("gpu_wait_idle", "unreachable"), "could not be reached",
+                 id="wait-unreachable"),
+    pytest.param(None, None, None, ("gpu_wait_idle", "missing"), "gpu_wait_idle gave no result", id="wait-missing"),
+    pytest.param(SKIPPED, RELEASE_OK, True, ("gpu_wait_idle", "skipped"), "gpu_wait_idle was skipped", id="wait-skipped"),
+    pytest.param({"changed": False, "msg": "", "gpus": [FREE]}, SKIPPED, False, ("gpu_wait_idle", "incomplete"),
+                 "without the keys a success has", id="wait-incomplete"),
+    pytest.param(dict(WAIT_OK, gpus=[BUSY], idle_gpus=[]), SKIPPED, False, ("gpu_wait_idle", "inconsistent"),
+                 "its own result shows GPU 0 not idle", id="wait-ready-but-busy"),
+    pytest.param(SKIPPED, CRASH_EXCEPTION, True, ("gpu_release", "crashed"), "gpu_release crashed on pve",
+                 id="release-exception"),
+    pytest.param(SKIPPED, CRASH_SEGV, True, ("gpu_release", "crashed"), "SIGSEGV", id="release-segv"),
+    pytest.param(WAIT_OK, SKIPPED, True, ("gpu_release", "skipped"), "gpu_release was skipped", id="release-skipped"),
+    pytest.param(WAIT_OK, None, True, ("gpu_release", "missing"), "gpu_release gave no result", id="release-missing"),
+    pytest.param(SKIPPED, dict(RELEASE_REFUSED, error="scope"), True, ("gpu_release", "scope"), RELEASE_REFUSED["msg"],
+                 id="release-error-kind"),
+    pytest.param(WAIT_OK, dict(RELEASE_OK, survivors=None), True, ("gpu_release", "incomplete"), "no survivors",
+                 id="release-incomplete"),
+])
+def test_gpu_idle_result_is_ready_only_when_proved(wait, release, release_required, failure, said):
+    out = gpu_idle_result(wait, release=release, host="gpu-ct", seen_from="pve", release_required=release_required)
+    assert out["ready"] is False
+    assert out["failure"] == {"module": failure[0], "kind": failure[1]}
+    assert said in out["error"], out["error"]
+    assert out["msg"] == out["error"]
+    assert out["summary"]["ready"] is False and out["summary"]["error"] == out["error"]
+    assert out["summary"]["failure"] == out["failure"]
+
+
+def test_gpu_idle_result_blockers_come_from_the_last_look_only():
+    """A wait that crashed took no last look: the fence's snapshot before the release names processes that
+    are gone, so no blocker line is made from it."""
+    out = gpu_idle_result(CRASH_SEGV, release=SKIPPED, fence=FENCE, host="gpu-ct")
+    assert out["ready"] is False and out["blockers"] == []
+    out = gpu_idle_result(WAIT_TIMEOUT, release=SKIPPED, fence=FENCE, host="gpu-ct")
+    assert out["blockers"] == ["GPU 0: pid 8812 python3 (CT 129, sglang.service) 130048 MiB"]
+
+
+def test_gpu_idle_result_a_failed_fence_is_not_ready():
+    out = gpu_idle_result(WAIT_OK, fence=dict(FENCE, error="gpu_release: the targets live in 2 places"), host="h")
+    assert out["ready"] is False and out["failure"] == {"module": "proxmox_fence", "kind": "fence"}
+    assert out["error"] == "the fence before the wait failed: gpu_release: the targets live in 2 places"
+
+
+def test_gpu_idle_result_with_nothing_yet_is_not_ready():
+    """The role's first task records this: a host whose role stops half-way stays not ready."""
+    out = gpu_idle_result(None, host="gpu-ct", seen_from="pve")
+    assert out["ready"] is False and out["failure"] == {"module": "gpu_wait_idle", "kind": "missing"}
+    assert out["table"] and out["gpus"] == 0
+
+
+@pytest.mark.parametrize("containers, release, method, failure, said", [
+    pytest.param(CRASH_EXCEPTION, SKIPPED, "processes", ("proxmox_gpu_containers", "crashed"),
+                 "proxmox_gpu_containers crashed on pve with an unhandled error", id="containers-exception"),
+    pytest.param(CRASH_SEGV, SKIPPED, "processes", ("proxmox_gpu_containers", "crashed"),
+                 "proxmox_gpu_containers crashed on pve: killed by SIGSEGV", id="containers-segv"),
+    pytest.param(UNREACHABLE, SKIPPED, "processes", ("proxmox_gpu_containers", "unreachable"), "could not be reached",
+                 id="node-unreachable"),
+    pytest.param(None, None, "processes", ("proxmox_gpu_containers", "missing"), "gave no result", id="containers-missing"),
+    pytest.param(CTS, CRASH_EXCEPTION, "processes", ("gpu_release", "crashed"), "gpu_release crashed on pve",
+                 id="release-exception"),
+    pytest.param(CTS, CRASH_SEGV, "processes", ("gpu_release", "crashed"), "SIGSEGV", id="release-segv"),
+    pytest.param(CTS, SKIPPED, "processes", ("gpu_release", "skipped"), "gpu_release was skipped", id="release-skipped"),
+    pytest.param(CTS, None, "processes", ("gpu_release", "missing"), "gpu_release gave no result", id="release-missing"),
+    pytest.param(CTS, dict(RELEASE_REFUSED, error="scope"), "processes", ("gpu_release", "scope"),
+                 "gpu_release: " + RELEASE_REFUSED["msg"], id="release-error-kind"),
+    pytest.param(CTS_UNKNOWN, SKIPPED, "processes", ("proxmox_gpu_containers", "failed"),
+                 "proxmox_fence_containers: no container 131", id="option-named-by-its-role-variable"),
+])
+def test_proxmox_fence_result_fails_on_anything_but_a_success(containers, release, method, failure, said):
+    out = proxmox_fence_result(containers, release=release, method=method, host="pve")
+    assert out["failure"] == {"module": failure[0], "kind": failure[1]}
+    assert out["error"] and said in out["error"], out["error"]
+    assert out["stats"]["error"] == out["error"] and out["stats"]["failure"] == out["failure"]
+    assert out["summary"].endswith(f"failed (the error follows); changed={out['changed']}")
+
+
+def test_proxmox_fence_result_nothing_running_needs_no_release():
+    out = proxmox_fence_result(dict(CTS, running=[], services_stopped=[], changed=False), release=SKIPPED)
+    assert out["error"] is None and out["failure"] is None

@@ -181,3 +181,38 @@ def test_gpus_of(minors, gpu_minors, expected):
 ])
 def test_parse_is_active(stdout, expected):
     assert _pct.parse_is_active(stdout) == expected
+
+
+def test_parse_config_reads_the_equals_form_of_raw_lxc_keys():
+    """pct.conf(5): a raw LXC key takes "key: value" or "key = value" (parse_pct_config accepts both)."""
+    text = CONFIG_HEAD + ("lxc.cgroup2.devices.allow = c 195:1 rwm\n"
+                          "lxc.mount.entry = /dev/nvidia1 dev/nvidia1 none bind,optional,create=file\n")
+    cfg = _pct.parse_config(text)
+    assert cfg["minors"] == [1] and cfg["devices"] == ["/dev/nvidia1"]
+    assert cfg["lines"] == ["lxc.cgroup2.devices.allow: c 195:1 rwm",
+                            "lxc.mount.entry: /dev/nvidia1 dev/nvidia1 none bind,optional,create=file"]
+
+
+def test_parse_config_stops_at_the_pending_section_of_a_raw_config_file():
+    text = CONFIG_HEAD + "dev0: /dev/nvidia0\n\n[pve:pending]\ndelete: dev0\n\n[before-upgrade]\ndev0: /dev/nvidia3\n"
+    assert _pct.parse_config(text)["minors"] == [0]
+
+
+PENDING_CASES = [
+    # (pct config --current, pct config (pending applied), expected change)
+    ("same", "dev0: /dev/nvidia0\n", "dev0: /dev/nvidia0\n", None),
+    ("pending delete: dev0", "dev0: /dev/nvidia0\ndev1: /dev/nvidiactl\n", "dev1: /dev/nvidiactl\n",
+     {"removed": ["dev0: /dev/nvidia0"], "added": [], "minors": []}),
+    ("pending dev0 on another GPU", "dev0: /dev/nvidia0\n", "dev0: /dev/nvidia1\n",
+     {"removed": ["dev0: /dev/nvidia0"], "added": ["dev0: /dev/nvidia1"], "minors": [1]}),
+    ("pending GPU added to a container without one", "", "dev0: /dev/nvidia2,mode=0666\n",
+     {"removed": [], "added": ["dev0: /dev/nvidia2,mode=0666"], "minors": [2]}),
+    ("pending change elsewhere", "dev0: /dev/nvidia0\n", "dev0: /dev/nvidia0\ncores: 16\n", None),
+]
+
+
+@pytest.mark.parametrize("name, current, pending, expected", PENDING_CASES, ids=[c[0] for c in PENDING_CASES])
+def test_passthrough_changes(name, current, pending, expected):
+    now = _pct.parse_config(CONFIG_HEAD + current)
+    later = _pct.parse_config(CONFIG_HEAD + pending)
+    assert _pct.passthrough_changes(now, later) == expected

@@ -99,3 +99,78 @@ def test_fallback_without_pidfd(child, monkeypatch):
     assert t.open() and t.fd is None
     assert t.send(signal.SIGTERM)
     assert _signals.wait_gone([t], 5) == []
+
+
+# --- a process this one may not signal: NotPermitted, naming root and become, never a traceback --------
+def _in_child_as_nobody(fn):
+    """Run fn() in a forked child (no exec) that dropped to uid/gid 65534 when this runs as root; return
+    what it returned, or the type and text of what it raised."""
+    import pickle
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        os.close(r)
+        try:
+            if os.geteuid() == 0:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+            try:
+                out = ("ok", fn())
+            except Exception as exc:  # pylint: disable=broad-except
+                out = (type(exc).__name__, getattr(exc, "msg", str(exc)), getattr(exc, "kind", None))
+            os.write(w, pickle.dumps(out))
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return pickle.loads(data)
+
+
+def test_a_process_of_another_user_fails_at_pin_naming_root_and_become(child):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start a process that a dropped child may not signal")
+    p = child()
+    start = read_identity(p.pid)[1]
+    info = {"pid": p.pid, "name": "python3", "container": {"id": 129}}
+    out = _in_child_as_nobody(lambda: _signals.Target(p.pid, start, info).open())
+    assert out[0] == "NotPermitted", out
+    assert out[2] == "not_permitted"
+    assert f"not permitted to signal pid {p.pid} (python3) in CT 129" in out[1]
+    assert "not as root" in out[1] and "become: true" in out[1] and "-b" in out[1]
+    out = _in_child_as_nobody(lambda: _signals.check_may_signal([info]))
+    assert out[0] == "NotPermitted" and "become" in out[1], out
+    assert p.poll() is None  # nothing was sent
+
+
+def test_check_may_signal_passes_own_and_gone_processes(child):
+    p = child()
+    _signals.check_may_signal([{"pid": p.pid}, {"pid": 2 ** 22 + 1}])
+
+
+@pytest.mark.parametrize("pidfd", [True, False])
+def test_a_refused_signal_is_not_permitted(child, monkeypatch, pidfd):
+    from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
+
+    if pidfd and not _signals.HAS_PIDFD:
+        pytest.skip("no pidfd here")
+    monkeypatch.setattr(_signals, "HAS_PIDFD", pidfd)
+    p = child()
+    t = _signals.Target(p.pid, read_identity(p.pid)[1], {"name": "worker"})
+    assert t.open()
+
+    def refuse(*_args):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(signal, "pidfd_send_signal", refuse, raising=False)
+    monkeypatch.setattr(os, "kill", refuse)
+    with pytest.raises(_errors.NotPermitted, match=r"not permitted to signal pid \d+ \(worker\).*root.*become"):
+        t.send(signal.SIGTERM)
+    t2 = _signals.Target(p.pid, read_identity(p.pid)[1])
+    with pytest.raises(_errors.GpuError, match="Operation not permitted"):
+        t2.open()
+    assert t2.fd is None
+    t.close()

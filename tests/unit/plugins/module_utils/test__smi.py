@@ -5,7 +5,7 @@
 from __future__ import annotations
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _smi
 from ansible_collections.gpuops.gpu.plugins.module_utils._smi import (
     error_for_exit,
     parse_apps,
@@ -94,15 +94,36 @@ def test_error_for_exit(rc, out, cls, phrase):
     assert phrase in exc.msg
 
 
+@pytest.fixture(autouse=True)
+def _forget_listed_fields():
+    """nvidia-smi's field list is read once per run (per process): each test is a run of its own."""
+    _smi._LISTED.clear()
+    _smi._DROPPED.clear()
+    yield
+    _smi._LISTED.clear()
+    _smi._DROPPED.clear()
+
+
+def listing(fields):
+    """An ``nvidia-smi --help-query-gpu`` in the real layout (names, then a description line)."""
+    body = "".join(f'"{f}"\nWhat {f} is.\n\n' for f in fields)
+    return f'List of valid properties to query for the switch "--query-gpu":\n\n{body}'
+
+
+LISTING_ALL = listing(_smi.GPU_FIELDS)
+
+
 def scripted(answers):
-    """A run_command stand-in answering by the query in the argv; records every call."""
+    """A run_command stand-in answering by the query in the argv; records every call. ``--help-query-gpu``
+    lists every field unless the answers say otherwise."""
     calls = []
+    answers = dict({"--help-query-gpu": (0, LISTING_ALL, "")}, **answers)
 
     def run(argv):
         calls.append(argv)
         for key, answer in answers.items():
             if argv[1].startswith(key):
-                return answer
+                return answer(argv) if callable(answer) else answer
         raise AssertionError(f"unexpected argv {argv}")
 
     return run, calls
@@ -146,3 +167,77 @@ def test_query_fills_minor_numbers():
     run, _calls = scripted({"--query-gpu=": (0, H200_ROW + "\n", ""), "--query-compute-apps=": (0, "", "")})
     raw = query(run, "nvidia-smi", {"GPU-84132344-1ae6-1959-e645-01ebbeb26ecd": 0})
     assert raw["gpus"][0]["minor_number"] == 0
+
+
+# --- fields negotiated with the driver's nvidia-smi (pre-R510 has no memory.reserved) -------------------
+
+PRE_R510_FIELDS = [f for f in _smi.GPU_FIELDS if f != "memory.reserved"]
+# A 470-branch row of PRE_R510_FIELDS (no memory.reserved column)
+R470_ROW = ("0, GPU-c4834347-29a5-4963-56ab-807ab2313db4, NVIDIA A100-SXM4-80GB, 1324120000000, 00000000:07:00.0, "
+            "81251, 3, 81248, 0, 0, 31, 63.14, Enabled, Default, Disabled, 470.256.02")
+REFUSAL = (2, 'Field "memory.reserved" is not a valid field to query.\n\n', "")
+
+
+def answer_gpu(fields_ok, row):
+    """nvidia-smi's --query-gpu as a driver that knows ``fields_ok``: it refuses the first unknown field."""
+    def run(argv):
+        asked = argv[1].split("=", 1)[1].split(",")
+        for f in asked:
+            if f not in fields_ok:
+                return 2, f'Field "{f}" is not a valid field to query.\n\n', ""
+        return 0, row + "\n", ""
+    return run
+
+
+def test_parse_listed_fields_reads_names_and_aliases_only():
+    text = ('List of valid properties to query for the switch "--query-gpu=":\n\n"timestamp"\nThe timestamp.\n\n'
+            '"name" or "gpu_name"\nThe official product name.\n\n"compute_mode"\nThe compute mode flag.\n'
+            '"Default" means multiple contexts are allowed per device.\n\n'
+            '"clocks_event_reasons.active" or "clocks_throttle_reasons.active"\nBitmask.\n')
+    assert _smi.parse_listed_fields(text) == {"timestamp", "name", "gpu_name", "compute_mode",
+                                              "clocks_event_reasons.active", "clocks_throttle_reasons.active"}
+
+
+def test_pre_r510_query_asks_only_listed_fields_and_says_which_it_could_not_get():
+    run, calls = scripted({"--help-query-gpu": (0, listing(PRE_R510_FIELDS), ""),
+                           "--query-gpu=": answer_gpu(PRE_R510_FIELDS, R470_ROW),
+                           "--query-compute-apps=": (0, "GPU-c4834347-29a5-4963-56ab-807ab2313db4, 77, python3, 3\n", "")})
+    raw = query(run, "nvidia-smi")
+    # refused once (exit 2), then the listing read and the query asked with what it lists
+    assert [c[1] for c in calls if not c[1].startswith("--query-compute-apps")] == [
+        "--query-gpu=" + ",".join(_smi.GPU_FIELDS), "--help-query-gpu", "--query-gpu=" + ",".join(PRE_R510_FIELDS)]
+    assert raw["driver"]["missing_fields"] == ["memory.reserved"]
+    assert raw["driver"]["driver_version"] == "470.256.02"
+    (gpu,) = raw["gpus"]
+    # that nvidia-smi reads NVML's v1 figures: used includes the reserved memory, which it cannot tell
+    assert gpu["memory"] == {"total": 81251, "used": 3, "free": 81248, "reserved": None, "used_includes_reserved": True}
+    assert gpu["processes"] == [{"pid": 77, "types": ["compute"], "used_mib": 3}]
+    calls.clear()
+    query(run, "nvidia-smi")  # the rest of the run asks the listed fields at once
+    assert [c[1] for c in calls].count("--help-query-gpu") == 0
+    assert [c[1] for c in calls if c[1].startswith("--query-gpu=")] == ["--query-gpu=" + ",".join(PRE_R510_FIELDS)]
+
+
+def test_refused_field_is_dropped_when_the_listing_cannot_be_read():
+    run, calls = scripted({"--help-query-gpu": (255, "", "Unknown Error"),
+                           "--query-gpu=": answer_gpu(PRE_R510_FIELDS, R470_ROW),
+                           "--query-compute-apps=": (0, "", "")})
+    raw = query(run, "nvidia-smi")
+    gpu_calls = [c[1] for c in calls if c[1].startswith("--query-gpu=")]
+    assert len(gpu_calls) == 2 and "memory.reserved" in gpu_calls[0] and "memory.reserved" not in gpu_calls[1]
+    assert raw["driver"]["missing_fields"] == ["memory.reserved"]
+    assert raw["gpus"][0]["memory"]["used_includes_reserved"] is True
+
+
+def test_a_refused_required_field_fails_suggesting_nvml():
+    run, _calls = scripted({"--query-gpu=": (2, 'Field "uuid" is not a valid field to query.\n\n', ""),
+                            "--query-compute-apps=": (0, "", "")})
+    with pytest.raises(_errors.BackendError) as info:
+        query(run, "nvidia-smi")
+    assert "exit 2" in info.value.msg and "nvidia-ml-py" in info.value.msg and "backend: nvml" in info.value.msg
+
+
+def test_a_driver_that_refuses_nothing_costs_no_extra_call():
+    run, calls = scripted({"--query-gpu=": (0, H200_ROW + "\n", ""), "--query-compute-apps=": (0, "", "")})
+    assert query(run, "nvidia-smi")["driver"]["missing_fields"] == []
+    assert "--help-query-gpu" not in [c[1] for c in calls]

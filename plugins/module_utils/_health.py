@@ -1,0 +1,398 @@
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Note that this module util is **PRIVATE** to the collection. It can have breaking changes at any time.
+# Do not use this from other collections or standalone plugins/modules!
+
+"""Will the next server start here: the health checks, the fit, and the Xid events of the kernel log.
+
+Pure, table-driven logic, but for ``read_kernel_log`` (the one reader of the kernel log). The
+backends (_nvml, _smi) fill the raw fields of each GPU; this file judges them:
+
+- ``CHECKS``: each health check, the field it reads, the NVML call and the nvidia-smi field behind
+  it, the driver branches where it exists, whether it blocks a wait by default, and what to do.
+- ``fit``: whether the free memory of a GPU is enough for the next server (``min_free_mib``,
+  ``min_free_pct`` of the total: the larger of the two).
+- ``XID``: the meaning of the common Xid codes, and the parser of the kernel log's Xid lines.
+
+A field a driver or GPU cannot give is None (and listed in the GPU's ``unsupported``): its check
+passes, never fails, and never raises.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+
+# The fields the backends fill (None where unsupported), with the name listed in ``unsupported``.
+HEALTH_FIELDS = {
+    "remapped_rows": "remapped_rows",              # {corrected, uncorrected, pending, failure}
+    "retired_pages_pending": "retired_pages",      # bool
+    "ecc_uncorrected_volatile": "ecc",             # int, since the driver loaded
+    "fabric": "fabric",                            # {state, status}
+    "clock_event_reasons": "clock_event_reasons",  # [names of the active reasons]
+}
+
+# nvmlGpuFabricState_t (nvml.h NVML_GPU_FABRIC_STATE_*), as nvidia-smi prints them (fabric.state).
+FABRIC_STATES = {0: "Not Supported", 1: "Not Started", 2: "In Progress", 3: "Completed"}
+FABRIC_COMPLETED = "Completed"
+FABRIC_NONE = "Not Supported"
+
+# nvmlClocksEventReason* (nvml.h; the older nvmlClocksThrottleReason* have the same bits).
+CLOCK_EVENT_REASONS = (
+    (0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"), (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"), (0x20, "sw_thermal_slowdown"), (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"), (0x100, "display_clock_setting"),
+)
+# The reasons that mean the hardware slows the GPU down (not a setting, not idleness).
+HW_SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+# A GPU this busy with no process on it has latched its utilization (Blackwell, after a kill mid-kernel).
+LATCHED_UTILIZATION_PCT = 90
+
+
+def clock_reason_names(mask) -> list:
+    """0x48 -> ['hw_slowdown', 'hw_thermal_slowdown']; None stays None."""
+    if mask is None:
+        return None
+    return [name for bit, name in CLOCK_EVENT_REASONS if int(mask) & bit]
+
+
+def hw_slowdown(gpu: dict):
+    """The active hardware-slowdown reasons of a GPU ([] when none), or None when they cannot be read."""
+    reasons = gpu.get("clock_event_reasons")
+    if reasons is None:
+        return None
+    return [r for r in reasons if r in HW_SLOWDOWN_REASONS]
+
+
+def utilization_latched(gpu: dict):
+    """True when the GPU reports LATCHED_UTILIZATION_PCT % or more with no process on it; None when
+    the utilization or the process list cannot be read."""
+    util = (gpu.get("utilization") or {}).get("gpu")
+    if util is None or gpu.get("processes_error"):
+        return None
+    return util >= LATCHED_UTILIZATION_PCT and not gpu.get("processes")
+
+
+# --- the checks -------------------------------------------------------------------------------
+
+def _remap_pending(gpu):
+    rows = gpu.get("remapped_rows")
+    if rows and rows.get("pending"):
+        return ("a row remap is pending (uncorrectable errors on "
+                f"{rows.get('uncorrected')} row(s), {rows.get('corrected')} corrected)")
+    return ""
+
+
+def _remap_failure(gpu):
+    rows = gpu.get("remapped_rows")
+    if rows and rows.get("failure"):
+        return "row remapping failed (the GPU ran out of spare rows or could not remap one)"
+    return ""
+
+
+def _retired_pending(gpu):
+    return "memory pages are pending retirement" if gpu.get("retired_pages_pending") else ""
+
+
+def _fabric(gpu):
+    fabric = gpu.get("fabric")
+    if not fabric or fabric.get("state") in (None, FABRIC_NONE):
+        return ""  # no NVSwitch fabric here (a PCIe card, a single GPU, a driver without the query)
+    if fabric["state"] != FABRIC_COMPLETED:
+        return (f"its fabric state is {fabric['state']}, not Completed: every CUDA program fails with error 802"
+                " (system not yet initialized) until the fabric manager has registered the GPU")
+    status = fabric.get("status")
+    if status not in (None, "Success"):
+        return f"its fabric registration Completed with status {status}"
+    return ""
+
+
+def _ecc(gpu):
+    count = gpu.get("ecc_uncorrected_volatile")
+    if count:
+        return f"{count} uncorrectable ECC error(s) since the driver loaded"
+    return ""
+
+
+def _hw_slowdown(gpu):
+    reasons = hw_slowdown(gpu)
+    if reasons:
+        return "the hardware slows its clocks down (" + ", ".join(reasons) + ")"
+    return ""
+
+
+def _latched(gpu):
+    if utilization_latched(gpu):
+        return (f"{(gpu.get('utilization') or {}).get('gpu')}% utilization with no process on it (a utilization"
+                " latched after a process was killed mid-kernel)")
+    return ""
+
+
+def _xid(gpu):
+    bad = [e for e in gpu.get("xid_events") or [] if e["xid"] in XID_NEEDS_ACTION]
+    if bad:
+        last = bad[-1]
+        return f"Xid {last['xid']} ({last['meaning']}) in the kernel log since boot" + (
+            f", and {len(bad) - 1} more" if len(bad) > 1 else "")
+    return ""
+
+
+# name: (the test, what to do ({index} is the GPU), blocking by default, NVML call, nvidia-smi
+#        field(s), driver branches and GPUs where the data exists)
+CHECKS = {
+    "row_remap_pending": (
+        _remap_pending,
+        "reset the GPU once nothing holds it (nvidia-smi -r -i {index}) to apply the remap",
+        True, "nvmlDeviceGetRemappedRows (pending)", "remapped_rows.pending",
+        "R450 and later, Ampere and later GPUs (A100, H100, H200, B200); null before"),
+    "row_remap_failure": (
+        _remap_failure,
+        "drain the GPU (no new work) and RMA it",
+        True, "nvmlDeviceGetRemappedRows (failure)", "remapped_rows.failure",
+        "R450 and later, Ampere and later GPUs"),
+    "retired_pages_pending": (
+        _retired_pending,
+        "reset the GPU once nothing holds it (nvidia-smi -r -i {index}), or reboot, to retire the pages",
+        True, "nvmlDeviceGetRetiredPagesPendingStatus", "retired_pages.pending",
+        "every branch, Kepler to Volta GPUs with ECC (Ampere and later remap rows instead: null)"),
+    "fabric": (
+        _fabric,
+        "start the fabric manager (systemctl start nvidia-fabricmanager) and wait until the GPU's fabric state is"
+        " Completed (if it does not get there, restart it and read journalctl -u nvidia-fabricmanager)",
+        True, "nvmlDeviceGetGpuFabricInfoV (R550+), else nvmlDeviceGetGpuFabricInfo (R525+)",
+        "fabric.state, fabric.status",
+        "R525 and later, NVSwitch systems (HGX H100/H200/B200); Not Supported elsewhere"),
+    "ecc_uncorrectable": (
+        _ecc,
+        "drain the GPU and read nvidia-smi -q -d ECC,ROW_REMAPPER -i {index} (a reset clears the count, RMA the GPU"
+        " if the errors come back)",
+        True, "nvmlDeviceGetTotalEccErrors (uncorrected, volatile)", "ecc.errors.uncorrected.volatile.total",
+        "every branch, GPUs with ECC memory on"),
+    "hw_slowdown": (
+        _hw_slowdown,
+        "check the cooling and the power supply of the GPU (nvidia-smi -q -d PERFORMANCE -i {index})",
+        False, "nvmlDeviceGetCurrentClocksEventReasons (R535+), else nvmlDeviceGetCurrentClocksThrottleReasons",
+        "clocks_event_reasons.active (clocks_throttle_reasons.active before R535)", "every branch"),
+    "utilization_latched": (
+        _latched,
+        "reset the GPU once nothing holds it (nvidia-smi -r -i {index})",
+        False, "nvmlDeviceGetUtilizationRates with no process listed", "utilization.gpu", "every branch"),
+    "xid": (
+        _xid,
+        "read the kernel log (dmesg | grep Xid) and do what the Xid needs: a reset, a reboot, an RMA",
+        False, "the kernel log (/dev/kmsg or dmesg), not NVML", "none", "every branch (root on the node)"),
+}
+CHECK_NAMES = tuple(CHECKS)
+DEFAULT_CHECKS = tuple(name for name, spec in CHECKS.items() if spec[2])
+
+
+def failed_checks(gpu: dict, blocking=()) -> list:
+    """Every check that fails on a GPU: [{check, detail, action, blocking}], in CHECKS order;
+    ``blocking``: the check is one of ``blocking`` (a wait does not call the GPU ready)."""
+    out = []
+    blocking = set(blocking or ())
+    for name, (test, action, _default, _call, _field, _where) in CHECKS.items():
+        detail = test(gpu)
+        if detail:
+            out.append({"check": name, "detail": detail, "action": action.format(index=gpu.get("index")),
+                        "blocking": name in blocking})
+    return out
+
+
+def failure_text(gpu: dict, failure: dict) -> str:
+    """'GPU 3: health check row_remap_pending: a row remap is pending (...): reset the GPU ...'."""
+    return f"GPU {gpu.get('index')}: health check {failure['check']} failed: {failure['detail']}: {failure['action']}"
+
+
+# --- fit ----------------------------------------------------------------------------------------
+
+def memory_source(gpu: dict, backend=None):
+    """Which query the memory figures of a GPU came from (None when it reports no memory)."""
+    mem = gpu.get("memory") or {}
+    if mem.get("free") is None:
+        return None
+    if backend == "nvidia-smi":
+        return "nvidia-smi memory.free"
+    if mem.get("used_includes_reserved"):
+        return "nvmlDeviceGetMemoryInfo (v1: used includes the reserved memory)"
+    return "nvmlDeviceGetMemoryInfo_v2 (used excludes the reserved memory)"
+
+
+def fit(gpu: dict, min_free_mib=None, min_free_pct=None, backend=None):
+    """Whether the next server fits on a GPU: {free_mib, need_mib, fits, memory}, or None when neither
+    option is set. ``need_mib`` is the larger of ``min_free_mib`` and ``min_free_pct`` % of the total
+    (rounded up, as a server computes its share of the total); ``fits`` is None when the driver reports no
+    memory (a unified-memory GPU such as the GB10). ``memory`` says which figure was read: free memory is
+    the same with both NVML queries (total - reserved - used with _v2, total - used with v1, whose used
+    includes the reserved memory), and nvidia-smi's memory.free."""
+    if min_free_mib is None and min_free_pct is None:
+        return None
+    mem = gpu.get("memory") or {}
+    total, free = mem.get("total"), mem.get("free")
+    need = int(min_free_mib or 0)
+    if min_free_pct is not None:
+        if total is None:
+            need = None if not min_free_mib else need
+        else:
+            need = max(need, int(math.ceil(total * float(min_free_pct) / 100.0 - 1e-9)))
+    fits = None if free is None or need is None else free >= need
+    return {"free_mib": free, "need_mib": need, "fits": fits, "memory": memory_source(gpu, backend)}
+
+
+def fit_text(gpu: dict, result: dict) -> str:
+    """Why the next server does not fit ('' when it fits or cannot be told)."""
+    if not result or result["fits"] is not False:
+        return ""
+    return (f"{result['free_mib']} MiB free, less than the {result['need_mib']} MiB the next server needs"
+            " (min_free_mib / min_free_pct)")
+
+
+# --- Xid events -----------------------------------------------------------------------------------
+
+# Xid: (meaning, what to do). NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors) for the codes
+# operators meet most.
+XID = {
+    13: ("graphics engine exception (an illegal instruction or address in a kernel)",
+         "usually the application's error; run diagnostics (dcgmi diag) if other programs hit it too"),
+    31: ("GPU memory page fault (an illegal memory access)",
+         "usually the application's error; check the application, then the driver"),
+    43: ("GPU stopped processing (a faulting application's context was stopped)",
+         "nothing for the GPU: the application faulted and the GPU recovered"),
+    45: ("preemptive cleanup (contexts ended after another error, or a process was killed)",
+         "nothing by itself; read the error logged before it"),
+    48: ("double-bit ECC error (an uncorrectable memory error)", "reset the GPU; drain and RMA it if it comes back"),
+    61: ("internal micro-controller breakpoint or warning", "reset the GPU; report it if it comes back"),
+    62: ("internal micro-controller halt", "reset the GPU, or reboot the node"),
+    63: ("ECC page retirement or row remapping recorded", "reset the GPU to apply the pending retirement or remap"),
+    64: ("ECC page retirement or row remapping failed", "drain the GPU, run diagnostics and RMA it"),
+    74: ("NVLink error", "reset the GPU with its NVLink peers; check the NVLink/NVSwitch; RMA if it comes back"),
+    79: ("GPU has fallen off the bus", "drain the node and reboot it; check power, cooling and the PCIe slot"),
+    92: ("high single-bit ECC error rate", "run diagnostics; plan an RMA if the rate stays high"),
+    94: ("contained ECC error (the affected application was stopped)",
+         "reset the GPU once nothing holds it (a row remap is pending)"),
+    95: ("uncontained ECC error (every application on the GPU is affected)",
+         "reset the GPU; drain and RMA it if it comes back"),
+    119: ("GSP RPC timeout (the GPU System Processor did not answer)", "reset the GPU, or reboot the node"),
+    120: ("GSP error", "reset the GPU, or reboot the node"),
+}
+# The Xids after which the GPU should not take work until someone acts (the check ``xid``).
+XID_NEEDS_ACTION = (48, 61, 62, 63, 64, 74, 79, 94, 95, 119, 120)
+MAX_XID_EVENTS = 20
+
+# "NVRM: Xid (PCI:0000:18:00): 79, pid=0, name=..., GPU has fallen off the bus."
+_XID_LINE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})(?:\.\d)?\): (\d+),\s*(.*)$")
+# /dev/kmsg records: "6,1234,5678901,-;message"; dmesg: "[ 5678.901234] message".
+_KMSG = re.compile(r"^\d+,\d+,(\d+),[^;]*;(.*)$")
+_DMESG = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")
+
+
+def bus_key(domain, bus, device) -> str:
+    """The key Xid lines and GPUs are matched on: '00000000:18:00'."""
+    return f"{int(str(domain), 16):08X}:{int(str(bus), 16):02X}:{int(str(device), 16):02X}"
+
+
+def gpu_bus_key(pci_bus_id):
+    """'00000000:18:00.0' -> '00000000:18:00'; None when there is no bus id."""
+    m = re.match(r"^([0-9a-fA-F]{1,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})", pci_bus_id or "")
+    return bus_key(*m.groups()) if m else None
+
+
+def parse_xid_events(text: str) -> list:
+    """The Xid events of a kernel log (the records of /dev/kmsg, or dmesg's lines):
+    [{bus, xid, meaning, action, seconds (since boot, or None), message}] in log order."""
+    events = []
+    for line in text.splitlines():
+        line = line.rstrip("\n")
+        seconds = None
+        m = _KMSG.match(line)
+        if m:
+            seconds, line = int(m.group(1)) / 1e6, m.group(2)
+        else:
+            m = _DMESG.match(line)
+            if m:
+                seconds, line = float(m.group(1)), m.group(2)
+        x = _XID_LINE.search(line)
+        if not x:
+            continue
+        code = int(x.group(4))
+        meaning, action = XID.get(code, ("an Xid this collection does not describe",
+                                         "look it up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors)"))
+        events.append({"bus": bus_key(x.group(1), x.group(2), x.group(3)), "xid": code, "meaning": meaning,
+                       "action": action, "seconds": None if seconds is None else round(seconds, 6),
+                       "message": x.group(5)[:300]})
+    return events
+
+
+def xid_events_of(gpu: dict, events: list) -> list:
+    """The events of one GPU (by its PCI bus id), the last MAX_XID_EVENTS of them."""
+    key = gpu_bus_key(gpu.get("pci_bus_id"))
+    mine = [dict(e) for e in events if key is not None and e["bus"] == key]
+    for e in mine:
+        e.pop("bus", None)
+    return mine[-MAX_XID_EVENTS:]
+
+
+def _read_kmsg(path: str) -> str:
+    """Every record /dev/kmsg holds now (non-blocking: one record per read, EAGAIN at the end)."""
+    import errno
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    chunks = []
+    try:
+        while True:
+            try:
+                data = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # a record was overwritten while reading: go on with the next
+                    continue
+                raise
+            if not data:
+                break
+            chunks.append(data.decode("utf-8", "replace"))
+    finally:
+        os.close(fd)
+    return "".join(chunks)
+
+
+KMSG = "/dev/kmsg"
+
+
+def read_kernel_log(path=None, run=None) -> dict:
+    """The kernel log's text, and where it came from: {text, source, problem}.
+
+    ``path``: a file to read (a saved log, a simulator's), else /dev/kmsg, then ``run(['dmesg'])``
+    (-> rc, out, err) when /dev/kmsg cannot be read. ``text`` is None and ``problem`` says why
+    when nothing could be read (not root on the node, a container without the host's log)."""
+    if path and path != KMSG:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                return {"text": f.read(), "source": path, "problem": None}
+        except OSError as exc:
+            return {"text": None, "source": path, "problem": f"{path}: {exc.strerror or exc}"}
+    problems = []
+    try:
+        return {"text": _read_kmsg(KMSG), "source": KMSG, "problem": None}
+    except OSError as exc:
+        problems.append(f"{KMSG}: {exc.strerror or exc}")
+    if run is not None:
+        rc, out, err = run(["dmesg"])
+        if rc == 0:
+            return {"text": out, "source": "dmesg", "problem": None}
+        problems.append(f"dmesg: exit {rc}: {' '.join((err or out).split())[:200]}")
+    return {"text": None, "source": None, "problem": "; ".join(problems)}
+
+
+def kernel_log_summary(log: dict, events=None) -> dict:
+    """What gpu_facts reports of the kernel log: {source, readable, problem, xid_events}."""
+    readable = log.get("text") is not None
+    problem = log.get("problem")
+    if not readable:
+        problem = (f"the kernel log could not be read ({problem}): Xid events are not reported; run as root on the"
+                   " node (not in a container) to read them")
+    return {"source": log.get("source"), "readable": readable, "problem": problem,
+            "xid_events": None if events is None else len(events)}
