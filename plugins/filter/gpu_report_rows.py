@@ -43,9 +43,14 @@ EXAMPLES = r"""
 RETURN = r"""
 _value:
   description:
-    - C(host), C(seen_from), C(index), C(name), C(uuid), C(used_mib), C(total_mib), C(idle), C(health) (its status),
-      C(holders) (pids), C(holders_text), C(container_hosts) (the inventory hosts of the containers the holders are in)
-      and C(busy_reasons); an unknown value is null.
+    - C(host), C(seen_from), C(index), C(name), C(uuid), C(used_mib), C(total_mib), C(free_mib), C(idle), C(health)
+      (its status), C(holders) (pids), C(holders_text), C(container_hosts) (the inventory hosts of the containers the
+      holders are in) and C(busy_reasons); an unknown value is null.
+    - The fit - C(fits) and C(need_mib) (the GPU's C(fit), null when the facts were gathered without C(min_free_mib)
+      and C(min_free_pct)).
+    - The health - C(checks) (the names of the failing health checks), C(blocking_checks) (those that keep the GPU from
+      being ready), C(healthy) (true when the status is V(ok) and no blocking check fails, false otherwise, null when
+      the status is unknown) and C(unsupported) (the fields the driver or GPU cannot give).
   type: list
   elements: dict
 """

@@ -10,7 +10,9 @@ short_description: The fleet report as aligned lines to print
 version_added: 0.1.0
 description:
   - A header and one line per row of P(gpuops.gpu.gpu_report_rows#filter) - host, GPU, name, used and total MiB,
-    V(idle) or V(busy), and the holders (else why the GPU is busy, cut short; else C(-)).
+    V(idle) or V(busy), whether the next server fits (V(yes), V(no), or C(-) when no fit was asked for), the health
+    (V(ok), else the status and the failing checks, a blocking one followed by V(blocking) in parentheses) and the
+    holders (else why the GPU is busy, cut short; else C(-)).
 author:
   - gpuops developers (@gpuops)
 options:

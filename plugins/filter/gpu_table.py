@@ -87,6 +87,8 @@ _value:
     - "GPU 2  NVIDIA H200       0 -> 0 / 143771 MiB  idle -> idle"
 """
 
+from ansible.errors import AnsibleFilterError
+
 from ansible_collections.gpuops.gpu.plugins.module_utils import _wait
 
 MAX_HOLDERS = 3
@@ -264,6 +266,14 @@ def gpu_blockers(gpus) -> list:
 
 # --- the fleet report ----------------------------------------------------------------------------
 
+def _healthy(status, checks):
+    """True: the driver reads the GPU (status ok) and no blocking check fails; False: lost, an error, or a blocking
+    check fails; None: the status is unknown."""
+    if status is None:
+        return None
+    return status == "ok" and not any(c.get("blocking") for c in checks)
+
+
 def gpu_report_rows(gpus, host, seen_from=None, containers=None) -> list:
     """One row per GPU for the fleet report; ``containers``: {vmid: inventory hostname} of the node's containers."""
     owners = {str(k): str(v) for k, v in (containers or {}).items() if v}
@@ -272,12 +282,18 @@ def gpu_report_rows(gpus, host, seen_from=None, containers=None) -> list:
         used, total = _memory(gpu)
         found = holders(gpu)
         health = gpu.get("health") if isinstance(gpu.get("health"), dict) else {}
+        checks = [c for c in health.get("checks") or [] if isinstance(c, dict) and c.get("check")]
+        fit = gpu.get("fit") if isinstance(gpu.get("fit"), dict) else {}
+        memory = gpu.get("memory") if isinstance(gpu.get("memory"), dict) else {}
         hosts = sorted({owners[str(h["container"]["id"])] for h in found if isinstance(h.get("container"), dict)
                         and (h["container"].get("kind") or "lxc") == "lxc" and str(h["container"].get("id")) in owners})
         rows.append({
             "host": host, "seen_from": seen_from or host, "index": gpu.get("index"), "name": gpu.get("name"),
-            "uuid": gpu.get("uuid"), "used_mib": used, "total_mib": total, "idle": gpu.get("idle"),
-            "health": health.get("status"), "holders": [h["pid"] for h in found],
+            "uuid": gpu.get("uuid"), "used_mib": used, "total_mib": total, "free_mib": memory.get("free"),
+            "idle": gpu.get("idle"), "fits": gpu.get("fits"), "need_mib": fit.get("need_mib"),
+            "health": health.get("status"), "healthy": _healthy(health.get("status"), checks),
+            "checks": [c["check"] for c in checks], "blocking_checks": [c["check"] for c in checks if c.get("blocking")],
+            "unsupported": [str(u) for u in gpu.get("unsupported") or []], "holders": [h["pid"] for h in found],
             "holders_text": ", ".join(describe(h, containers=owners) for h in found),
             "container_hosts": hosts, "busy_reasons": _reasons(gpu),
         })
@@ -298,32 +314,116 @@ def _what(row: dict, short=True) -> str:
     return "-"
 
 
+def _fits_word(row: dict) -> str:
+    """yes / no, '-' when no fit was asked for (no min_free_mib or min_free_pct) or it cannot be told."""
+    return {True: "yes", False: "no"}.get(row.get("fits"), "-")
+
+
+def _health_word(row: dict) -> str:
+    """'ok'; else the status (lost, error) and the failing checks, a blocking one marked: 'row_remap_pending
+    (blocking), hw_slowdown'; '?' when unknown."""
+    status = row.get("health")
+    if status is None:
+        return UNKNOWN
+    blocking = set(row.get("blocking_checks") or [])
+    parts = [str(status)] if status != "ok" else []
+    parts += [f"{c} (blocking)" if c in blocking else str(c) for c in row.get("checks") or []]
+    return ", ".join(parts) or "ok"
+
+
 def gpu_report_table(rows) -> list:
-    """A header line and one aligned line per row: host, GPU, name, used / total MiB, idle or busy, holders."""
+    """A header line and one aligned line per row: host, GPU, name, used / total MiB, idle or busy, whether the next
+    server fits, health, holders."""
     rows = [r for r in rows or [] if isinstance(r, dict)]
     used = [_text(r.get("used_mib")) for r in rows]
     total = [_text(r.get("total_mib")) for r in rows]
     wu, wt = max([len(u) for u in used] or [0]), max([len(t) for t in total] or [0])
-    cells = [("host", "GPU", "name", "used / total MiB", "state", "holders")]
+    cells = [("host", "GPU", "name", "used / total MiB", "state", "fits", "health", "holders")]
     for r, u, t in zip(rows, used, total):
         cells.append((_text(r.get("host")), _text(r.get("index")), _text(r.get("name")), f"{u:>{wu}} / {t:<{wt}}",
-                      _idle_word(r.get("idle")), _what(r)))
-    widths = [max(len(c[i]) for c in cells) for i in range(5)]
-    return [("  ".join(c[i].ljust(widths[i]) for i in range(5)) + "  " + c[5]).rstrip() for c in cells]
+                      _idle_word(r.get("idle")), _fits_word(r), _health_word(r), _what(r)))
+    last = len(cells[0]) - 1
+    widths = [max(len(c[i]) for c in cells) for i in range(last)]
+    return [("  ".join(c[i].ljust(widths[i]) for i in range(last)) + "  " + c[last]).rstrip() for c in cells]
 
 
 def _md(value) -> str:
     return _text(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
 
 
-def gpu_report_markdown(rows) -> str:
-    """The report as Markdown: a title and one table row per GPU."""
-    lines = ["# GPU report", "", "| host | GPU | name | used MiB | total MiB | idle | health | holders |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+def gpu_report_markdown(rows, format="markdown") -> str:  # pylint: disable=redefined-builtin
+    """The report as Markdown (a title and one table row per GPU), or with ``format='prometheus'`` as a
+    node_exporter textfile (gpu_report_prometheus)."""
+    if format == "prometheus":
+        return gpu_report_prometheus(rows)
+    if format != "markdown":
+        raise AnsibleFilterError(f"gpu_report_markdown: format must be markdown or prometheus, not {format!r}")
+    lines = ["# GPU report", "",
+             "| host | GPU | name | used MiB | free MiB | total MiB | idle | fits | health | holders |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in [r for r in rows or [] if isinstance(r, dict)]:
-        cells = [r.get("host"), r.get("index"), r.get("name"), r.get("used_mib"), r.get("total_mib"),
-                 _idle_word(r.get("idle"), "yes", "no"), r.get("health"), _what(r, short=False)]
+        cells = [r.get("host"), r.get("index"), r.get("name"), r.get("used_mib"), r.get("free_mib"), r.get("total_mib"),
+                 _idle_word(r.get("idle"), "yes", "no"), _fits_word(r), _health_word(r), _what(r, short=False)]
         lines.append("| " + " | ".join(_md(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# --- the Prometheus textfile ---------------------------------------------------------------------
+# The text exposition format (https://prometheus.io/docs/instrumenting/exposition_formats/), as node_exporter's
+# textfile collector reads it: no timestamps (the collector refuses them), each family's HELP and TYPE lines and
+# then all its samples together, a newline at the end.
+
+MIB = 1024 * 1024
+PROM_LABELS = ("host", "gpu", "uuid", "name")
+# (metric name, help, the value of a row: a number, or None when unknown - then the GPU has no sample of it)
+PROM_METRICS = (
+    ("gpuops_gpu_ready", "1 when the GPU is ready for the next server (idle, by the gpu_wait_idle rule), else 0.",
+     lambda r: _bool_value(r.get("idle"))),
+    ("gpuops_gpu_fits", "1 when the next server fits in the free memory (min_free_mib, min_free_pct), else 0;"
+     " no sample when no fit was asked for or the driver reports no memory.",
+     lambda r: _bool_value(r.get("fits"))),
+    ("gpuops_gpu_healthy", "1 when the GPU is healthy, 0 when it is lost, in error or a blocking health check fails.",
+     lambda r: _bool_value(r.get("healthy"))),
+    ("gpuops_gpu_memory_used_bytes", "GPU memory in use, in bytes.", lambda r: _bytes(r.get("used_mib"))),
+    ("gpuops_gpu_memory_free_bytes", "GPU memory free, in bytes.", lambda r: _bytes(r.get("free_mib"))),
+    ("gpuops_gpu_memory_total_bytes", "GPU memory in total, in bytes.", lambda r: _bytes(r.get("total_mib"))),
+)
+
+
+def _bool_value(value):
+    return None if not isinstance(value, bool) else int(value)
+
+
+def _bytes(mib):
+    if isinstance(mib, bool) or not isinstance(mib, (int, float)):
+        return None
+    return int(mib * MIB)
+
+
+def _label_value(value) -> str:
+    """A label value of the text format: backslash, double quote and line feed escaped; '' when unknown."""
+    text = "" if value is None else str(value)
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _help_text(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def gpu_report_prometheus(rows) -> str:
+    """The report as a node_exporter textfile: one gauge per GPU for ready, fits, healthy and memory (bytes),
+    labelled host, gpu (the index), uuid and name; a value that is not known has no sample."""
+    rows = [r for r in rows or [] if isinstance(r, dict)]
+    lines = []
+    for name, text, value_of in PROM_METRICS:
+        lines += [f"# HELP {name} {_help_text(text)}", f"# TYPE {name} gauge"]
+        for r in rows:
+            value = value_of(r)
+            if value is None:
+                continue
+            labels = dict(zip(PROM_LABELS, (r.get("host"), r.get("index"), r.get("uuid"), r.get("name"))))
+            pairs = ",".join(f'{k}="{_label_value(v)}"' for k, v in labels.items())
+            lines.append(f"{name}{{{pairs}}} {value}")
     return "\n".join(lines) + "\n"
 
 

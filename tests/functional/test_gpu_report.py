@@ -2,7 +2,9 @@
 GPUs and a container host ``gpu-ct`` (a container of pve; the README's CT 129 gets a vmid of its own
 here, because the simulator's containers are cgroups of this machine, shared with tests running next to these). Each physical GPU is counted once, the rows
 name the container host that owns a holder, and the report goes to gpu_report_dir or, under AWX
-or with no directory, to the job's artifact (set_stats), run with ansible-runner as AWX does."""
+or with no directory, to the job's artifact (set_stats), run with ansible-runner as AWX does. Each row shows
+fit and health; with gpu_report_prometheus_path the rows go to a node_exporter textfile too, read back here by
+prometheus_client's parser of the text format."""
 
 import json
 import os
@@ -10,6 +12,7 @@ import sys
 
 import ansible_runner
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 VMID = 6129
 INVENTORY = {
@@ -72,8 +75,9 @@ def test_each_gpu_counted_once_and_holders_name_the_container_host(gpusim, workl
         assert f"pid {workload} " in r["holders_text"] and f"(CT {VMID} gpu-ct, sglang.service, 40960 MiB)" in r["holders_text"]
     assert all(r["idle"] and r["holders"] == [] and r["health"] == "ok" for r in rows if r["index"] > 1)
     md = (out / "gpu_report.md").read_text()
-    assert md.startswith("# GPU report\n") and "| host | GPU | name | used MiB | total MiB | idle | health | holders |" in md
-    assert f"| pve | 0 | NVIDIA H200 | 40960 | 143771 | no | ok | pid {workload} " in md
+    assert md.startswith("# GPU report\n")
+    assert "| host | GPU | name | used MiB | free MiB | total MiB | idle | fits | health | holders |" in md
+    assert f"| pve | 0 | NVIDIA H200 | 40960 | {rows[0]['free_mib']} | 143771 | no | - | ok | pid {workload} " in md
     assert md.count("| pve |") == 8
     # one table, printed by one task: a header line and a line per GPU
     assert "host  GPU  name" in stdout and stdout.count("NVIDIA H200") >= 8
@@ -118,3 +122,69 @@ def test_under_awx_the_report_is_written_and_published(gpusim, collection, tmp_p
     rep = artifacts["gpu_report"]
     assert rep["gpus"] == 8 and rep["busy"] == 0 and all(r["idle"] for r in rep["rows"])
     assert rep == json.loads((out / "gpu_report.json").read_text())
+
+
+def families(path):
+    """{metric: {(host, gpu, uuid, name): value}} of a textfile, by prometheus_client's parser; every family a gauge."""
+    out = {}
+    for fam in text_string_to_metric_families(path.read_text()):
+        assert fam.type == "gauge" and fam.documentation, fam
+        out[fam.name] = {}
+        for sample in fam.samples:
+            assert sample.name == fam.name and sample.timestamp is None
+            key = (sample.labels["host"], int(sample.labels["gpu"]), sample.labels["uuid"], sample.labels["name"])
+            assert key not in out[fam.name], f"{fam.name}: two samples for {key}"
+            out[fam.name][key] = sample.value
+    return out
+
+
+def test_fit_and_health_per_gpu_and_the_prometheus_textfile(gpusim, workload, collection, tmp_path):
+    """GPUs 0 and 1 held (40960 MiB each: the next server does not fit at min_free_pct 90), GPU 2 with a pending row
+    remap (a blocking check), GPU 3 slowed down by the hardware (a check that does not block)."""
+    gpusim.fault(health={2: {"remap_uncorrected": 1, "remap_pending": 1}, 3: {"clock_reasons": 0x40}})
+    textdir = tmp_path / "textfile"
+    textdir.mkdir()
+    prom = textdir / "gpu_report.prom"
+    out = tmp_path / "report"
+    _run, stdout, _artifacts, _project = report(gpusim, collection, tmp_path, {
+        "gpu_report_dir": str(out), "gpu_report_prometheus_path": str(prom), "gpu_report_min_free_pct": 90})
+    rows = {r["index"]: r for r in json.loads((out / "gpu_report.json").read_text())["rows"]}
+    assert len(rows) == 8
+    assert [i for i, r in rows.items() if r["fits"] is False] == [0, 1]
+    assert all(r["fits"] is True and r["need_mib"] == 129394 for i, r in rows.items() if i > 1)
+    assert (rows[2]["healthy"], rows[2]["checks"], rows[2]["blocking_checks"]) == (False, ["row_remap_pending"],
+                                                                                   ["row_remap_pending"])
+    assert (rows[3]["healthy"], rows[3]["checks"], rows[3]["blocking_checks"]) == (True, ["hw_slowdown"], [])
+    assert [i for i, r in rows.items() if r["idle"]] == [3, 4, 5, 6, 7]
+    assert "row_remap_pending (blocking)" in stdout and "hw_slowdown" in stdout
+    md = (out / "gpu_report.md").read_text()
+    assert f"| pve | 2 | NVIDIA H200 | 0 | {rows[2]['free_mib']} | 143771 | no | yes | row_remap_pending (blocking) |" in md
+
+    assert oct(prom.stat().st_mode & 0o777) == "0o644"
+    assert [p.name for p in textdir.iterdir()] == ["gpu_report.prom"]  # renamed into place, no temporary file left
+    got = families(prom)
+    assert sorted(got) == sorted(["gpuops_gpu_ready", "gpuops_gpu_fits", "gpuops_gpu_healthy",
+                                  "gpuops_gpu_memory_used_bytes", "gpuops_gpu_memory_free_bytes",
+                                  "gpuops_gpu_memory_total_bytes"])
+    key = {i: ("pve", i, r["uuid"], "NVIDIA H200") for i, r in rows.items()}
+    assert all(len(samples) == 8 and set(samples) == set(key.values()) for samples in got.values())
+    for i, r in rows.items():
+        assert got["gpuops_gpu_ready"][key[i]] == (1 if i > 2 else 0)
+        assert got["gpuops_gpu_fits"][key[i]] == (0 if i < 2 else 1)
+        assert got["gpuops_gpu_healthy"][key[i]] == (0 if i == 2 else 1)
+        assert got["gpuops_gpu_memory_used_bytes"][key[i]] == r["used_mib"] * 1048576
+        assert got["gpuops_gpu_memory_free_bytes"][key[i]] == r["free_mib"] * 1048576
+        assert got["gpuops_gpu_memory_total_bytes"][key[i]] == 143771 * 1048576
+    assert got["gpuops_gpu_memory_used_bytes"][key[0]] == 40960 * 1048576
+
+
+def test_the_textfile_replaces_the_last_one_and_has_no_fits_without_a_fit(gpusim, collection, tmp_path):
+    """Without gpu_report_min_free_mib/_pct no fit is judged: gpuops_gpu_fits has no sample; a second run replaces
+    the file whole."""
+    prom = tmp_path / "gpu_report.prom"
+    prom.write_text("# an old file\n")
+    report(gpusim, collection, tmp_path, {"gpu_report_prometheus_path": str(prom)})
+    got = families(prom)
+    assert got["gpuops_gpu_fits"] == {}
+    assert len(got["gpuops_gpu_ready"]) == 8 and set(got["gpuops_gpu_ready"].values()) == {1.0}
+    assert set(got["gpuops_gpu_healthy"].values()) == {1.0}

@@ -133,8 +133,9 @@ def test_gpu_blockers(name, gpus, expected):
 def test_gpu_report_rows_name_the_container_host():
     rows = gpu_report_rows([IDLE, SGLANG, NO_MEMORY], "pve", containers={129: "gpu-ct", "130": "other"})
     assert rows[0] == {"host": "pve", "seen_from": "pve", "index": 0, "name": "NVIDIA H200", "uuid": "GPU-0000",
-                       "used_mib": 0, "total_mib": 143771, "idle": True, "health": "ok", "holders": [], "holders_text": "",
-                       "container_hosts": [], "busy_reasons": []}
+                       "used_mib": 0, "total_mib": 143771, "free_mib": None, "idle": True, "fits": None, "need_mib": None,
+                       "health": "ok", "healthy": True, "checks": [], "blocking_checks": [], "unsupported": [],
+                       "holders": [], "holders_text": "", "container_hosts": [], "busy_reasons": []}
     assert rows[1]["holders"] == [8812] and rows[1]["container_hosts"] == ["gpu-ct"]
     assert rows[1]["holders_text"] == "pid 8812 python3 (CT 129 gpu-ct, sglang.service, 130048 MiB)"
     assert rows[1]["busy_reasons"] == ["used by pid 8812"] and rows[1]["idle"] is False
@@ -155,17 +156,18 @@ ROWS = gpu_report_rows([IDLE, SGLANG, LEAKED], "pve", containers={129: "gpu-ct"}
 
 def test_gpu_report_table():
     assert gpu_report_table(ROWS) == [
-        "host        GPU  name         used / total MiB  state  holders",
-        "pve         0    NVIDIA H200       0 / 143771   idle   -",
-        "pve         3    NVIDIA H200  130048 / 143771   busy   pid 8812 python3 (CT 129 gpu-ct, sglang.service, 130048 MiB)",
-        "pve         6    NVIDIA H200    1200 / 143771   busy   1200 MiB used by processes not visible from this PID namespace...",
-        "gpu-host-2  ?    ?                 ? / ?        idle   -",
+        "host        GPU  name         used / total MiB  state  fits  health  holders",
+        "pve         0    NVIDIA H200       0 / 143771   idle   -     ok      -",
+        "pve         3    NVIDIA H200  130048 / 143771   busy   -     ok      pid 8812 python3 (CT 129 gpu-ct, sglang.service, 130048 MiB)",
+        "pve         6    NVIDIA H200    1200 / 143771   busy   -     ok      1200 MiB used by processes not visible from this PID"
+        " namespace...",
+        "gpu-host-2  ?    ?                 ? / ?        idle   -     ok      -",
     ]
 
 
 @pytest.mark.parametrize("rows, lines", [
-    ([], ["host  GPU  name  used / total MiB  state  holders"]),
-    (None, ["host  GPU  name  used / total MiB  state  holders"]),
+    ([], ["host  GPU  name  used / total MiB  state  fits  health  holders"]),
+    (None, ["host  GPU  name  used / total MiB  state  fits  health  holders"]),
 ])
 def test_gpu_report_table_empty(rows, lines):
     assert gpu_report_table(rows) == lines
@@ -176,13 +178,13 @@ def test_gpu_report_markdown():
     assert md.splitlines() == [
         "# GPU report",
         "",
-        "| host | GPU | name | used MiB | total MiB | idle | health | holders |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-        "| pve | 0 | NVIDIA H200 | 0 | 143771 | yes | ok | - |",
-        "| pve | 3 | NVIDIA H200 | 130048 | 143771 | no | ok | pid 8812 python3 (CT 129 gpu-ct, sglang.service, 130048 MiB) |",
-        f"| pve | 6 | NVIDIA H200 | 1200 | 143771 | no | ok | {LEAK} |",
-        "| gpu-host-2 | ? | ? | ? | ? | yes | ok | - |",
-        "| pve | 0 | a\\|b | 0 | 143771 | ? | ? | - |",
+        "| host | GPU | name | used MiB | free MiB | total MiB | idle | fits | health | holders |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| pve | 0 | NVIDIA H200 | 0 | ? | 143771 | yes | - | ok | - |",
+        "| pve | 3 | NVIDIA H200 | 130048 | ? | 143771 | no | - | ok | pid 8812 python3 (CT 129 gpu-ct, sglang.service, 130048 MiB) |",
+        f"| pve | 6 | NVIDIA H200 | 1200 | ? | 143771 | no | - | ok | {LEAK} |",
+        "| gpu-host-2 | ? | ? | ? | ? | ? | yes | - | ok | - |",
+        "| pve | 0 | a\\|b | 0 | ? | 143771 | ? | - | ? | - |",
     ]
     assert md.endswith("|\n")
 
