@@ -287,3 +287,92 @@ def next_sleep(state: dict, now: float, gpus: list, sleep: float, settle: float,
         if since < settle:
             wait = min(wait, settle - since)
     return max(0.0, min(wait, timeout - now))
+
+
+# --- reset_leaked: a GPU whose memory leaked is reset on request -------------------------------------
+
+# How to stop the daemons that hold the device nodes by design (the module never stops them itself).
+DAEMON_STOP = {
+    "nvidia-persistenced": "systemctl stop nvidia-persistenced",
+    "nv-fabricmanager": "systemctl stop nvidia-fabricmanager",
+    "nv-hostengine": "systemctl stop nvidia-dcgm (DCGM's nv-hostengine)",
+    "dcgm-exporter": "stop the dcgm-exporter service or pod",
+}
+
+
+def _holder_text(h: dict) -> str:
+    name = h.get("name") or "?"
+    text = f"pid {h['pid']} ({name}"
+    if h.get("protected") and name in DAEMON_STOP:
+        text += ", an NVIDIA daemon: " + DAEMON_STOP[name]
+    elif h.get("protected"):
+        text += ", protected"
+    return text + ")"
+
+
+def reset_decision(gpu: dict, holders=(), smi_path="nvidia-smi") -> dict:
+    """Whether a GPU whose memory leaked may be reset with ``nvidia-smi -r -i <index>``. Pure.
+
+    ``gpu``: the snapshot's GPU (index, pci_bus_id, minor_number, persistence_mode, fabric, and
+    display_active / display_mode where they could be read); ``holders``: every process that holds the
+    GPU's device node by a full device-file scan, protected daemons included ({pid, name, protected}).
+    Returns {"index", "action": "reset" or "refuse", "reason"}: every reason the driver would refuse it
+    for, each with what to do."""
+    i = gpu.get("index")
+    reasons = []
+    if gpu.get("display_active") or gpu.get("display_mode"):
+        reasons.append(f"GPU {i} is in use by a display (display_active/display_mode Enabled): the driver does not reset"
+                       " the primary GPU; move the display to another GPU or stop the display server, or reboot")
+    fabric = gpu.get("fabric") or {}
+    if fabric.get("state") not in (None, _health.FABRIC_NONE):
+        reasons.append(f"GPU {i} is on an NVSwitch system (fabric state {fabric['state']}): a reset must include the"
+                       " NVSwitches and every GPU of the fabric, not one GPU; stop every GPU user and the fabric manager"
+                       " and reset them all together, or reboot the node")
+    if gpu.get("persistence_mode"):
+        reasons.append(f"persistence mode is on for GPU {i}: the driver refuses a reset while it is on (In use by another"
+                       f" client); turn it off with nvidia-smi -pm 0 -i {i} (and stop nvidia-persistenced), then run"
+                       " again")
+    if holders:
+        reasons.append(", ".join(_holder_text(h) for h in holders) + (" hold" if len(holders) > 1 else " holds")
+                       + f" the device node of GPU {i}: the driver refuses a reset while any process holds it; stop "
+                       + ("them" if len(holders) > 1 else "it") + " (this module never does), then run again")
+    if gpu.get("minor_number") is None and not reasons:
+        reasons.append(f"the device node of GPU {i} is unknown (no minor number): whether a process holds it cannot be"
+                       " told; reset it by hand once nothing holds it")
+    if not smi_path and not reasons:
+        reasons.append("nvidia-smi was not found on the target (nvidia_smi_path): it runs the reset")
+    if reasons:
+        return {"index": i, "action": "refuse", "reason": "; ".join(reasons)}
+    return {"index": i, "action": "reset", "reason": "memory leaked and nothing holds the GPU's device node"}
+
+
+def leaked_to_reset(gpus: list, memory: dict, resets: dict) -> list:
+    """The GPUs whose memory leaked (memory[index]["kind"] == "leaked"), with no holder, not yet decided
+    upon (``resets``, by index), and not in a container's view (whose memory may be another namespace's)."""
+    out = []
+    for g in gpus:
+        key = str(g["index"])
+        trend = (memory or {}).get(key)
+        if not trend or trend["kind"] != "leaked" or key in resets or holders_of(g):
+            continue
+        if any("not visible from this PID namespace" in r for r in g.get("busy_reasons") or []):
+            continue
+        out.append((g, trend))
+    return out
+
+
+def reset_diff(resets: dict) -> dict:
+    """The diff of the resets done (or, in check mode, that would be): 'GPU 2: 2048 MiB leaked' -> 'GPU 2: reset'."""
+    before, after = [], []
+    for key in sorted(resets, key=int):
+        r = resets[key]
+        if r["action"] in ("done", "would"):
+            before.append(f"GPU {r['index']}: {r['used_mib']} MiB leaked\n")
+            after.append(f"GPU {r['index']}: reset\n")
+    return {"before": "".join(before), "after": "".join(after)}
+
+
+def reset_summary(resets: dict) -> str:
+    """The refusals, for the timeout's message: 'reset_leaked: GPU 2 not reset (...)'."""
+    refused = [r for _k, r in sorted((resets or {}).items(), key=lambda kv: int(kv[0])) if r["action"] == "refused"]
+    return "; ".join(f"reset_leaked: GPU {r['index']} not reset: {r['reason']}" for r in refused)

@@ -48,10 +48,13 @@ attributes:
     support: full
     details:
       - Looks once and reports in RV(would_wait) whether it would have to wait; never fails for busy GPUs.
+      - With O(reset_leaked), a GPU that holds memory with no process is watched for up to O(leak_after) seconds
+        (at most O(timeout)); RV(resets) then says which GPUs would be reset, and nothing is reset.
   diff_mode:
-    support: N/A
+    support: full
     details:
-      - This module never changes the host.
+      - With O(reset_leaked), the GPUs reset (or, in check mode, that would be) - before V(GPU 2 - 2048 MiB leaked),
+        after V(GPU 2 - reset), one line per GPU. Otherwise this module never changes the host.
   action:
     description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
     support: full
@@ -108,6 +111,20 @@ options:
       - It only changes the diagnosis - the wait still ends at O(timeout).
     type: float
     default: 30
+  reset_leaked:
+    description:
+      - Reset a selected GPU whose memory has leaked (unchanged for O(leak_after) seconds with no process holding
+        it) with C(nvidia-smi -r -i <index>) (under O(query_timeout), no shell), then keep waiting.
+      - Only when no process on the host holds the GPU's device node, by a full device-file scan (O(device_files))
+        that counts the protected daemons too (nvidia-persistenced, nv-fabricmanager, DCGM) - the reason names the
+        pids and how to stop them; the module never stops them itself.
+      - Refused, with the reason and what to do, where the driver cannot reset the GPU - persistence mode on (turn it
+        off with C(nvidia-smi -pm 0)), an NVSwitch system (a GPU with a fabric, where a reset must include the
+        NVSwitches and every GPU), a GPU in use by a display (display_active or display_mode). Each GPU is decided
+        upon once per wait; a refusal is named in the timeout's message.
+      - RV(resets) reports what was done. Needs root on the node, as C(nvidia-smi -r) does.
+    type: bool
+    default: false
   progress_slice:
     description:
       - Internal to the collection, not for tasks - the action plugin sets it (return after this many seconds with
@@ -140,6 +157,13 @@ EXAMPLES = r"""
 - name: Wait until the next server fits (vLLM with gpu_memory_utilization 0.9) and the GPUs are healthy
   gpuops.gpu.gpu_wait_idle:
     min_free_pct: 90
+    timeout: 180
+  become: true
+
+- name: Wait, and reset a GPU whose memory leaked (a leaked context) once nothing holds it
+  gpuops.gpu.gpu_wait_idle:
+    reset_leaked: true
+    leak_after: 30
     timeout: 180
   become: true
 
@@ -207,11 +231,23 @@ memory:
   returned: failure
   type: dict
   sample: {"0": {"kind": "draining", "used": 61440, "rate": 4096.0, "left": 15.0}, "1": null}
+resets:
+  description:
+    - With O(reset_leaked), one entry per GPU whose memory leaked - C(index), C(action) (V(done), V(would) in check
+      mode, or V(refused)), C(reason), C(used_mib) (the leaked memory), and C(rc) and C(output) of
+      C(nvidia-smi -r) (null when it did not run).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"index": 2, "action": "done", "reason": "memory leaked and nothing holds the GPU's device node",
+            "used_mib": 2048, "rc": 0, "output": "GPU 00000000:3A:00.0 was successfully reset."}]
 """
 
+import os
 import time
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _procs, _smi, _snapshot, _validate, _wait
+from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import run_in_group
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     SBIN_DIRS,
     IDLE_ARGS,
@@ -302,6 +338,89 @@ def confirm(module, taker, gpus, p):
     return seen, "; ".join(disagree)
 
 
+def _smi_path(module, taker, p):
+    return taker.smi or module.get_bin_path(p["nvidia_smi_path"], required=False, opt_dirs=SBIN_DIRS)
+
+
+def _display(taker, smi, index):
+    """display_active / display_mode of one GPU by nvidia-smi (True/False), or None each where it cannot tell."""
+    try:
+        rc, out, _err = run_in_group([smi, "--query-gpu=display_active,display_mode", "--format=csv,noheader",
+                                      "-i", str(index)], taker.params["query_timeout"], "nvidia-smi --query-gpu",
+                                     {"LC_ALL": "C"})
+    except _errors.GpuError:
+        return None, None
+    cells = [c.strip() for c in out.strip().split(",")] if rc == 0 else []
+    if len(cells) != 2:
+        return None, None
+    return tuple({"Enabled": True, "Disabled": False}.get(c) for c in cells)
+
+
+def _node_holders(taker, p, gpu, scan):
+    """Every process that holds the GPU's device node (/dev/nvidia<minor>), protected daemons included."""
+    out = []
+    for pid, files in sorted(scan.items()):
+        if not any(_procs.device_file_index(f) == gpu.get("minor_number") for f in files):
+            continue
+        info = taker._read_for_build(pid) or {"pid": pid, "name": None}  # the raw command line, to match only
+        names = _snapshot._names(info) & set(_snapshot.PROTECTED_NAMES)
+        out.append({"pid": pid, "name": sorted(names)[0] if names else info.get("name"),
+                    "protected": bool(_snapshot.is_protected(info, extra=taker.protect, exe_of=_procs.read_exe))})
+    return out
+
+
+def reset_leaked(module, taker, p, state, gpus, now):
+    """Reset (or, in check mode, say it would) each selected GPU whose memory leaked; True when one was reset."""
+    resets = state.setdefault("resets", {})
+    memory = _wait.trends(state, now, p["leak_after"], p["max_memory_used_mib"])
+    todo = _wait.leaked_to_reset(gpus, memory, resets)
+    if not todo:
+        return False
+    smi = _smi_path(module, taker, p)
+    # A full device-file scan, whatever include_device_holders says: the protected daemons count too.
+    scan = _procs.scan_fd_holders(p["device_files"], exclude_pids=(os.getpid(),))
+    done = False
+    for gpu, trend in todo:
+        g = dict(gpu)
+        if smi:
+            g["display_active"], g["display_mode"] = _display(taker, smi, g["index"])
+        decision = _wait.reset_decision(g, _node_holders(taker, p, g, scan), smi)
+        entry = {"index": g["index"], "used_mib": trend["used"], "reason": decision["reason"], "rc": None, "output": None}
+        if decision["action"] == "refuse":
+            entry["action"] = "refused"
+        elif module.check_mode:
+            entry["action"] = "would"
+        else:
+            argv = [smi, "-r", "-i", str(g["index"])]
+            try:
+                rc, out, err = run_in_group(argv, p["query_timeout"], "nvidia-smi -r", {"LC_ALL": "C"})
+            except _errors.GpuError as exc:
+                rc, out, err = None, "", str(getattr(exc, "msg", exc))
+            text = " ".join((out + " " + err).split())[:1000]
+            entry.update(rc=rc, output=text)
+            if rc == 0:
+                entry["action"] = "done"
+                done = True
+            else:
+                entry["action"] = "refused"
+                entry["reason"] = f"nvidia-smi -r -i {g['index']} failed (exit {rc}): {_short(text)}"
+        resets[str(g["index"])] = entry
+    if done:
+        # The reset freed the memory: the wait watches a settle window again from now, with a full scan.
+        state["last_holder_at"] = now
+        state["idle_scan_at"] = None
+    return done
+
+
+def _reset_result(module, state, result):
+    resets = state.get("resets") or {}
+    result["resets"] = [resets[k] for k in sorted(resets, key=int)]
+    if any(r["action"] in ("done", "would") for r in result["resets"]):
+        result["changed"] = True
+        if module._diff:
+            result["diff"] = _wait.reset_diff(resets)
+
+
 def main() -> None:
     argument_spec = dict(SNAPSHOT_ARGS, **IDLE_ARGS)
     argument_spec.update(
@@ -313,6 +432,7 @@ def main() -> None:
         msg=dict(type="str"),
         confirm_with_nvidia_smi=dict(type="bool"),
         leak_after=dict(type="float", default=_wait.LEAK_AFTER),
+        reset_leaked=dict(type="bool", default=False),
         progress_slice=dict(type="float"),
         progress_state=dict(type="dict"),
     )
@@ -371,14 +491,38 @@ def main() -> None:
         if module.check_mode:
             gpus = snapshot(True)
             _wait._check_lost(gpus)
-            module.exit_json(changed=False, would_wait=not all(g["idle"] for g in gpus), elapsed=0.0, polls=1,
-                             idle_gpus=[g["index"] for g in gpus if g["idle"]], gpus=gpus, gpus_before=gpus, samples={},
-                             confirmation=None,
-                             msg=_wait.diagnosis(gpus, p["max_memory_used_mib"]) or "all selected GPUs are idle")
+            before, polls, samples = gpus, 1, {}
+            if p["reset_leaked"]:
+                # Memory held with no process is watched until it is told apart: a leak after leak_after seconds.
+                limit = min(p["leak_after"] + max(p["sleep"], 0.1), p["timeout"])
+                while True:
+                    t = now()
+                    for g in gpus:
+                        _wait.record_sample(state, t, g, len(_wait.holders_of(g)))
+                    trends = _wait.trends(state, t, p["leak_after"], p["max_memory_used_mib"])
+                    if t >= limit or all(v is None or v["kind"] == "leaked" for v in trends.values()):
+                        break
+                    time.sleep(min(p["sleep"], max(0.0, limit - t)))
+                    gpus = snapshot(False)
+                    _wait._check_lost(gpus)
+                    polls += 1
+                reset_leaked(module, taker, p, state, gpus, now())
+                samples = state["samples"]
+            check = dict(changed=False)
+            if p["reset_leaked"]:
+                _reset_result(module, state, check)
+            module.exit_json(would_wait=not all(g["idle"] for g in gpus), elapsed=round(now(), 3), polls=polls,
+                             idle_gpus=[g["index"] for g in gpus if g["idle"]], gpus=gpus, gpus_before=before,
+                             samples=samples, confirmation=None,
+                             msg=_wait.diagnosis(gpus, p["max_memory_used_mib"]) or "all selected GPUs are idle", **check)
         slice_end = time.monotonic() + p["progress_slice"] if p["progress_slice"] else None
         confirmed = {}
         while True:
             done, gpus = _wait.step(state, now(), snapshot, alive, p["settle"], FULL_SCAN_EVERY)
+            if p["reset_leaked"] and not done:
+                reset_leaked(module, taker, p, state, gpus, now())
+            if p["reset_leaked"]:
+                _reset_result(module, state, result)
             scan_at = state.get("idle_scan_at")
             if scan_at is not None and not done and confirmed.get("at") != scan_at:
                 # The GPUs look idle and the settle window opens: nvidia-smi is asked now, beside the polls of
@@ -411,16 +555,18 @@ def main() -> None:
                 result.update(elapsed=round(elapsed, 3), confirmation=None, blockers=_wait.blockers(gpus),
                               memory=memory)
                 prefix = (p["msg"] + ": ") if p["msg"] else ""
+                refusals = _wait.reset_summary(state.get("resets"))
                 module.fail_json(msg=f"{prefix}timed out after {p['timeout']:g} s: "
                                      + (_wait.diagnosis(gpus, p["max_memory_used_mib"], memory, p["leak_after"])
-                                        or f"a holder appeared within the last {p['settle']:g} s (settle)"),
+                                        or f"a holder appeared within the last {p['settle']:g} s (settle)")
+                                     + (f"; {refusals}" if refusals else ""),
                                  **result)
             if slice_end is not None and time.monotonic() >= slice_end:
                 settling = None if state["last_holder_at"] is None else elapsed - state["last_holder_at"]
                 module.exit_json(pending=True, progress_state={"wait": state},
                                  progress=_wait.progress_line(gpus, elapsed, p["timeout"], settling),
                                  elapsed=round(elapsed, 3), **{k: v for k, v in result.items() if k != "changed"},
-                                 changed=False)
+                                 changed=result.get("changed", False))
             time.sleep(_wait.next_sleep(state, elapsed, gpus, p["sleep"], p["settle"], p["timeout"]))
     except _errors.GpuError as exc:
         fail(module, exc, **{k: v for k, v in result.items() if k != "changed"})

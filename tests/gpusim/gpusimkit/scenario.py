@@ -93,6 +93,9 @@ class Gpu:
     power_limit_mw: int = 700000
     fan: int = -1
     persistence: int = 1
+    # A display on the GPU (nvidia-smi display_active / display_mode; README "nvidia-smi -r"): nvidia-smi -r refuses it.
+    display_active: int = 0
+    display_mode: int = 0
     compute_mode: int = 0
     mig_current: int = 0
     mig_pending: int = 0
@@ -131,6 +134,8 @@ class Gpu:
             _check(0 <= v <= 100, f"{f}.{name}", v, "must be 0..100")
         _check(self.power_mw >= 0, f + ".power_mw", self.power_mw, "must be >= 0")
         _check(self.persistence in (0, 1), f + ".persistence", self.persistence, "must be 0 or 1")
+        for name in ("display_active", "display_mode"):
+            _check(getattr(self, name) in (0, 1), f"{f}.{name}", getattr(self, name), "must be 0 or 1")
         _check(self.compute_mode in (0, 2, 3), f + ".compute_mode", self.compute_mode, "must be 0, 2 or 3")
         _check(self.mig_current in (0, 1), f + ".mig_current", self.mig_current, "must be 0 or 1")
         _check(self.mig_pending in (0, 1), f + ".mig_pending", self.mig_pending, "must be 0 or 1")

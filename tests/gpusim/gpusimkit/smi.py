@@ -227,6 +227,8 @@ GPU_FIELDS: Dict[str, Tuple[Optional[str], str, Callable[[Dict, Dict], object]]]
     "pci.sub_device_id": (None, "str", _pci("pci_subsystem_id", "0x%08X")),
     "index": (None, "str", _key("index")),
     "persistence_mode": (None, "enabled", _key("persistence")),
+    "display_mode": (None, "enabled", _key("display_mode")),
+    "display_active": (None, "enabled", _key("display_active")),
     "compute_mode": (None, "compute_mode", _key("compute_mode")),
     "mig.mode.current": (None, "enabled", _key("mig_current")),
     "mig.mode.pending": (None, "enabled", _key("mig_pending")),
@@ -728,6 +730,7 @@ class Args:
         self.help_query: Optional[str] = None
         self.query = False  # -q
         self.xml = False  # -x
+        self.reset = False  # -r
 
 
 _VALUE_OPTS = {
@@ -740,6 +743,7 @@ _FLAG_OPTS = {
     "-L": "list", "--list-gpus": "list",
     "-q": "query", "--query": "query",
     "-x": "xml", "--xml-format": "xml",
+    "-r": "reset", "--gpu-reset": "reset",
 }
 
 
@@ -787,6 +791,8 @@ def parse_args(argv: Sequence[str]) -> Args:
         raise UsageError(f"Invalid combination of input arguments. {HELP_HINT}\n")
     # -x only qualifies -q; -q shows everything, so it takes no other view
     if (a.xml and not a.query) or (a.query and (a.list or query)):
+        raise UsageError(f"Invalid combination of input arguments. {HELP_HINT}\n")
+    if a.reset and (a.query or a.list or query):
         raise UsageError(f"Invalid combination of input arguments. {HELP_HINT}\n")
     return a
 
@@ -1395,7 +1401,10 @@ def _main(argv: Sequence[str], simdir: str, io: Io) -> int:
         text, code = init_failure(ret, libver, nv.error_string(ret))
         io.o(text)
         return code
+    nv.simdir = simdir
     try:
+        if args.reset:
+            return gpu_reset(nv, args, simdir, io)
         return _run(nv, args, fields, header, units, io)
     finally:
         nv.call("nvmlShutdown")
@@ -1451,6 +1460,8 @@ def _run(nv: Nvml, args: Args, fields: List[str], header: bool, units: bool, io:
                 read_query_extras(nv, g)
             if mode == "gpu" and any(f in HEALTH_GPU_FIELDS for f in fields):
                 read_health(nv, g)
+            if mode == "gpu" and any(f.startswith("display_") for f in fields):
+                read_display(nv, g)
             if mode in ("table", "xml", "text"):
                 rows, rep = read_processes(nv, g, [("Compute", "C"), ("Graphics", "G"), ("MPSCompute", "M")])
             elif mode == "app":
@@ -1488,6 +1499,106 @@ def _run(nv: Nvml, args: Args, fields: List[str], header: bool, units: bool, io:
         codes = [f.code for f in failures]
         return exit_code_for(ERROR_GPU_IS_LOST if ERROR_GPU_IS_LOST in codes else codes[0])
     return EXIT_OK
+
+
+def read_display(nv: Nvml, g: Dict) -> None:
+    """display_active / display_mode from the scenario (the library has no nvmlDeviceGetDisplayActive/Mode)."""
+    from . import scenario as _scn  # noqa: PLC0415
+
+    sim = _scn.load(nv.simdir).gpus[g["index"]]
+    g["display_active"], g["display_mode"] = sim.display_active, sim.display_mode
+
+
+# --- nvidia-smi -r (README "nvidia-smi -r": each message and exit code with its source) ----------------
+
+RESET_DONE = "GPU {bus} was successfully reset.\n"
+RESET_PRIMARY = "GPU Reset couldn't run because GPU {bus} is the primary GPU.\n"
+RESET_IN_USE = (
+    "GPU {bus} is currently in use by another process.\n\n1 device is currently being used by one or more other"
+    " processes (e.g., Fabric Manager, CUDA application, graphics application such as an X server, or a monitoring"
+    " application such as another instance of nvidia-smi). Please first kill all processes using this device and all"
+    " compute applications running in the system.\n")
+RESET_CLIENT = (
+    "The following GPUs could not be reset:\n  GPU {bus}: In use by another client\n\n1 device is currently being"
+    " used by one or more other processes (e.g. Fabric Manager, CUDA application, graphics application such as an X"
+    " server, or a monitoring application such as another instance of nvidia-smi). Please first kill all processes"
+    " using this device and all compute applications running in the system.\n")
+RESET_NVSWITCH = (  # assumed wording (README): no public output of this refusal was found
+    "GPU Reset couldn't run because GPU {bus} is connected to an NVSwitch fabric: the GPUs and NVSwitches of the"
+    " fabric must be reset together.\n")
+EXIT_RESET_REFUSED = 255  # "In use by another client": exit=255 (NVIDIA/NVSentinel#1690)
+EXIT_NOT_AVAILABLE = 3  # "The requested operation is not available on target device" (nvidia-smi(1) RETURN VALUE)
+
+
+def node_holders(path: str) -> List[int]:
+    """The pids (other than this one) with ``path`` open: by device and inode, as fuser does."""
+    try:
+        want = os.stat(path)
+    except OSError:
+        return []
+    me, out = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        fddir = f"/proc/{entry}/fd"
+        try:
+            fds = os.listdir(fddir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(f"{fddir}/{fd}")
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino):
+                out.append(int(entry))
+                break
+    return out
+
+
+def gpu_reset(nv: Nvml, args: Args, simdir: str, io: Io) -> int:
+    """``nvidia-smi -r [-i ID]``: refuses a display GPU, an NVSwitch GPU, a GPU whose node a process holds, and one
+    in persistence mode; else clears what a reset clears (leaked memory, pending remaps/retirements, volatile ECC)."""
+    from . import scenario as _scn  # noqa: PLC0415
+
+    sc = _scn.load(simdir)
+    count = len(sc.gpus)
+    if args.ids and not all(_is_index(t) for t in args.ids):
+        sel = match_ids(args.ids, [identify(nv, i) for i in range(count)])
+    elif args.ids:
+        sel = sorted({int(t) for t in args.ids})
+        sel = None if any(i >= count for i in sel) else sel
+    else:
+        sel = list(range(count))
+    if not sel:
+        io.o(MSG_NO_DEVICES)
+        return EXIT_NOT_FOUND
+    code = EXIT_OK
+    for i in sel:
+        g = sc.gpus[i]
+        bus = g.pci_bus_id
+        if g.display_active or g.display_mode:
+            io.o(RESET_PRIMARY.format(bus=bus))
+            code = code or EXIT_NOT_AVAILABLE
+        elif g.fabric_state != 0:
+            io.o(RESET_NVSWITCH.format(bus=bus))
+            code = code or EXIT_NOT_AVAILABLE
+        elif node_holders(os.path.join(simdir, "dev", f"nvidia{g.minor}")):
+            io.o(RESET_IN_USE.format(bus=bus))
+            code = code or EXIT_RESET_REFUSED
+        elif g.persistence:
+            io.o(RESET_CLIENT.format(bus=bus))
+            code = code or EXIT_RESET_REFUSED
+        else:
+            with _scn.edit(simdir) as cur:
+                c = cur.gpus[i]
+                c.leaked_mib = 0
+                c.remap_pending = c.retired_pending = 0
+                c.ecc_volatile_corrected = c.ecc_volatile_uncorrected = 0
+            io.o(RESET_DONE.format(bus=bus))
+    if not args.ids and code == EXIT_OK:
+        io.o("All done.\n")
+    return code
 
 
 def _cli() -> int:  # pragma: no cover - `GPUSIM_DIR=DIR python -m gpusimkit.smi ...`
