@@ -280,7 +280,7 @@ def test_both_backends_agree_on_health_on_every_profile(gpusim_factory, collecti
     smi = facts(host, collection, backend="nvidia-smi")["ansible_facts"]["gpu_devices"][0]
     for key in HEALTH_KEYS:
         assert nvml[key] == smi[key], (profile, key, nvml[key], smi[key])
-    health = [k for k in ("remapped_rows", "retired_pages", "ecc", "fabric", "clock_event_reasons")]
+    health = ["remapped_rows", "retired_pages", "ecc", "fabric", "clock_event_reasons"]
     assert [u for u in nvml["unsupported"] if u in health] == [u for u in smi["unsupported"] if u in health]
     assert nvml["hw_slowdown"] is True
     failing = {c["check"] for c in nvml["health"]["checks"]}
@@ -316,7 +316,7 @@ PREDEPLOY_CASES = [
 
 @pytest.mark.parametrize("name, driver, fault, host_vars, words", PREDEPLOY_CASES, ids=[c[0] for c in PREDEPLOY_CASES])
 def test_predeploy_fails_once_naming_the_check(gpusim_factory, collection, tmp_path, name, driver, fault, host_vars,
-                                                words):
+                                               words):
     import test_predeploy as predeploy
 
     host = gpusim_factory(driver=driver, gpus=2)

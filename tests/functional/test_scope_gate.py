@@ -198,7 +198,7 @@ def test_a_cuda_process_without_a_context_is_left_alone_and_does_not_stall_the_w
     assert not pids_of(res["released"]) & set(notebooks)
     assert "lingering, not signalled" in {s["pid"]: s["reason"] for s in res["skipped_processes"]}[notebooks[0]]
     wait = run_module(host, collection, "gpu_wait_idle", {"device_files": devices(host), "gpus": ["0", "1", "2", "3"],
-                                                        "timeout": 60, "settle": 0.5})
+                                                          "timeout": 60, "settle": 0.5})
     assert not wait.get("failed"), wait.get("msg")
     # The memory is back 1.5 s after the exit; the wait follows the memory, not the notebooks. A stall
     # (a full scan every 15 s) would take 15 s or more; the bound leaves room for a loaded machine.

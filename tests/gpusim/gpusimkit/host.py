@@ -99,7 +99,6 @@ def _unit_quote(arg: str) -> str:
     return '"' + arg.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$") + '"'
 
 
-
 class SimError(RuntimeError):
     """The simulated host could not do what was asked."""
 

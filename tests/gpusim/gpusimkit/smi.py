@@ -1170,7 +1170,7 @@ def read_health(nv: Nvml, g: Dict) -> Dict:
     """The health values of the CSV query (HEALTH_GPU_FIELDS), each an Err where the library or the
     GPU cannot give it (printed [N/A]). A lost GPU raises DeviceFailure, as in read_gpu."""
     h = g["handle"]
-    rows = [ctypes.c_uint(0) for _ in range(4)]
+    rows = [ctypes.c_uint(0), ctypes.c_uint(0), ctypes.c_uint(0), ctypes.c_uint(0)]
     ret = nv.call("nvmlDeviceGetRemappedRows", h, *[ctypes.byref(r) for r in rows])
     if ret == SUCCESS:
         g["remap_corrected"], g["remap_uncorrected"] = rows[0].value, rows[1].value
