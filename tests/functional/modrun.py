@@ -47,6 +47,18 @@ def alive(pid):
         return False
 
 
+def gone(pid, timeout=10.0):
+    """Whether a process is gone (alive() false) within ``timeout`` seconds."""
+    import time  # noqa: PLC0415
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if not alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def run_module_in_process(host, collection, name, args, check_mode=False):
     """Run one module in this process (as ansible-core's own testing helper does): patched
     arguments, the host's environment, stdout captured, SystemExit caught.

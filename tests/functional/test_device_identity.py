@@ -15,7 +15,7 @@ import time
 
 import pytest
 from gpusimkit import container
-from modrun import alive, run_module
+from modrun import alive, gone, run_module
 
 # vmids of this file's own (pytest-xdist runs tests in parallel; cgroups under lxc/ are machine-wide).
 VMID = 5321
@@ -29,14 +29,6 @@ def procs(collection):
 
     return _procs
 
-
-def gone(pid, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if not alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def fd_links(pid):

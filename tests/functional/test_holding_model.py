@@ -10,16 +10,8 @@ import subprocess
 import sys
 import time
 
-from modrun import alive, run_module
+from modrun import alive, gone, run_module
 
-
-def gone(pid, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if not alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def run(host, collection, module, **args):
