@@ -98,6 +98,11 @@ def matrix_report(request):
             with open(DOC, "w", encoding="utf-8") as f:
                 f.write(doc.render(data))
             lines.append("wrote " + DOC)
+    write_summary(request, lines)
+
+
+def write_summary(request, lines):
+    """Print ``lines`` on pytest's terminal at the end of the run, past output capture."""
     reporter = request.config.pluginmanager.getplugin("terminalreporter")
     capture = request.config.pluginmanager.getplugin("capturemanager")
     if reporter is not None and capture is not None:

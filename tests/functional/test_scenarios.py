@@ -54,7 +54,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 from modrun import run_module_text
-from test_fault_matrix import MARK, marked, on_the_simulated_machine
+from test_fault_matrix import MARK, marked, on_the_simulated_machine, write_summary
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 set_hypothesis_home_dir(os.path.join(TOP, "build", "hypothesis"))
@@ -644,12 +644,7 @@ def scenario_report(request):
     for plan, violations in STATS["failing"]:
         lines.append(f"  FAILING {plan}")
         lines += [f"    - {v}" for v in violations]
-    reporter = request.config.pluginmanager.getplugin("terminalreporter")
-    capture = request.config.pluginmanager.getplugin("capturemanager")
-    if reporter is not None and capture is not None:
-        with capture.global_and_fixture_disabled():
-            for line in lines:
-                reporter.write_line(line)
+    write_summary(request, lines)
 
 
 def record(plan, violations, figures, seconds):
