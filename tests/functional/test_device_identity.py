@@ -30,7 +30,6 @@ def procs(collection):
     return _procs
 
 
-
 def fd_links(pid):
     out = {}
     for fd in os.listdir(f"/proc/{pid}/fd"):

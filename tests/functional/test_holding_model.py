@@ -13,7 +13,6 @@ import time
 from modrun import alive, gone, run_module
 
 
-
 def run(host, collection, module, **args):
     """One module run against the host, its simulated device files scanned."""
     args.setdefault("device_files", devices(host))
