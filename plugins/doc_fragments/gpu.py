@@ -173,3 +173,49 @@ options:
         cannot be read, the Xid events are null and the module says why.
     type: path
 """
+
+    # How holders are released: gpu_release, and proxmox_gpu_containers with state=released.
+    RELEASE = r"""
+options:
+  signal:
+    description: The first signal, by name (V(SIGTERM), V(TERM), V(SIGINT)) or number.
+    type: str
+    default: SIGTERM
+  grace_period:
+    description:
+      - Seconds to wait after O(signal) for the processes to exit.
+      - From 0 to 86400 (a day); C(nan) and C(inf) are refused before anything is signalled.
+    type: float
+    default: 10
+  escalate:
+    description: Send SIGKILL to the processes still alive after O(grace_period).
+    type: bool
+    default: true
+  kill_timeout:
+    description:
+      - Seconds to wait after SIGKILL for the processes to be gone. A zombie counts as gone.
+      - The default covers the teardown of a large inference server, which with pinned host memory takes 20-40 s
+        after SIGKILL on 8 x H100/H200 hosts; the process is gone as soon as it exits, so a shorter teardown costs no
+        more.
+      - From 0 to 86400 (a day).
+    type: float
+    default: 45
+  fail_on_survivors:
+    description:
+      - Fail when a process survives (one stuck in the kernel, state D, outlives SIGKILL).
+    type: bool
+    default: true
+  stop_units:
+    description:
+      - When a target runs in a systemd service unit (read from its cgroup - C(/lxc/129/ns/system.slice/sglang.service)
+        inside a container, C(/system.slice/vllm.service) on the host), stop the unit first - C(pct exec <vmid> --
+        systemctl stop <unit>) for a container when run on the Proxmox node, C(systemctl stop <unit>) on the host -
+        so that its supervisor cannot restart it; then whatever is left is signalled.
+      - Never the unit of a protected process, nor the unit the module itself runs in.
+      - V(false) only signals; a supervised server then comes back, the release result's C(respawned) names the unit
+        and the supervisor, and the module fails (the GPUs are held again).
+      - A unit is stopped only when every GPU job in it is a target; one that also runs other GPU jobs is left running
+        (with a warning) and only the targets in it are signalled.
+    type: bool
+    default: true
+"""

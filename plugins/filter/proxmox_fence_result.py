@@ -9,8 +9,9 @@ name: proxmox_fence_result
 short_description: The outcome of a fence, as the proxmox_fence role records it
 version_added: 0.1.0
 description:
-  - Turns the registered results of M(gpuops.gpu.proxmox_gpu_containers) and M(gpuops.gpu.gpu_release) (run with
-    C(failed_when=false), or skipped) into one dict - the containers fenced and skipped, the GPUs passed through to
+  - Turns the registered result of M(gpuops.gpu.proxmox_gpu_containers) (with O(gpuops.gpu.proxmox_gpu_containers#module:state=released),
+    its C(release) is the release; or a separate result of M(gpuops.gpu.gpu_release) in O(release)), run with
+    C(failed_when=false) or skipped, into one dict - the containers fenced and skipped, the GPUs passed through to
     them, the services and units stopped, the processes released, the containers shut down, whether anything
     changed, the error of a failure, a one-line summary and what the role publishes with C(set_stats).
   - Each result counts as a success only when it has what a success of its module has, as
@@ -26,7 +27,9 @@ options:
     type: dict
     required: true
   release:
-    description: The registered result of M(gpuops.gpu.gpu_release), when it ran.
+    description:
+      - The registered result of M(gpuops.gpu.gpu_release), when it ran as a task of its own; unset - the C(release)
+        of the M(gpuops.gpu.proxmox_gpu_containers) result (state V(released)).
     type: dict
   method:
     description: The fence method - V(processes) or V(shutdown).
@@ -53,7 +56,8 @@ RETURN = r"""
 _value:
   description:
     - C(method), C(containers) (the running vmids fenced), C(skipped) (C({vmid, reason})), C(gpus) (per vmid, the
-      GPU indexes passed through, null for every GPU), C(container_gpus) (their union, null for every GPU),
+      GPU indexes passed through, null for every GPU), C(container_gpus) (their union - or, when none of the named
+      containers runs, the GPUs of their configs; null for every GPU),
       C(services_stopped) (C({vmid, unit})), C(released), C(respawned) and C(stopped_units) (from
       M(gpuops.gpu.gpu_release)), C(shut_down) (vmids), C(gpus_before) (the GPUs before the release), C(changed),
       C(check_mode), C(error) (null, or what failed and, for a crash, what to do), C(failure) (null, or
@@ -94,6 +98,8 @@ def _failure(result, module, host):
 def proxmox_fence_result(containers, release=None, method="processes", check_mode=False, host=""):
     failure = _failure(containers, "proxmox_gpu_containers", host)
     containers = containers if isinstance(containers, dict) else {}
+    if release is None:
+        release = containers.get("release")
     release = release if isinstance(release, dict) else {}
     running = list(containers.get("running") or [])
     per_ct = {c["vmid"]: c.get("gpus") for c in containers.get("containers") or [] if c.get("vmid") in running}
@@ -101,6 +107,9 @@ def proxmox_fence_result(containers, release=None, method="processes", check_mod
         union = None
     else:
         union = sorted({i for g in per_ct.values() for i in g})
+    if not running and containers.get("gpus"):
+        # None of the named containers runs: a wait after the fence covers the GPUs of their configs.
+        union = list(containers["gpus"])
     services = [{"vmid": s.get("vmid"), "unit": s.get("unit")} for s in containers.get("services_stopped") or []]
     released = list(release.get("released") or [])
     respawned = list(release.get("respawned") or [])

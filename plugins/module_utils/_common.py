@@ -47,6 +47,15 @@ IDLE_ARGS = dict(
                        default=list(_health.DEFAULT_CHECKS)),
     kernel_log=dict(type="path"),
 )
+# The options of the doc fragment gpuops.gpu.gpu.release (gpu_release, and proxmox_gpu_containers' state released).
+RELEASE_ARGS = dict(
+    signal=dict(type="str", default="SIGTERM"),
+    grace_period=dict(type="float", default=10.0),
+    escalate=dict(type="bool", default=True),
+    kill_timeout=dict(type="float", default=45.0),
+    fail_on_survivors=dict(type="bool", default=True),
+    stop_units=dict(type="bool", default=True),
+)
 # Where the simulator (tests/gpusim) points the modules at its kernel log; an unset kernel_log reads it.
 KERNEL_LOG_ENV = "GPUOPS_KERNEL_LOG"
 
@@ -87,7 +96,8 @@ def new_module(argument_spec: dict, **kwargs):
                  for k, v in argument_spec.items()}
         module = AnsibleModule(argument_spec=loose, **kwargs)
         bad = [k for k in integers if _not_finite(module.params.get(k))] or integers
-        module.fail_json(msg=f"{bad[0]} must be a finite integer, got {module.params.get(bad[0])!r}", option=bad[0])
+        module.fail_json(msg=f"{bad[0]} must be a finite integer, got {module.params.get(bad[0])!r}", option=bad[0],
+                         error=_errors.InvalidOption.kind)
         raise  # not reached: fail_json exits
 
 

@@ -21,22 +21,35 @@ description:
     of C(/dev/nvidiaN) and C(lxc.cgroup2.devices.allow) lines of major 195. C(c 195:* rwm) with no C(/dev/nvidiaN)
     line gives the container every GPU of the node (RV(containers[].gpus) is null). The minor numbers are tied
     to GPU indexes through the driver (O(backend)).
+  - Only running containers are read when no O(containers) are named (stopped ones too with O(include_stopped));
+    the configs are read a few at a time, and the whole discovery (C(pct list) and every C(pct config)) runs within
+    O(pct_timeout).
   - In each selected container that is running, stops the named systemd O(services) that are active
-    (C(pct exec <vmid> -- systemctl stop <unit>)), so that their supervisor cannot restart the GPU work;
-    with O(state=shutdown) it then shuts the container down (C(pct shutdown)).
+    (C(pct exec <vmid> -- systemctl stop <unit>), each under a time limit), so that their supervisor cannot restart
+    the GPU work.
+  - With O(state=released), the fence is this one task - it then releases the processes of the running containers
+    that hold GPUs, with their workloads and the systemd units they run in, through the same path as
+    M(gpuops.gpu.gpu_release) with O(gpuops.gpu.gpu_release#module:containers) set to those containers (its result
+    is RV(release)). With O(state=shutdown) it shuts them down instead (C(pct shutdown)).
   - Every command is an argument list (no shell), and every container id and unit name is validated before
     anything runs. A container id the node does not have fails the task, and nothing is stopped.
-  - A selected container that is not running is reported in RV(skipped_containers), never started.
+  - A selected container that is not running is reported in RV(skipped_containers), never started; the GPUs of
+    its config are in RV(gpus) when none of the selected containers runs (what a wait after the fence covers).
+  - Every failure has an C(error) kind - C(pct_not_found), C(pct_failed), C(no_such_container), C(container_timeout)
+    (a container or C(pct) did not answer in time), C(service_state_unknown), C(service_stop_failed),
+    C(shutdown_failed), the release's (C(scope), C(process_list_unreadable), C(release_incomplete)) or the driver's.
 author:
   - gpuops developers (@gpuops)
 extends_documentation_fragment:
   - gpuops.gpu._attributes
+  - gpuops.gpu.gpu
+  - gpuops.gpu.gpu.release
 attributes:
   check_mode:
     support: full
     details:
-      - Reads the containers and the state of each service, and reports in RV(services_stopped) and RV(shut_down)
-        what would be stopped and shut down (with a null C(rc)); stops nothing.
+      - Reads the containers and the state of each service, and reports in RV(services_stopped), RV(shut_down) and
+        RV(release) what would be stopped, shut down and released (with a null C(rc)); stops and signals nothing.
   diff_mode:
     support: full
     details:
@@ -64,10 +77,13 @@ options:
   state:
     description:
       - V(present) reports the containers and stops the O(services).
+      - V(released) also releases the GPU holders of each selected running container (the fence in one task), after
+        its services are stopped - O(signal), O(grace_period), O(escalate), O(kill_timeout), O(stop_units) and the
+        options of the GPU snapshot apply, as in M(gpuops.gpu.gpu_release).
       - V(shutdown) also shuts each selected running container down (C(pct shutdown <vmid> --timeout N)),
         after its services are stopped.
     type: str
-    choices: [present, shutdown]
+    choices: [present, released, shutdown]
     default: present
   shutdown_timeout:
     description:
@@ -86,25 +102,21 @@ options:
       - The C(pct) program, a path or a name looked up in C(/usr/sbin), C(/usr/bin) and C(PATH).
     type: str
     default: pct
-  backend:
+  include_stopped:
     description:
-      - How the GPUs' minor numbers are read, to tie C(/dev/nvidiaN) to GPU indexes.
-      - V(nvml) uses the NVML library through the Python bindings C(pynvml) (the C(nvidia-ml-py) package),
-        V(nvidia-smi) runs C(nvidia-smi -q -x), V(auto) takes V(nvml) when it loads, else V(nvidia-smi).
-      - When the driver cannot be read (no GPU, no library), each container's RV(containers[].gpus) is null and a
-        warning says why; the task does not fail.
-    type: str
-    choices: [auto, nvml, nvidia-smi]
-    default: auto
-  nvidia_smi_path:
-    description: The C(nvidia-smi) program, as in M(gpuops.gpu.gpu_facts) (O(gpuops.gpu.gpu_facts#module:nvidia_smi_path)).
-    type: str
-    default: nvidia-smi
-  query_timeout:
+      - With no O(containers), read the configs of the stopped containers too (they are never started nor stopped).
+        Named O(containers) are read whatever their status.
+    type: bool
+    default: false
+  pct_timeout:
     description:
-      - Time limit in seconds for the query of the driver; above 0 and at most 300.
+      - Seconds the whole discovery may take (C(pct list) and every C(pct config)), and each C(systemctl is-active)
+        in a container; above 0 and at most 86400. A container or C(pct) that does not answer in time fails the task
+        (C(error=container_timeout)) before anything is stopped.
+      - A C(systemctl stop) may take O(grace_period) + O(kill_timeout) + O(pct_timeout); one that does not return
+        by then fails the task, saying the container did not answer.
     type: float
-    default: 10
+    default: 30
 requirements:
   - A Proxmox VE node (C(pct)); root (C(become) - C(pct) needs it).
 notes:
@@ -137,6 +149,14 @@ EXAMPLES = r"""
     shutdown_timeout: 120
     force: true
   become: true
+
+- name: Fence CT 129 in one task - stop its service and release its GPU holders
+  gpuops.gpu.proxmox_gpu_containers:
+    containers: [129]
+    services: [sglang]
+    state: released
+  become: true
+  register: fence
 
 - name: Fence the GPU containers, then wait until the GPUs they had are free (on the node)
   become: true
@@ -216,8 +236,9 @@ skipped_containers:
   sample: [{"vmid": 130, "reason": "stopped"}]
 gpus:
   description:
-    - The union of the running containers' GPU indexes, sorted; null when one of them gets every GPU (or its GPUs
-      could not be told).
+    - The union of the running containers' GPU indexes, sorted; when none of the named O(containers) runs, the union
+      of their configs' GPUs (what they get when started). Null when one of them gets every GPU (or its GPUs could
+      not be told).
   returned: always
   type: list
   elements: int
@@ -236,206 +257,71 @@ shut_down:
   type: list
   elements: int
   sample: [129]
+release:
+  description:
+    - With O(state=released), when a selected container runs - the result of the release of its GPU holders, as
+      M(gpuops.gpu.gpu_release) returns it (C(released), C(survivors), C(respawned), C(protected),
+      C(skipped_processes), C(stopped_units), C(gpus_before), C(gpus), C(elapsed)); in check mode what would be
+      released. On a failure of the release, what it did until then.
+  returned: with O(state=released) and a running container
+  type: dict
+  sample: {"changed": true, "released": [{"pid": 8812, "name": "python3", "container": {"kind": "lxc", "id": 129},
+           "signals": ["SIGTERM"], "seconds": 1.2}], "survivors": [], "respawned": [], "stopped_units": []}
 """
 
-import time
-
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _pct, _validate
-from ansible_collections.gpuops.gpu.plugins.module_utils._common import SNAPSHOT_ARGS, SnapshotTaker, fail, new_module
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _fence, _release
+from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
+    RELEASE_ARGS,
+    SBIN_DIRS,
+    SNAPSHOT_ARGS,
+    SnapshotTaker,
+    fail,
+    new_module,
+)
+from ansible_collections.gpuops.gpu.plugins.module_utils._signals import signal_number
+from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import run_in_group
 
 PCT_DIRS = ["/usr/sbin", "/usr/bin"]
-C_LOCALE = {"LC_ALL": "C"}
-BACKEND_OPTIONS = ("backend", "nvidia_smi_path", "query_timeout")
 
-
-def snapshot_params(params: dict) -> dict:
-    """The SnapshotTaker parameters: the collection's defaults, with this module's backend options."""
-    out = {name: spec.get("default") for name, spec in SNAPSHOT_ARGS.items()}
-    out.update({name: params[name] for name in BACKEND_OPTIONS})
-    out.update(include_device_holders=False, cmdline=False)
-    return out
-
-
-def read_gpus(module, params: dict):
-    """({minor: index}, {index: uuid}, complete), or (None, None, False) with a warning when the driver cannot be read.
-
-    ``complete``: every GPU gave its minor number (else a minor that matches none cannot be ruled out)."""
-    try:
-        taker = SnapshotTaker(module, params)
-        gpus = taker.raw(need_minors=True)["gpus"]
-    except _errors.GpuError as exc:
-        module.warn(f"cannot read the GPUs ({exc.msg}): each container's gpus is null (its GPUs cannot be told)")
-        return None, None, False
-    minors = {g["minor_number"]: g["index"] for g in gpus if g.get("minor_number") is not None}
-    return minors, {g["index"]: g.get("uuid") for g in gpus}, len(minors) == len(gpus)
-
-
-def describe(vmids) -> str:
-    return ", ".join(str(v) for v in vmids) if vmids else "none"
+ARGUMENT_SPEC = dict(
+    SNAPSHOT_ARGS,
+    **RELEASE_ARGS,
+    containers=dict(type="list", elements="raw", default=[]),
+    services=dict(type="list", elements="str", default=[]),
+    state=dict(type="str", choices=list(_fence.STATES), default="present"),
+    include_stopped=dict(type="bool", default=False),
+    pct_timeout=dict(type="float", default=_fence.PCT_TIMEOUT),
+    shutdown_timeout=dict(type="int", default=60),
+    force=dict(type="bool", default=False),
+    pct=dict(type="str", default="pct"),
+)
 
 
 def main() -> None:
-    argument_spec = dict(
-        containers=dict(type="list", elements="raw", default=[]),
-        services=dict(type="list", elements="str", default=[]),
-        state=dict(type="str", choices=["present", "shutdown"], default="present"),
-        shutdown_timeout=dict(type="int", default=60),
-        force=dict(type="bool", default=False),
-        pct=dict(type="str", default="pct"),
-    )
-    argument_spec.update({name: SNAPSHOT_ARGS[name] for name in BACKEND_OPTIONS})
-    module = new_module(argument_spec, supports_check_mode=True)
+    module = new_module(dict(ARGUMENT_SPEC), supports_check_mode=True)
     p = module.params
-
-    # Everything is validated before anything runs (_pct and _validate have the rules and bounds).
+    fence = None
     try:
-        selected = _pct.validate_vmids(p["containers"])
-        units = _pct.validate_units(p["services"])
-        timeout = _validate.integer("shutdown_timeout", p["shutdown_timeout"], 0, int(_validate.DAY))
-        snap_params = snapshot_params(p)
-        _validate.snapshot(snap_params)
+        # Everything is validated before anything runs (_pct and _validate have the rules and bounds).
+        params = _fence.validate(p)
+        first_signal = signal_number(p["signal"])
+        pct = module.get_bin_path(p["pct"], opt_dirs=PCT_DIRS)
+        if not pct:
+            raise _fence.FenceFailed("pct_not_found", f"pct: {p['pct']!r} not found (in {', '.join(PCT_DIRS)} and PATH):"
+                                                      " run this module on a Proxmox VE node (delegate_to the node), or"
+                                                      " set pct to the program's path.")
+        taker = SnapshotTaker(module)
+        host = _release.HostIO(taker, run_in_group, module.warn, lambda name: module.get_bin_path(name, opt_dirs=SBIN_DIRS))
+        io = _fence.NodeIO(pct, taker, host, p, first_signal, module.check_mode, module._diff)
+        fence = _fence.Fence(params, io, module.check_mode, module._diff)
+        result = fence.run()
     except _errors.GpuError as exc:
-        fail(module, exc)
+        fail(module, exc, **(fence.finish() if fence is not None else {}))
         return
-
-    pct = module.get_bin_path(p["pct"], opt_dirs=PCT_DIRS)
-    if not pct:
-        module.fail_json(msg=f"pct: {p['pct']!r} not found (in {', '.join(PCT_DIRS)} and PATH): run this module on a"
-                             " Proxmox VE node (delegate_to the node), or set pct to the program's path.")
-
-    def run(argv):
-        return module.run_command([pct] + argv, environ_update=C_LOCALE)
-
-    rc, out, err = run(["list"])
-    if rc != 0:
-        module.fail_json(msg=f"pct list failed (rc {rc}): {(err or out).strip()}. Run the task on the Proxmox VE node"
-                             " with become: true. Nothing was stopped.", rc=rc)
-    try:
-        listed = _pct.parse_list(out)
     except ValueError as exc:
-        module.fail_json(msg=f"{exc}. Nothing was stopped.")
-    missing = [v for v in selected if v not in listed]
-    if missing:
-        module.fail_json(msg=f"containers: no container {describe(missing)} on this node (pct list shows"
-                             f" {describe(sorted(listed))}). Nothing was stopped.", missing=missing)
-
-    def read_config(vmid, current):
-        rc, out, err = run(["config", str(vmid)] + (["--current", "1"] if current else []))
-        if rc != 0:
-            module.fail_json(msg=f"pct config {vmid}{' --current 1' if current else ''} failed (rc {rc}):"
-                                 f" {(err or out).strip()}. Nothing was stopped.", rc=rc)
-        return _pct.parse_config(out)
-
-    configs, pending = {}, []
-    for vmid in selected or sorted(listed):
-        # A running container runs with its current config; `pct config` alone applies the pending changes.
-        running_now = listed[vmid]["status"] == "running"
-        config = read_config(vmid, current=running_now)
-        if running_now:
-            change = _pct.passthrough_changes(config, read_config(vmid, current=False))
-            if change:
-                pending.append(dict(vmid=vmid, **change))
-                module.warn(f"CT {vmid} has pending changes to its NVIDIA passthrough (removed: {describe(change['removed'])};"
-                            f" added: {describe(change['added'])}): it keeps its current devices until it restarts."
-                            " The GPUs reported are those it has now.")
-        if selected or config["passthrough"]:
-            configs[vmid] = config
-
-    gpu_minors = uuids = None
-    complete = False
-    if any(c["minors"] for c in configs.values()):
-        gpu_minors, uuids, complete = read_gpus(module, snap_params)
-
-    containers = []
-    for vmid, config in configs.items():
-        row = listed[vmid]
-        gpus = None
-        if config["minors"] == []:
-            gpus = []
-        elif config["minors"] is not None and gpu_minors is not None:
-            gpus, unknown = _pct.gpus_of(config["minors"], gpu_minors)
-            if unknown:
-                nodes = ", ".join(f"/dev/nvidia{m}" for m in unknown)
-                if complete:
-                    module.warn(f"CT {vmid} passes {nodes} through, but no GPU of this node has that minor number"
-                                f" (the GPUs' minors: {describe(sorted(gpu_minors))}): a stale config line?")
-                else:
-                    module.warn(f"CT {vmid} passes {nodes} through, and not every GPU gave its minor number: its gpus"
-                                " is null (its GPUs cannot be told)")
-                    gpus = None
-        containers.append(dict(
-            vmid=vmid, name=row["name"] or config["hostname"] or "", status=row["status"], lock=row["lock"],
-            running=row["status"] == "running", passthrough=config["passthrough"], minors=config["minors"], gpus=gpus,
-            gpu_uuids=None if gpus is None else [uuids[i] for i in gpus]))
-
-    running = [c for c in containers if c["running"]]
-    union = set()
-    for c in running:
-        union = None if union is None or c["gpus"] is None else union | set(c["gpus"])
-    result = dict(
-        changed=False, containers=containers, running=[c["vmid"] for c in running],
-        skipped_containers=[{"vmid": c["vmid"], "reason": c["status"]} for c in containers if not c["running"]],
-        gpus=None if union is None else sorted(union), services_stopped=[], shut_down=[], check_mode=module.check_mode,
-        pending_passthrough=pending)
-
-    # Read the state of every service first: a container whose systemd cannot answer fails the task
-    # before anything is stopped.
-    states = {}
-    for c in running:
-        for unit in units:
-            rc, out, err = run(["exec", str(c["vmid"]), "--", "systemctl", "is-active", unit])
-            state, active = _pct.parse_is_active(out)
-            if state is None:
-                module.fail_json(msg=f"CT {c['vmid']}: systemctl is-active {unit} said nothing (rc {rc}): {err.strip()}."
-                                     " Is systemd running in the container? Nothing was stopped.", **result)
-            states[(c["vmid"], unit)] = (state, active)
-    before = {str(c["vmid"]): dict(status=c["status"], services={u: states[(c["vmid"], u)][0] for u in units}
-                                   if c["running"] else {}) for c in containers}
-
-    def finish(**extra):
-        result["changed"] = bool(result["services_stopped"] or result["shut_down"])
-        if module._diff:
-            after = {vmid: dict(status=ct["status"], services=dict(ct["services"])) for vmid, ct in before.items()}
-            for entry in result["services_stopped"]:
-                if entry["rc"] in (0, None):
-                    after[str(entry["vmid"])]["services"][entry["unit"]] = "inactive"
-            for vmid in result["shut_down"]:
-                after[str(vmid)] = dict(status="stopped", services={u: "inactive" for u in units})
-            result["diff"] = dict(before=before, after=after)
-        result.update(extra)
-        return result
-
-    for c in running:
-        vmid = c["vmid"]
-        for unit in units:
-            state, active = states[(vmid, unit)]
-            if not active:
-                continue
-            entry = dict(vmid=vmid, unit=unit, state_before=state, rc=None, seconds=None)
-            result["services_stopped"].append(entry)
-            if module.check_mode:
-                continue
-            started = time.monotonic()
-            rc, out, err = run(["exec", str(vmid), "--", "systemctl", "stop", unit])
-            entry.update(rc=rc, seconds=round(time.monotonic() - started, 3))
-            if rc != 0:
-                module.fail_json(**finish(msg=f"CT {vmid}: systemctl stop {unit} failed (rc {rc}): {(err or out).strip()}."
-                                              f" The unit may still hold the GPUs: look at pct exec {vmid} -- systemctl"
-                                              f" status {unit}, fix it and run the task again."))
-        if p["state"] != "shutdown":
-            continue
-        result["shut_down"].append(vmid)
-        if module.check_mode:
-            continue
-        argv = ["shutdown", str(vmid), "--timeout", str(timeout)] + (["--forceStop", "1"] if p["force"] else [])
-        rc, out, err = run(argv)
-        if rc != 0:
-            result["shut_down"].remove(vmid)
-            advice = ("check the container's console (pct enter)" if p["force"] else
-                      "set force: true to stop it after shutdown_timeout, or raise shutdown_timeout")
-            module.fail_json(**finish(msg=f"CT {vmid} did not shut down (pct shutdown --timeout {timeout}, rc {rc}):"
-                                          f" {(err or out).strip()}. {advice[0].upper() + advice[1:]}.", rc=rc))
-    module.exit_json(**finish())
+        fail(module, _errors.InvalidOption(str(exc)))
+        return
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 pct and systemctl, and the simulated driver for the GPUs' minor numbers."""
 
 import json
+import subprocess
 import time
 
 import pytest
@@ -57,22 +58,35 @@ def test_discovery_finds_the_passthrough_containers_and_their_gpus(node, collect
     res = run(node, collection)
     assert not res.get("failed") and not res["changed"], res
     cts = by_vmid(res)
-    assert sorted(cts) == [4129, 4130, 4132]  # 4131 passes nothing through
+    # 4131 passes nothing through; 4132 is stopped, and a stopped container is read only when asked
+    assert sorted(cts) == [4129, 4130]
     uuids = {g["index"]: g["uuid"] for g in node.status()["gpus"]}
     assert (cts[4129]["minors"], cts[4129]["gpus"]) == ([4, 5, 6, 7], [0, 1, 2, 3])
     assert (cts[4130]["minors"], cts[4130]["gpus"]) == ([2, 3], [4, 5])
     assert cts[4130]["gpu_uuids"] == [uuids[4], uuids[5]]
     assert (cts[4129]["name"], cts[4129]["status"], cts[4129]["running"], cts[4129]["passthrough"]) == \
         ("gpu-a", "running", True, True)
+    assert res["running"] == [4129, 4130] and res["skipped_containers"] == []
+    assert res["gpus"] == [0, 1, 2, 3, 4, 5]
+    assert res["services_stopped"] == [] and res["shut_down"] == []
+    assert not res.get("warnings"), res["warnings"]
+
+    # Asked for the stopped ones too: reported, skipped, and their GPUs are not the running containers'
+    res = run(node, collection, include_stopped=True)
+    cts = by_vmid(res)
+    assert sorted(cts) == [4129, 4130, 4132]
     assert (cts[4132]["status"], cts[4132]["running"], cts[4132]["minors"], cts[4132]["gpus"]) == ("stopped", False, [1], [6])
     assert res["running"] == [4129, 4130]
     assert res["skipped_containers"] == [{"vmid": 4132, "reason": "stopped"}]
     assert res["gpus"] == [0, 1, 2, 3, 4, 5]  # the running containers' only
-    assert res["services_stopped"] == [] and res["shut_down"] == []
-    assert not res.get("warnings"), res["warnings"]
+
+    # A named stopped container alone: its config's GPUs are the ones a wait after the fence covers
+    res = run(node, collection, containers=[4132], state="released")
+    assert not res.get("failed") and not res["changed"], res
+    assert res["running"] == [] and res["gpus"] == [6] and "release" not in res, res
 
     # The same through nvidia-smi (its XML report has the minor numbers)
-    smi = run(node, collection, backend="nvidia-smi")
+    smi = run(node, collection, backend="nvidia-smi", include_stopped=True)
     assert {c["vmid"]: c["gpus"] for c in smi["containers"]} == {4129: [0, 1, 2, 3], 4130: [4, 5], 4132: [6]}
 
     # A named container without passthrough is reported as such
@@ -184,3 +198,44 @@ def test_a_container_that_does_not_shut_down_fails_with_the_advice_and_force_sto
     res = run(node, collection, containers=[4129], state="shutdown", shutdown_timeout=1, force=True)
     assert not res.get("failed") and res["shut_down"] == [4129], res
     assert container.status(node.dir, 4129) == "stopped" and gone(stubborn)
+
+
+def test_released_fences_the_container_in_one_run(node, collection):
+    """state=released: the services, the GPU holders, their units - one module run; nothing of CT 4130."""
+    worker = node.hold(gpus=[0, 1], mib=4096, ct=4129, service="sglang", respawn=True)
+    bystander = node.hold(gpus=[4], mib=1024, ct=4130)
+    check = run(node, collection, check_mode=True, containers=[4129], state="released")
+    assert not check.get("failed") and check["check_mode"], check
+    assert worker in [r["pid"] for r in check["release"]["released"]], check["release"]
+    assert alive(worker) and alive(bystander)
+
+    res = run(node, collection, containers=[4129], state="released", grace_period=5)
+    assert not res.get("failed") and res["changed"], res
+    assert worker in [r["pid"] for r in res["release"]["released"]], res["release"]
+    assert [(u["container"], u["unit"]) for u in res["release"]["stopped_units"]] == [(4129, "sglang.service")]
+    assert res["release"]["respawned"] == [] and res["release"]["survivors"] == []
+    assert gone(worker) and alive(bystander)
+    assert res["gpus"] == [0, 1, 2, 3]
+
+    again = run(node, collection, containers=[4129], state="released")
+    assert not again.get("failed") and not again["changed"], again
+    assert again["release"]["released"] == [] and alive(bystander)
+
+
+def test_a_frozen_container_fails_saying_it_did_not_answer(node, collection):
+    """A frozen container never answers pct exec: the task fails within pct_timeout, names the container, and
+    stops nothing (it used to hang to its limit and blame the driver)."""
+    worker = node.hold(gpus=[4], mib=1024, ct=4130)
+    subprocess.run(container.lxc_argv(node.dir, "lxc-freeze", 4130), check=True, capture_output=True, timeout=30)
+    try:
+        started = time.monotonic()
+        res = run(node, collection, containers=[4129, 4130], services=["sglang"], state="released", pct_timeout=3)
+        took = time.monotonic() - started
+    finally:
+        subprocess.run(container.lxc_argv(node.dir, "lxc-unfreeze", 4130), check=True, capture_output=True, timeout=30)
+    assert res.get("failed") and res["error"] == "container_timeout", res
+    assert res["msg"].startswith("CT 4130 did not answer: systemctl is-active sglang had not returned after 3 s"), res["msg"]
+    assert "Nothing was stopped" in res["msg"] and "driver" not in res["msg"], res["msg"]
+    assert res["services_stopped"] == [] and "release" not in res
+    assert alive(worker)
+    assert took < 60, took  # not a timing assertion: a hang would stop at pytest's own limit instead

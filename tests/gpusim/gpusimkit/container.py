@@ -540,9 +540,11 @@ def init_pid(simdir: str, vmid: Union[int, str]) -> Optional[Tuple[int, int]]:
 
 
 def status(simdir: str, vmid: Union[int, str]) -> str:
-    """'running' or 'stopped' (lxc-info -s)."""
+    """'running' or 'stopped' (lxc-info -s): PVE counts a container as running while its LXC monitor's command
+    socket exists (PVE::LXC::list_active_containers), so a FROZEN (or FREEZING, THAWED, STARTING, STOPPING) one
+    is running too."""
     v = _require(simdir, vmid)
-    return "running" if _info(simdir, v).get("State") in ("RUNNING", "STOPPING", "STARTING") else "stopped"
+    return "stopped" if _info(simdir, v).get("State", "STOPPED") in ("STOPPED", "ABORTING") else "running"
 
 
 def list(simdir: str) -> List[int]:  # noqa: A001 (the API name)

@@ -124,6 +124,23 @@ def test_proxmox_fence_result(containers, release, method, expect):
         assert out["summary"].startswith("Check mode, nothing was stopped")
 
 
+@pytest.mark.parametrize("containers, expect", [
+    # state released: the release is the module result's own
+    pytest.param(dict(CTS, release=RELEASE_OK), {"error": None, "changed": True, "gpus_before": [BUSY]}, id="released"),
+    pytest.param(dict(CTS, release=None), {"failure": {"module": "gpu_release", "kind": "missing"}}, id="no-release"),
+    # A named container that is stopped: the wait covers the GPUs of its config
+    pytest.param(dict(CTS, running=[], gpus=[4], services_stopped=[], changed=False),
+                 {"container_gpus": [4], "error": None}, id="stopped-named"),
+    # The fence failed in its release: the module's failure, with its kind
+    pytest.param({"changed": True, "failed": True, "error": "release_incomplete", "msg": "1 process(es) survived SIGKILL",
+                  "release": RELEASE_OK}, {"failure": {"module": "proxmox_gpu_containers", "kind": "release_incomplete"},
+                                           "error": "proxmox_gpu_containers: 1 process(es) survived SIGKILL"}, id="failed"),
+])
+def test_proxmox_fence_result_of_one_module_run(containers, expect):
+    out = proxmox_fence_result(containers)
+    assert {k: out[k] for k in expect} == expect
+
+
 def test_proxmox_fence_result_summary_names_what_was_stopped():
     out = proxmox_fence_result(CTS, release=RELEASE_OK)
     assert out["summary"] == ("fenced CT 129 (processes); stopped sglang in CT 129; stopped sglang.service in CT 129;"
