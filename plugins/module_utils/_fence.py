@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _pct, _release, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _pct, _release, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import run_in_group
 
 STATES = ("present", "released", "shutdown")
@@ -50,28 +50,6 @@ def describe(vmids) -> str:
 
 def _said(rc, out, err) -> str:
     return (err or out or "").strip()[:300] or f"rc {rc}"
-
-
-def stop_unit(pct, vmid: int, unit: str, timeout: float, now) -> dict:
-    """Stop one unit in a container, under a time limit: ``pct exec <vmid> -- systemctl stop <unit>``.
-
-    The one way the fence stops a service. Returns {vmid, unit, rc, seconds, error}: ``error`` is None,
-    or one sentence - what systemctl said, or that the container did not answer within ``timeout``."""
-    started = now()
-    entry = dict(vmid=vmid, unit=unit, rc=None, seconds=None, error=None)
-    try:
-        rc, out, err = pct(["exec", str(vmid), "--", "systemctl", "stop", unit], timeout,
-                           f"pct exec {vmid} -- systemctl stop {unit}")
-    except _errors.QueryTimeout:
-        entry.update(seconds=round(now() - started, 3),
-                     error=f"CT {vmid} did not answer: systemctl stop {unit} had not returned after {timeout:g} s"
-                           f" (the container may be frozen - pct status {vmid}, lxc-info -n {vmid} - or its"
-                           " unit takes longer to stop than that)")
-        return entry
-    entry.update(rc=rc, seconds=round(now() - started, 3))
-    if rc != 0:
-        entry["error"] = f"CT {vmid}: systemctl stop {unit} failed (rc {rc}): {_said(rc, out, err)}"
-    return entry
 
 
 class Fence:
@@ -232,15 +210,17 @@ class Fence:
                     self.result["services_stopped"].append(dict(vmid=vmid, unit=unit, state_before=state, rc=None,
                                                                 seconds=None))
                     continue
-                entry = stop_unit(self.io.pct, vmid, unit, self.p["stop_timeout"], self.io.now)
-                error = entry.pop("error")
-                entry["state_before"] = state
-                if entry["rc"] is not None:
-                    self.result["services_stopped"].append(entry)
-                if error:
-                    kind = "container_timeout" if entry["rc"] is None else "service_stop_failed"
-                    raise FenceFailed(kind, f"{error}. The unit may still hold the GPUs: look at pct exec {vmid} --"
-                                            f" systemctl status {unit}, fix it and run the task again.")
+                stop = _release.stop_unit(lambda argv, timeout, what: self.io.pct(argv[1:], timeout, what), "pct", vmid,
+                                          unit, self.p["stop_timeout"], now=self.io.now)
+                if stop["rc"] is not None:
+                    self.result["services_stopped"].append(dict(vmid=vmid, unit=unit, state_before=state, rc=stop["rc"],
+                                                                seconds=stop["seconds"]))
+                if stop["error"] and stop["rc"] is None:
+                    raise FenceFailed("container_timeout", f"{stop['error']} Nothing else was stopped.")
+                if stop["error"]:
+                    raise FenceFailed("service_stop_failed",
+                                      f"{stop['error']}. The unit may still hold the GPUs: look at pct exec {vmid} --"
+                                      f" systemctl status {unit}, fix it and run the task again.")
 
     def _shutdown(self, running: list) -> None:
         timeout = self.p["shutdown_timeout"]
@@ -350,55 +330,8 @@ class NodeIO:
         """gpu_release's path over the containers' processes: (its result, None) or (the partial result, the error)."""
         p = dict(self.params, containers=list(vmids), **RELEASE_FIXED)
         try:
-            return run_release(p, _validate.release(p), self.release_io, self.first_signal, self.check_mode,
-                               self.diff), None
-        except ReleaseFailed as exc:
+            result = _release.run_release(p, _validate.release(p), self.release_io, self.first_signal,
+                                          self.check_mode, self.diff)
+            return result, None
+        except _release.ReleaseFailed as exc:
             return exc.partial, exc
-
-
-# TODO(lead): moves to _release.py once its rewrite lands.
-class ReleaseFailed(_errors.GpuError):
-    """A release that did not proceed or did not finish: ``kind`` is process_list_unreadable, scope or
-    release_incomplete; ``partial`` is the result so far (what fail_json returns beside msg)."""
-
-    def __init__(self, kind: str, msg: str, partial: dict):
-        super().__init__(msg)
-        self.kind = kind
-        self.partial = partial
-
-
-def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False, diff=False, all_gpus=None) -> dict:
-    """One release, as gpu_release and the fence run it: a snapshot (or ``all_gpus``), the GPU count, the
-    selection, the plan through the gate, then check mode's report or the release itself.
-
-    Returns the result; raises ReleaseFailed (or another GpuError before anything was signalled)."""
-    start = io.now()
-    if all_gpus is None:
-        all_gpus = io.snapshot(p["include_device_holders"])
-    _snapshot.check_count(all_gpus, p.get("expected_count"), ". Nothing was signalled.")
-    before = _snapshot.select_gpus(all_gpus, p["gpus"])
-    unreadable, message = _release.unreadable_lists(before, bool(p["pids"]))
-    if unreadable and not p["pids"]:
-        raise ReleaseFailed("process_list_unreadable", message, dict(
-            changed=False, released=[], survivors=[], respawned=[], protected=[], skipped_processes=[],
-            unreadable_gpus=unreadable, gpus_before=before))
-    if unreadable:
-        io.warn(message)
-    release = _release.Release(p, filters, io)
-    problem = release.plan(all_gpus, before)
-    for warning in release.warnings:
-        io.warn(warning)
-    release.warnings = []
-    if problem:
-        raise ReleaseFailed("scope", problem, dict({k: v for k, v in release.result.items() if k != "changed"},
-                                                   changed=False))
-    if check_mode:
-        result = release.check_mode_result(diff)
-    else:
-        result = release.run(first_signal, diff)
-        for warning in release.warnings:
-            io.warn(warning)
-    result["elapsed"] = round(io.now() - start, 3)
-    if release.failure:
-        raise ReleaseFailed("release_incomplete", release.failure, result)
-    return result

@@ -102,6 +102,44 @@ def unit_text(entry: dict) -> str:
     return entry["unit"] + (f" in CT {entry['container']}" if entry["container"] is not None else "")
 
 
+def stop_unit(run_command, pct, vmid, unit, timeout, systemctl="systemctl", now=time.monotonic, command=None) -> dict:
+    """Stop one systemd unit, in CT ``vmid`` through ``pct exec <vmid> -- systemctl stop <unit>`` (on the host
+    when ``vmid`` is None), for at most ``timeout`` s. The one way every module stops a unit. Raises nothing.
+
+    ``run_command(argv, timeout, what) -> (rc, stdout, stderr)`` raises _errors.QueryTimeout when the time is
+    up (_waiting.run_in_group). Returns {unit, container, command, rc, seconds, error}: ``error`` is '' when the
+    unit stopped (rc 0), else one sentence: the container did not answer in time (frozen, or its systemd
+    hung: rc None), systemctl failed (its rc and output), or there is no pct here.
+    """
+    entry = {"unit": unit, "container": vmid}
+    argv = list(command) if command else unit_command(entry, systemctl or "systemctl", pct)
+    out = dict(entry, command=argv, rc=None, seconds=0.0, error="")
+    where = unit_text(entry)
+    if not argv:
+        out["error"] = f"cannot stop {where}: no pct here (run the task on the Proxmox VE node)"
+        return out
+    started = now()
+    try:
+        rc, stdout, stderr = run_command(argv, timeout, " ".join(argv[:3]))
+    except _errors.QueryTimeout:
+        out["seconds"] = round(now() - started, 3)
+        who = f"CT {vmid}" if vmid is not None else "systemd on the host"
+        out["error"] = (f"stopping {where} did not finish within {timeout:g} s: {who} did not answer ("
+                        + " ".join([os.path.basename(argv[0])] + argv[1:]) + " was killed), so the unit was not"
+                        " stopped. " + ("Is the container frozen (pct suspend, lxc-freeze: pct resume or lxc-unfreeze"
+                                        " it) or its systemd hung (pct enter, systemctl status)?" if vmid is not None
+                                        else "Is systemd hung (systemctl status)?"))
+        return out
+    except (OSError, _errors.GpuError) as exc:
+        out["seconds"] = round(now() - started, 3)
+        out["error"] = f"stopping {where} failed: {getattr(exc, 'msg', None) or exc}"
+        return out
+    out.update(rc=rc, seconds=round(now() - started, 3))
+    if rc != 0:
+        out["error"] = f"stopping {where} failed (rc {rc}): {(stderr or stdout or '').strip()[:300]}"
+    return out
+
+
 def respawn_advice(proc: dict, after_s, supervisor=None, stop_units=True, in_scope=True) -> str:
     """'pid 812 started 1.1 s after the release in sglang.service in CT 129: ...what to do'.
 
@@ -235,7 +273,7 @@ def choose(scope, candidates: list, contexts: dict, holder_ids: set, tree: bool,
     for cand in candidates:
         proc = dict(cand, context_gpus=sorted(contexts.get(cand["pid"], ())))
         chain = []
-        if tree and read:
+        if read:  # (match sees the workload root's texts even when only the holders are signalled)
             start = read(cand["pid"])
             if start is not None and start.get("start_time") == cand.get("start_time"):
                 chain = _holding.workload_ancestors(start, read, scope.protection)
@@ -272,6 +310,40 @@ def unit_problem(entry: dict, holders: list, scope) -> str:
     return (f"{unit_text(entry)} also runs GPU job(s) outside the scope (pid "
             + ", ".join(str(h["pid"]) for h in others) + "): the unit is left running and only the targets are"
             " signalled, so its supervisor may restart them")
+
+
+def cgroup_frozen(pid: int, proc: str = "/proc", sys_cgroup: str = "/sys/fs/cgroup") -> bool:
+    """Whether the cgroup of ``pid`` is frozen (``pct suspend``, ``lxc-freeze``): cgroup2's cgroup.events
+    ``frozen 1`` (an ancestor's freeze included), or the v1 freezer's FROZEN/FREEZING. A frozen process runs
+    none of its signal handlers until it is thawed (cgroup2 lets a fatal signal end it; the v1 freezer not even
+    that)."""
+    try:
+        with open(f"{proc}/{pid}/cgroup", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        _hid, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if not path.startswith("/") or ".." in path.split("/"):
+            continue
+        if controllers == "":
+            files = [f"{sys_cgroup}/unified{path}/cgroup.events", f"{sys_cgroup}{path}/cgroup.events"]
+            want = ("frozen 1",)
+        elif "freezer" in controllers.split(","):
+            files = [f"{sys_cgroup}/freezer{path}/freezer.state"]
+            want = ("FROZEN", "FREEZING")
+        else:
+            continue
+        for name in files:
+            try:
+                with open(name, encoding="utf-8") as f:
+                    text = f.read().splitlines()
+            except OSError:
+                continue
+            if any(t.strip() in want for t in text):
+                return True
+            break
+    return False
 
 
 # --- the sequence --------------------------------------------------------------------------------
@@ -326,6 +398,10 @@ class HostIO:
     @staticmethod
     def state(pid):
         return _procs.process_state(pid)
+
+    @staticmethod
+    def frozen(pid):
+        return cgroup_frozen(pid)
 
     @staticmethod
     def now():
@@ -467,6 +543,12 @@ class Release:
                 # A stopped process acts on its signal only once continued (systemd sends SIGCONT too).
                 target.send(SIGCONT)
         alive = io.wait_gone(pinned, p["grace_period"])
+        why_slow = {}   # pid -> why it did not act on the first signal
+        if sig != SIGKILL:
+            for target in alive:
+                why = self._why_alive(target, signal_name(sig))
+                if why:
+                    why_slow[target.pid] = why
         if alive and p["escalate"] and sig != SIGKILL:
             for target in alive:
                 sent |= target.send(SIGKILL)
@@ -477,32 +559,56 @@ class Release:
                            seconds=round(gone_at - self.t0, 3) if gone_at is not None else None)
             if target in alive:
                 entry["state"] = io.state(target.pid)
+                why = self._why_alive(target, signal_name(sig), killed="SIGKILL" in target.signals)
+                if why:
+                    entry["why_alive"] = why
                 self.result["survivors"].append(entry)
+            elif target.pid in why_slow and "SIGKILL" in target.signals:
+                self.result["released"].append(entry)
+                self.warnings.append(
+                    f"{_holding.describe(entry)} did not exit on {signal_name(sig)} within grace_period"
+                    f" ({p['grace_period']:g} s) and was killed with SIGKILL: it is {why_slow[target.pid]}")
             else:
                 self.result["released"].append(entry)
             target.close()
         return sent
 
+    def _why_alive(self, target, first: str, killed=False) -> str:
+        """Why a target may not act on ``first`` ('' when nothing is known): a process in a frozen cgroup, or
+        (before SIGKILL, which it cannot ignore) PID 1 of a nested PID namespace."""
+        now = self._now_of(target)
+        if now is None:
+            return ""
+        frozen = getattr(self.io, "frozen", None)
+        if frozen is not None and frozen(target.pid):
+            return frozen_text(now)
+        if not killed and nested_init(now):
+            return nested_init_text(first)
+        return ""
+
+    def _now_of(self, target):
+        """The pinned target as read now (None when the pid is gone or names another process)."""
+        now = self.io.read(target.pid)
+        return now if now is not None and now.get("start_time") == target.info.get("start_time") else None
+
     def _stop_units(self) -> tuple:
         sent, stopped = False, set()
         budget = self.p["grace_period"] + self.p["kill_timeout"] + 10
         for entry in self.plan_units:
-            started = self.io.now()
             if not entry["command"]:
                 self.warnings.append(f"cannot stop {unit_text(entry)}: no pct here; its processes are signalled,"
                                      " and its supervisor may restart them")
                 continue
-            try:
-                rc, out, err = self.io.run_command(entry["command"], budget, " ".join(entry["command"][:3]))
-            except _errors.QueryTimeout as exc:
-                rc, out, err = None, "", exc.msg
-            self.result["stopped_units"].append(dict(entry, rc=rc, seconds=round(self.io.now() - started, 3)))
-            if rc != 0:
-                self.warnings.append(f"stopping {unit_text(entry)} failed (rc {rc}): {(err or out).strip()[:300]};"
-                                     " its processes are signalled instead")
-            else:
-                sent = True
-                stopped.add((entry["container"], entry["unit"]))
+            done = stop_unit(self.io.run_command, self.io.bins("pct"), entry["container"], entry["unit"], budget,
+                             systemctl=self.io.bins("systemctl") or "systemctl", now=self.io.now,
+                             command=entry["command"])
+            if done["error"]:
+                # Not stopped: not in stopped_units (what the summaries list as stopped); said in a warning.
+                self.warnings.append(done["error"] + "; its processes are signalled instead")
+                continue
+            self.result["stopped_units"].append(dict(entry, rc=done["rc"], seconds=done["seconds"]))
+            sent = True
+            stopped.add((entry["container"], entry["unit"]))
         return sent, stopped
 
     def run(self, first_signal: int, diff: bool) -> dict:
@@ -646,19 +752,107 @@ def supervisor_text(proc) -> str:
     return what + ")"
 
 
+def nested_init(proc) -> bool:
+    """Whether ``proc`` is PID 1 of a PID namespace nested below the host's, other than a Proxmox container's
+    init (a Docker entrypoint run without an init): the kernel drops the signals it has no handler for."""
+    if not proc or proc.get("pid") == 1 or proc.get("ns_pid") != 1:
+        return False
+    ct = proc.get("container") or {}
+    return not (ct.get("id") is not None and ct.get("pid_in_container") == 1)
+
+
+def nested_init_text(first: str = "SIGTERM") -> str:
+    return (f"PID 1 of a nested PID namespace: it ignores {first} unless it handles it (the kernel drops every signal"
+            " that PID 1 of a namespace has no handler for, except SIGKILL and SIGSTOP from an ancestor namespace);"
+            " run its container with an init (docker run --init, tini) or make its entrypoint handle " + first)
+
+
+def frozen_text(proc) -> str:
+    ct = (proc.get("container") or {}).get("id")
+    where = f"CT {ct} is frozen (pct suspend, lxc-freeze)" if ct is not None else "its cgroup is frozen"
+    return (f"in a frozen cgroup: {where}, and a frozen process runs none of its signal handlers until it is thawed"
+            + (f" (pct resume {ct})" if ct is not None else ""))
+
+
 def survivor_message(survivors: list, p: dict, first_signal: int) -> str:
-    """One sentence per state: D is stuck in the kernel; S, T and the rest are still exiting or stopped."""
-    what = "SIGKILL" if p["escalate"] else signal_name(first_signal)
-    by_state = {}
+    """One sentence per state: D is stuck in the kernel; T is stopped; S and the rest are still exiting.
+
+    The wait that ran out was kill_timeout after SIGKILL (escalate), else grace_period after the first signal:
+    the advice names the one to raise. A survivor with a known reason (``why_alive``: PID 1 of a nested PID
+    namespace, a frozen cgroup) is named with it.
+    """
+    first = signal_name(first_signal)
+    what = "SIGKILL" if p["escalate"] else first
+    waited = (f"{p['kill_timeout']:g} s (kill_timeout) after SIGKILL" if p["escalate"] else
+              f"{p['grace_period']:g} s (grace_period) after {first}")
+    raise_it = ("raise kill_timeout (and grace_period)" if p["escalate"] else
+                "raise grace_period, or set escalate: true to send SIGKILL after it")
+    by_state, known = {}, []
     for s in survivors:
-        by_state.setdefault(s.get("state") or "?", []).append(s)
+        if (s.get("why_alive") or "").startswith("in a frozen cgroup"):
+            known.append(s)  # its state (D under the v1 freezer, S under cgroup2's) says nothing more
+        else:
+            by_state.setdefault(s.get("state") or "?", []).append(s)
+            if s.get("why_alive"):
+                known.append(s)
     parts = []
     for state, procs in sorted(by_state.items()):
         names = ", ".join(_holding.describe(s) for s in procs)
         if state == "D":
-            parts.append(f"{names} (state D) is stuck in the kernel, often in the GPU driver: check dmesg for Xid"
-                         " errors; if it does not exit, a reboot may be needed")
+            parts.append(f"{names} (state D) is stuck in the kernel, often in the GPU driver, {waited}: check dmesg for"
+                         " Xid errors; if it does not exit, a reboot may be needed")
+        elif state in ("T", "t"):
+            parts.append(f"{names} (state {state}) is stopped, {waited} (it was sent SIGCONT): a debugger or a job"
+                         f" control stop keeps it stopped; resume it (or detach the debugger), or {raise_it}")
         else:
-            parts.append(f"{names} (state {state}) had not exited {p['kill_timeout']:g} s after {what}: a large"
-                         " teardown (pinned host memory) can take 20-40 s; raise kill_timeout (and grace_period)")
+            parts.append(f"{names} (state {state}) is still exiting, {waited}: a large teardown (pinned host memory)"
+                         f" can take 20-40 s; {raise_it}")
+    for s in known:
+        parts.append(f"{_holding.describe(s)} is {s['why_alive']}" + ("" if p["escalate"] else ", or set escalate: true"))
     return f"{len(survivors)} process(es) survived {what}: " + "; ".join(parts) + "."
+
+
+class ReleaseFailed(_errors.GpuError):
+    """A release that did not proceed or did not finish: ``kind`` is process_list_unreadable, scope or
+    release_incomplete; ``partial`` is the result so far (what fail_json returns beside msg)."""
+
+    def __init__(self, kind: str, msg: str, partial: dict):
+        super().__init__(msg)
+        self.kind = kind
+        self.partial = partial
+
+
+def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False, diff=False) -> dict:
+    """One release, as gpu_release and the fence run it: a snapshot, the GPU count, the
+    selection, the plan through the gate, then check mode's report or the release itself.
+
+    Returns the result; raises ReleaseFailed (or another GpuError before anything was signalled)."""
+    start = io.now()
+    all_gpus = io.snapshot(p["include_device_holders"])
+    _snapshot.check_count(all_gpus, p.get("expected_count"), ". Nothing was signalled.")
+    before = _snapshot.select_gpus(all_gpus, p["gpus"])
+    unreadable, message = unreadable_lists(before, bool(p["pids"]))
+    if unreadable and not p["pids"]:
+        raise ReleaseFailed("process_list_unreadable", message, dict(
+            changed=False, released=[], survivors=[], respawned=[], protected=[], skipped_processes=[],
+            unreadable_gpus=unreadable, gpus_before=before))
+    if unreadable:
+        io.warn(message)
+    release = Release(p, filters, io)
+    problem = release.plan(all_gpus, before)
+    for warning in release.warnings:
+        io.warn(warning)
+    release.warnings = []
+    if problem:
+        raise ReleaseFailed("scope", problem, dict({k: v for k, v in release.result.items() if k != "changed"},
+                                                   changed=False))
+    if check_mode:
+        result = release.check_mode_result(diff)
+    else:
+        result = release.run(first_signal, diff)
+        for warning in release.warnings:
+            io.warn(warning)
+    result["elapsed"] = round(io.now() - start, 3)
+    if release.failure:
+        raise ReleaseFailed("release_incomplete", release.failure, result)
+    return result

@@ -160,8 +160,8 @@ def test_a_frozen_container_fails_before_anything_is_stopped():
 
 
 @pytest.mark.parametrize("stop_rc, kind, said", [
-    (1, "service_stop_failed", "CT 129: systemctl stop sglang failed (rc 1): Failed to stop unit."),
-    (None, "container_timeout", "CT 129 did not answer: systemctl stop sglang had not returned after 65 s"),
+    (1, "service_stop_failed", "stopping sglang in CT 129 failed (rc 1): Failed to stop unit. The unit may still"),
+    (None, "container_timeout", "stopping sglang in CT 129 did not finish within 65 s: CT 129 did not answer"),
 ])
 def test_a_service_that_does_not_stop_fails_and_is_not_reported_stopped(stop_rc, kind, said):
     node = FakeNode(active={(129, "sglang")}, stop_rc=stop_rc or 0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _release, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _release, _validate
 
 SIGTERM, SIGKILL = 15, 9
 
@@ -235,3 +235,237 @@ def test_check_mode_reports_the_targets_and_signals_nothing():
 def test_survivors_are_described_by_their_state(state, phrase):
     msg = _release.survivor_message([dict(proc(101), state=state)], params(), SIGTERM)
     assert phrase in msg and ("reboot" in msg) is (state == "D")
+
+
+# --- issue 20, item 5: the operator cases -------------------------------------------------------------------
+class SlowHost(FakeHost):
+    """A FakeHost whose processes take time to exit: ``exit_after`` {pid: {signal: seconds}} (absent: never);
+    ``states`` {pid: state letter}; ``frozen_pids``: in a frozen cgroup. wait_gone follows the clock."""
+
+    def __init__(self, procs, contexts, exit_after=None, states=None, frozen_pids=()):
+        super().__init__(procs, contexts, dies_on={p["pid"]: () for p in procs})
+        self.exit_after = exit_after or {}
+        self.states = dict(states or {})
+        self.frozen_pids = set(frozen_pids)
+        self.deadlines = {}
+
+    def deliver(self, pid, sig):
+        """A stopped process keeps its signals pending until SIGCONT (SIGKILL excepted), as the kernel does."""
+        pending = self.__dict__.setdefault("pending", {}).setdefault(pid, [])
+        if sig == 18 and self.states.get(pid) == "T":
+            self.states[pid] = "S"
+            for held in pending:
+                self.deliver(pid, held)
+            pending.clear()
+            return
+        if self.states.get(pid) == "T" and sig != SIGKILL:
+            pending.append(sig)
+            return
+        after = self.exit_after.get(pid, {}).get(sig)
+        if after is not None:
+            self.deadlines[pid] = min(self.deadlines.get(pid, float("inf")), self.clock + after)
+
+    def pin(self, info):
+        target, ok = super().pin(info)
+        host, send = self, target.send
+
+        def send_and_deliver(sig):
+            sent = send(sig)
+            if sent:
+                host.deliver(target.pid, sig)
+            return sent
+        target.send = send_and_deliver
+        return target, ok
+
+    def wait_gone(self, targets, timeout):
+        end = self.clock + timeout
+        for t in targets:
+            if self.deadlines.get(t.pid, float("inf")) <= end:
+                self.exit(t.pid)
+        alive = [t for t in targets if t.alive()]
+        # the wait ends when the last one exits, or at its end
+        self.clock = end if alive else max([self.clock] + [self.deadlines.get(t.pid, self.clock) for t in targets])
+        return alive
+
+    def state(self, pid):
+        return self.states.get(pid, "S") if pid in self.procs else None
+
+    def frozen(self, pid):
+        return pid in self.frozen_pids
+
+
+def module_default(option):
+    from ansible_collections.gpuops.gpu.plugins.modules import gpu_release
+    return gpu_release.ARGUMENT_SPEC[option]["default"]
+
+
+def warnings_of(release):
+    return " ".join(release.warnings)
+
+
+def test_match_sees_the_workload_root_also_without_tree():
+    # vLLM's renamed engine: only the API server above it says vllm; tree: false signals the engine alone.
+    api = dict(proc(100, session=100), cmdline="python3 -m vllm.entrypoints.openai.api_server")
+    engine = dict(proc(101, ppid=100, session=100, name="VLLM::EngineCore"), cmdline="VLLM::EngineCore")
+    for match in ("vllm", "sglang|vllm"):
+        host = FakeHost([dict(api), dict(engine)], {101: [0]})
+        release, res = run(host, match=match, tree=False)
+        assert [r["pid"] for r in res["released"]] == [101] and 100 in host.procs
+
+
+def test_a_scope_that_selects_nothing_names_the_holders_it_left():
+    host = FakeHost([dict(proc(101), cmdline="python3 -m vllm.entrypoints.openai.api_server"), proc(102)],
+                    {101: [0], 102: [3]})
+    release, res = run(host, match="sglang")
+    assert res["released"] == [] and host.signalled == []
+    assert "the scope selects none of the processes that hold the selected GPUs: GPU 0: pid 101; GPU 3: pid 102" \
+        in warnings_of(release)
+
+
+def test_a_stopped_holder_gets_sigcont_after_sigterm_and_exits_without_the_grace_period():
+    host = SlowHost([proc(101)], {101: [0]}, exit_after={101: {SIGTERM: 0.2, SIGKILL: 0.0}}, states={101: "T"})
+    release, res = run(host, containers=[129], grace_period=30.0)
+    assert host.signalled == [(101, SIGTERM), (101, 18)]
+    (entry,) = res["released"]
+    assert entry["signals"] == ["SIGTERM", "SIGCONT"] and res["survivors"] == []
+    assert host.clock < 30
+
+
+def test_the_default_kill_timeout_covers_a_40_s_teardown():
+    # A server that ignores SIGTERM and needs 40 s after SIGKILL to free its pinned memory (sglang#32829).
+    kill_timeout = module_default("kill_timeout")
+    assert kill_timeout >= 40
+    host = SlowHost([proc(101)], {101: [0]}, exit_after={101: {SIGKILL: 40.0}})
+    release, res = run(host, containers=[129], grace_period=1.0, kill_timeout=kill_timeout)
+    assert [r["pid"] for r in res["released"]] == [101] and res["survivors"] == [] and release.failure == ""
+
+
+SURVIVORS = [
+    # (case, state, escalate, why_alive, phrases, absent)
+    ("D after SIGKILL", "D", True, None, ["survived SIGKILL", "(state D) is stuck in the kernel", "Xid",
+                                          "45 s (kill_timeout) after SIGKILL"], ["raise grace_period"]),
+    ("S after SIGKILL", "S", True, None, ["(state S) is still exiting", "raise kill_timeout (and grace_period)"],
+     ["stuck", "reboot"]),
+    ("S without escalate", "S", False, None, ["survived SIGTERM", "10 s (grace_period) after SIGTERM",
+                                              "raise grace_period, or set escalate: true"], ["kill_timeout", "reboot"]),
+    ("T without escalate", "T", False, None, ["(state T) is stopped", "it was sent SIGCONT", "raise grace_period"],
+     ["stuck", "still exiting"]),
+    ("nested PID 1", "S", False, "PID 1 of a nested PID namespace: it ignores SIGTERM unless it handles it",
+     ["PID 1 of a nested PID namespace: it ignores SIGTERM unless it handles it", "or set escalate: true"], []),
+    ("frozen, v1 freezer (state D)", "D", True, _release.frozen_text(proc(101)),
+     ["CT 129 is frozen", "pct resume 129", "survived SIGKILL"], ["stuck in the kernel", "Xid"]),
+]
+
+
+@pytest.mark.parametrize("name, state, escalate, why, phrases, absent", SURVIVORS, ids=[c[0] for c in SURVIVORS])
+def test_survivor_messages(name, state, escalate, why, phrases, absent):
+    survivor = dict(proc(101), state=state, **({"why_alive": why} if why else {}))
+    msg = _release.survivor_message([survivor], params(escalate=escalate, grace_period=10.0, kill_timeout=45.0), SIGTERM)
+    assert all(p in msg for p in phrases), msg
+    assert not any(a in msg for a in absent), msg
+
+
+@pytest.mark.parametrize("escalate", [True, False])
+def test_pid_1_of_a_nested_pid_namespace_is_named(escalate):
+    # SIGTERM is dropped by the kernel (no handler, PID 1 of its namespace); SIGKILL from the host is not.
+    host = SlowHost([dict(proc(101), ns_pid=1)], {101: [0]}, exit_after={101: {SIGKILL: 0.0}})
+    release, res = run(host, containers=[129], escalate=escalate)
+    text = release.failure if not escalate else warnings_of(release)
+    assert "PID 1 of a nested PID namespace: it ignores SIGTERM unless it handles it" in text, text
+    if escalate:
+        assert res["released"][0]["signals"] == ["SIGTERM", "SIGKILL"] and "killed with SIGKILL" in text
+    else:
+        assert [s["pid"] for s in res["survivors"]] == [101]
+
+
+def test_a_container_init_is_not_taken_for_a_nested_namespace():
+    assert _release.nested_init(dict(proc(101), ns_pid=1))
+    assert not _release.nested_init(dict(proc(101, ct_pid=1), ns_pid=1))   # a Proxmox container's init
+    assert not _release.nested_init(dict(proc(1), ns_pid=1))
+    assert not _release.nested_init(proc(101))
+
+
+def test_a_frozen_holder_that_needed_sigkill_is_named():
+    host = SlowHost([proc(101)], {101: [0]}, exit_after={101: {SIGKILL: 0.0}}, frozen_pids={101})
+    release, res = run(host, containers=[129])
+    assert "CT 129 is frozen" in warnings_of(release) and res["released"][0]["signals"] == ["SIGTERM", "SIGKILL"]
+
+
+def timeout_run(argv, timeout, what):
+    raise _errors.QueryTimeout(f"{what} did not answer within {timeout:g} s and was killed: the driver may be hung"
+                               " (check dmesg for Xid errors); raise query_timeout if the host is merely slow.")
+
+
+def _cannot_start(argv, timeout, what):
+    raise OSError(2, "No such file")
+
+
+STOP_UNIT = [
+    # (case, run_command, pct, vmid, rc, phrases in error ('' = none), absent)
+    ("stopped", lambda argv, t, w: (0, "", ""), "/usr/sbin/pct", 129, 0, [], []),
+    ("systemctl failed", lambda argv, t, w: (5, "", "Unit sglang.service not loaded.\n"), "/usr/sbin/pct", 129, 5,
+     ["stopping sglang.service in CT 129 failed (rc 5): Unit sglang.service not loaded."], []),
+    ("the container did not answer", timeout_run, "/usr/sbin/pct", 129, None,
+     ["stopping sglang.service in CT 129 did not finish within 12 s: CT 129 did not answer",
+      "pct exec 129 -- systemctl stop sglang.service was killed", "the unit was not stopped", "frozen"],
+     ["driver", "query_timeout", "Xid"]),
+    ("no pct here", lambda argv, t, w: (0, "", ""), None, 129, None, ["cannot stop sglang.service in CT 129: no pct"], []),
+    ("a program that cannot start", _cannot_start,
+     "/usr/sbin/pct", 129, None, ["stopping sglang.service in CT 129 failed"], []),
+    ("a host unit", lambda argv, t, w: (0, "", ""), None, None, 0, [], []),
+]
+
+
+@pytest.mark.parametrize("name, runner, pct, vmid, rc, phrases, absent", STOP_UNIT, ids=[c[0] for c in STOP_UNIT])
+def test_stop_unit(name, runner, pct, vmid, rc, phrases, absent):
+    calls = []
+
+    def run_command(argv, timeout, what):
+        calls.append((argv, timeout))
+        return runner(argv, timeout, what)
+    out = _release.stop_unit(run_command, pct, vmid, "sglang.service", 12.0, systemctl="/bin/systemctl")
+    assert out["rc"] == rc and out["unit"] == "sglang.service" and out["container"] == vmid
+    assert (out["error"] == "") is (not phrases), out
+    assert all(p in out["error"] for p in phrases) and not any(a in out["error"] for a in absent), out["error"]
+    if vmid is None:
+        assert out["command"] == ["/bin/systemctl", "stop", "sglang.service"]
+    elif pct:
+        assert out["command"] == [pct, "exec", "129", "--", "systemctl", "stop", "sglang.service"]
+        assert calls == [(out["command"], 12.0)]
+    else:
+        assert calls == []
+
+
+def test_a_unit_stop_that_times_out_is_not_reported_stopped_and_its_processes_are_signalled():
+    host = FakeHost([proc(101, unit="sglang.service")], {101: [0]})
+    host.run_command = timeout_run
+    release, res = run(host, containers=[129], grace_period=1.0, kill_timeout=1.0)
+    assert res["stopped_units"] == [] and [r["pid"] for r in res["released"]] == [101]
+    assert host.signalled == [(101, SIGTERM)]
+    text = warnings_of(release)
+    assert "CT 129 did not answer" in text and "the unit was not stopped" in text and "driver" not in text, text
+
+
+FROZEN = [
+    # (case, /proc/<pid>/cgroup, {file under the cgroup root: text}, frozen)
+    ("cgroup2, frozen by an ancestor", "0::/lxc/129/ns/system.slice/x.service\n",
+     {"lxc/129/ns/system.slice/x.service/cgroup.events": "populated 1\nfrozen 1\n"}, True),
+    ("cgroup2, thawed", "0::/lxc/129/ns\n", {"lxc/129/ns/cgroup.events": "populated 1\nfrozen 0\n"}, False),
+    ("hybrid: cgroup2 under unified", "6:freezer:/lxc/129/ns\n0::/lxc/129/ns\n",
+     {"unified/lxc/129/ns/cgroup.events": "frozen 1\n", "freezer/lxc/129/ns/freezer.state": "THAWED\n"}, True),
+    ("v1 freezer, frozen", "6:freezer:/lxc/129/ns\n", {"freezer/lxc/129/ns/freezer.state": "FROZEN\n"}, True),
+    ("v1 freezer, thawed", "6:freezer:/lxc/129/ns\n", {"freezer/lxc/129/ns/freezer.state": "THAWED\n"}, False),
+    ("gone", None, {}, False),
+]
+
+
+@pytest.mark.parametrize("name, cgroup, files, frozen", FROZEN, ids=[c[0] for c in FROZEN])
+def test_cgroup_frozen(tmp_path, name, cgroup, files, frozen):
+    if cgroup is not None:
+        (tmp_path / "proc" / "42").mkdir(parents=True)
+        (tmp_path / "proc" / "42" / "cgroup").write_text(cgroup)
+    for rel, text in files.items():
+        path = tmp_path / "sys" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert _release.cgroup_frozen(42, proc=str(tmp_path / "proc"), sys_cgroup=str(tmp_path / "sys")) is frozen
