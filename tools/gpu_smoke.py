@@ -522,8 +522,11 @@ def workload_seen(result, gpu_index, minor, pid, mib):
         out["pid_reported"] = True
         out["used_mib"] = procs[0].get("used_mib")
         out["memory_ok"] = isinstance(out["used_mib"], int) and out["used_mib"] >= mib
-    holders = [h for h in gpu.get("holders") or [] if h.get("pid") == pid]
-    files = sorted({f for h in holders for f in h.get("files") or []})
+    # The results' form: a GPU's holders are pids by evidence, each holder's details once in gpu_holder_processes.
+    held = any(pid in (pids or []) for pids in (gpu.get("holders") or {}).values())
+    details = (result["ansible_facts"].get("gpu_holder_processes") or {}).get(str(pid)) or {}
+    files = sorted(os.path.join(folder, name) for folder, names in (details.get("files") or {}).items()
+                   for name in names or []) if held else []
     out["files"] = files
     device = f"nvidia{minor}" if minor is not None else None
     out["holder"] = bool(device and any(os.path.basename(f) == device for f in files))

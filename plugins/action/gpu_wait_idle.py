@@ -53,7 +53,7 @@ class ActionModule(ActionBase):
         start = time.monotonic()
         deadline = controller_deadline(args)
         state = None
-        first_look = None
+        first_look = first_details = None
         host = task_vars.get("inventory_hostname", "") if task_vars else ""
         while True:
             margs = dict(args, progress_slice=SLICE_SECONDS)
@@ -62,9 +62,11 @@ class ActionModule(ActionBase):
                 margs["progress_state"] = dict(state, offset=time.monotonic() - start)
             res = self._execute_module(module_name=module, module_args=margs, task_vars=task_vars)
             if state is None and "gpus_before" in res:
-                first_look = res["gpus_before"]  # only the first slice took it
+                # Only the first slice took it; its device-file holders' details (each once) travel with it.
+                first_look, first_details = res["gpus_before"], res.get("holder_processes") or {}
             elif "gpus_before" not in res and first_look is not None:
                 res["gpus_before"] = first_look
+                res["holder_processes"] = dict(first_details, **(res.get("holder_processes") or {}))
             if not res.get("pending"):
                 for key in ("pending", "progress", "progress_state"):
                     res.pop(key, None)

@@ -21,13 +21,19 @@ options:
     type: list
     elements: dict
     required: true
+  holder_processes:
+    description:
+      - The details of the device-file holders, by pid, that the modules return beside their GPUs (C(holder_processes)
+        of a result, C(ansible_facts.gpu_holder_processes) of M(gpuops.gpu.gpu_facts)); a GPU's C(holders) name only
+        pids. Without it a device-file holder that keeps a GPU busy is named by its pid alone.
+    type: dict
 """
 
 EXAMPLES = r"""
 ---
 - name: Fail with the busy GPUs
   ansible.builtin.fail:
-    msg: "{{ waited.gpus | gpuops.gpu.gpu_blockers | join('; ') }}"
+    msg: "{{ waited.gpus | gpuops.gpu.gpu_blockers(holder_processes=waited.holder_processes | default({})) | join('; ') }}"
   when: waited.gpus | rejectattr('idle') | list | length > 0
 """
 

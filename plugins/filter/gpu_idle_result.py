@@ -79,7 +79,9 @@ _value:
       C(error) (null, or the diagnosis - the module's C(msg) as it is, or what happened and what to do),
       C(failure) (null, or C({module, kind}) - the step that failed and the kind of its failure, see above),
       C(blockers) (one line per busy GPU, from the last look at the GPUs),
-      C(table) (lines) and C(summary) (what C(set_stats) publishes per host - C(ready), C(elapsed), C(gpus),
+      C(table) (lines), C(processes) (one line per process the fence and the release released, left alive or saw
+      respawn, each once, with its container, unit, GPUs, signals and redacted command line) and C(summary) (what
+      C(set_stats) publishes per host - C(ready), C(elapsed), C(gpus),
       C(idle_gpus), C(released), C(respawned), C(stopped_units), C(shut_down), C(check_mode), C(error), C(failure)).
   type: dict
 """
@@ -299,6 +301,33 @@ def _failure(wait, release, fence, release_required, where):
     return None if outcome["ok"] else outcome
 
 
+def _process_line(verb: str, proc: dict) -> str:
+    """'released pid 8812 python3 (CT 129, sglang.service, GPU 0, 1; SIGTERM, gone after 1.2 s): <cmdline>'."""
+    ct = (proc.get("container") or {}).get("id")
+    where = [f"CT {ct}" if ct is not None else None, proc.get("unit")]
+    if proc.get("gpus"):
+        where.append("GPU " + ", ".join(str(g) for g in proc["gpus"]))
+    how = ", ".join(proc.get("signals") or [])
+    if proc.get("seconds") is not None:
+        how += (", " if how else "") + f"gone after {proc['seconds']:g} s"
+    inside = ", ".join(w for w in where if w) + (f"; {how}" if how else "")
+    cmd = proc.get("cmdline") or ""
+    return cut(f"{verb} pid {proc.get('pid')} {proc.get('name') or '?'}" + (f" ({inside})" if inside else "")
+               + (f": {cmd}" if cmd else ""), SHOWN)
+
+
+def process_lines(fence: dict, release: dict) -> list:
+    """Each process the fence and the release acted on or met, once: released, survived, respawned."""
+    lines, seen = [], set()
+    for verb, key in (("released", "released"), ("SURVIVED", "survivors"), ("RESPAWNED", "respawned")):
+        for proc in (fence.get(key) or []) + (release.get(key) or []):
+            ident = (proc.get("pid"), proc.get("start_time"))
+            if ident not in seen:
+                seen.add(ident)
+                lines.append(_process_line(verb, proc))
+    return lines
+
+
 def gpu_idle_result(wait, release=None, fence=None, host="", seen_from="", check_mode=False, release_required=None):
     wait = wait if isinstance(wait, dict) else {}
     release = release if isinstance(release, dict) else {}
@@ -324,9 +353,13 @@ def gpu_idle_result(wait, release=None, fence=None, host="", seen_from="", check
     ready = failure is None and (not would_wait if in_check else True)
     gpus = after if after is not None else (before or [])
     # What holds the GPUs, from the last look that was taken (never the snapshot before the release).
-    blockers = gpu_blockers(after) if failure is not None and after is not None else []
+    # The device-file holders' details, each once (_snapshot.compact_result): the latest look's win.
+    details = dict(fence.get("holder_processes") or {}, **(release.get("holder_processes") or {}),
+                   **(wait.get("holder_processes") or {}))
+    blockers = gpu_blockers(after, holder_processes=details) if failure is not None and after is not None else []
     msg = error if error is not None else (wait.get("msg") or "")
     table = gpu_table(after or [], before=before if before is not None and before is not after else None,
+                      holder_processes=details,
                       host=host, seen_from=seen_from if seen_from and seen_from != host else "",
                       title="GPUs" if before is None else "GPUs before -> after")
     out = dict(
@@ -345,6 +378,7 @@ def gpu_idle_result(wait, release=None, fence=None, host="", seen_from="", check
         failure={"module": failure["module"], "kind": failure["kind"]} if failure else None,
         blockers=blockers,
         table=table,
+        processes=process_lines(fence, release),
     )
     out["summary"] = {k: out[k] for k in ("ready", "elapsed", "gpus", "idle_gpus", "released", "respawned",
                                           "stopped_units", "shut_down", "check_mode", "error", "failure")}

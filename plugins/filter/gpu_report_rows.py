@@ -31,13 +31,21 @@ options:
   containers:
     description: "The containers of the node the facts were gathered on, C({vmid: inventory hostname})."
     type: dict
+  holder_processes:
+    description:
+      - C(ansible_facts.gpu_holder_processes) of the same M(gpuops.gpu.gpu_facts) run - the details of the device-file
+        holders, by pid (a GPU's C(holders) name only pids). Without it a device-file holder that keeps a GPU busy is
+        named by its pid alone.
+    type: dict
 """
 
 EXAMPLES = r"""
 ---
 - name: One row per GPU, the holders in CT 129 named gpu-ct
   ansible.builtin.set_fact:
-    report_rows: "{{ ansible_facts.gpu_devices | gpuops.gpu.gpu_report_rows(inventory_hostname, containers={129: 'gpu-ct'}) }}"
+    report_rows: >-
+      {{ ansible_facts.gpu_devices | gpuops.gpu.gpu_report_rows(inventory_hostname, containers={129: 'gpu-ct'},
+         holder_processes=ansible_facts.gpu_holder_processes) }}
 """
 
 RETURN = r"""

@@ -55,6 +55,14 @@ options:
   gpu_count:
     description: How many GPUs the driver shows (C(ansible_facts.gpu_count)); the header says how many of them are shown when it differs.
     type: int
+  holder_processes:
+    description:
+      - The details of the device-file holders, by pid, that the modules return beside their GPUs (C(holder_processes)
+        of a M(gpuops.gpu.gpu_release) or M(gpuops.gpu.gpu_wait_idle) result, C(ansible_facts.gpu_holder_processes) of
+        M(gpuops.gpu.gpu_facts)); a GPU's C(holders) name only pids. Without it a device-file holder that keeps a GPU
+        busy is named by its pid alone (the driver's processes always have their details).
+      - Give one mapping for O(_input) and O(before) together (the two lists of one result share it).
+    type: dict
 """
 
 EXAMPLES = r"""
@@ -63,15 +71,18 @@ EXAMPLES = r"""
   ansible.builtin.debug:
     msg: >-
       {{ ansible_facts.gpu_devices | gpuops.gpu.gpu_table(host=inventory_hostname, title='now',
-         driver=ansible_facts.gpu_driver, gpu_count=ansible_facts.gpu_count) }}
+         driver=ansible_facts.gpu_driver, gpu_count=ansible_facts.gpu_count,
+         holder_processes=ansible_facts.gpu_holder_processes) }}
 
 - name: Show what a release changed
   ansible.builtin.debug:
-    msg: "{{ waited.gpus | gpuops.gpu.gpu_table(before=facts_before.ansible_facts.gpu_devices, host=inventory_hostname, title='after') }}"
+    msg: >-
+      {{ released.gpus | gpuops.gpu.gpu_table(before=released.gpus_before, holder_processes=released.holder_processes,
+         host=inventory_hostname, title='after') }}
 
 - name: Fail with the busy GPUs, one line each
   ansible.builtin.fail:
-    msg: "{{ waited.gpus | gpuops.gpu.gpu_blockers | join('; ') }}"
+    msg: "{{ waited.gpus | gpuops.gpu.gpu_blockers(holder_processes=waited.holder_processes | default({})) | join('; ') }}"
   when: waited.gpus | rejectattr('idle') | list | length > 0
 """
 
@@ -89,7 +100,7 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _wait
+from ansible_collections.gpuops.gpu.plugins.module_utils import _snapshot, _wait
 
 MAX_HOLDERS = 3
 MAX_REASON = 72  # a table cuts a busy reason here; busy_reasons and gpu_blockers keep it whole
@@ -98,8 +109,10 @@ UNKNOWN = "?"
 
 # --- one rule: what holds a GPU, and how a holder is named ------------------------------------------
 
-def _gpus(value) -> list:
-    return [g for g in (value or []) if isinstance(g, dict)]
+def _gpus(value, holder_processes=None) -> list:
+    """The GPU dicts of ``value``, their holders in the snapshot's form (a result's compact holders expanded
+    with ``holder_processes``, _snapshot.expand_gpus)."""
+    return _snapshot.expand_gpus([g for g in (value or []) if isinstance(g, dict)], holder_processes)
 
 
 def _text(value) -> str:
@@ -113,6 +126,7 @@ def _memory(gpu: dict):
 
 def holders(gpu: dict) -> list:
     """What keeps a GPU busy, by the holding model: the snapshot's ``blockers`` (_wait.holders_of)."""
+    gpu = _snapshot.expand_gpus([gpu])[0]  # compact holders with no details: pid and evidence
     entries = {key: [p for p in (gpu.get(key) or []) if isinstance(p, dict) and p.get("pid") is not None]
                for key in ("processes", "holders")}
     return _wait.holders_of(dict(gpu, **entries))
@@ -178,11 +192,11 @@ def _key(gpu: dict):
     return ("uuid", gpu["uuid"]) if gpu.get("uuid") else ("index", gpu.get("index"))
 
 
-def _pairs(after: list, before):
+def _pairs(after: list, before, holder_processes=None):
     """[(before gpu or None, after gpu or None)] in after's order, then the GPUs only ``before`` had."""
     if before is None:
         return [(None, g) for g in after]
-    earlier = _gpus(before)
+    earlier = _gpus(before, holder_processes)
     by_uuid = {g["uuid"]: g for g in earlier if g.get("uuid")}
     by_index = {g.get("index"): g for g in earlier}
     pairs, used = [], set()
@@ -213,9 +227,9 @@ def _header(count: int, host, seen_from, title, driver, gpu_count) -> str:
     return ", ".join(parts)
 
 
-def gpu_table(after, before=None, host="", seen_from="", title="", driver=None, gpu_count=None) -> list:
+def gpu_table(after, before=None, host="", seen_from="", title="", driver=None, gpu_count=None, holder_processes=None) -> list:
     """A header and one line per GPU (see DOCUMENTATION)."""
-    pairs = _pairs(_gpus(after), before)
+    pairs = _pairs(_gpus(after, holder_processes), before, holder_processes)
     shown = [g for pair in pairs for g in pair if g is not None]
     width = max([len(_text(g.get("name"))) for g in shown] or [1])
     cells = []
@@ -248,10 +262,11 @@ def gpu_table(after, before=None, host="", seen_from="", title="", driver=None, 
 
 # --- gpu_blockers --------------------------------------------------------------------------------
 
-def gpu_blockers(gpus) -> list:
-    """'GPU 3: pid 8812 python3 (CT 129, sglang.service) 130048 MiB', one string per busy GPU."""
+def gpu_blockers(gpus, holder_processes=None) -> list:
+    """'GPU 3: pid 8812 python3 (CT 129, sglang.service) 130048 MiB', one string per busy GPU; ``holder_processes``:
+    the result's details of its device-file holders (see gpu_table)."""
     out = []
-    for gpu in _gpus(gpus):
+    for gpu in _gpus(gpus, holder_processes):
         if gpu.get("idle") is True:
             continue
         found = holders(gpu)
@@ -274,11 +289,12 @@ def _healthy(status, checks):
     return status == "ok" and not any(c.get("blocking") for c in checks)
 
 
-def gpu_report_rows(gpus, host, seen_from=None, containers=None) -> list:
-    """One row per GPU for the fleet report; ``containers``: {vmid: inventory hostname} of the node's containers."""
+def gpu_report_rows(gpus, host, seen_from=None, containers=None, holder_processes=None) -> list:
+    """One row per GPU for the fleet report; ``containers``: {vmid: inventory hostname} of the node's containers;
+    ``holder_processes``: ansible_facts.gpu_holder_processes (see gpu_table)."""
     owners = {str(k): str(v) for k, v in (containers or {}).items() if v}
     rows = []
-    for gpu in _gpus(gpus):
+    for gpu in _gpus(gpus, holder_processes):
         used, total = _memory(gpu)
         found = holders(gpu)
         health = gpu.get("health") if isinstance(gpu.get("health"), dict) else {}

@@ -119,3 +119,15 @@ def not_permitted(action: str, whom: str, uid=None, user=None, detail: str = "")
     return NotPermitted(
         f"not permitted to {action} {whom}{suffix}: the module runs{who}, not as root, and only root may {action}"
         f" other users' processes - {BECOME_HINT}.", action=action, uid=uid)
+
+
+class WaitTimeout(GpuError):
+    """gpu_wait_idle: the selected GPUs were not idle (and settled) within its timeout; the message is the diagnosis."""
+
+    kind = "wait_timeout"
+
+
+class ConfirmationDisagrees(GpuError):
+    """gpu_wait_idle: the driver (NVML) found the GPUs idle, and the final nvidia-smi query did not."""
+
+    kind = "confirmation_disagrees"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _pct, _release, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _pct, _release, _snapshot, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import run_in_group
 
 STATES = ("present", "released", "shutdown")
@@ -332,6 +332,7 @@ class NodeIO:
         try:
             result = _release.run_release(p, _validate.release(p), self.release_io, self.first_signal,
                                           self.check_mode, self.diff)
-            return result, None
+            # Each holder once (_snapshot.compact_result), as gpu_release returns it.
+            return _snapshot.compact_result(result), None
         except _release.ReleaseFailed as exc:
-            return exc.partial, exc
+            return _snapshot.compact_result(exc.partial), exc

@@ -15,6 +15,7 @@ device-file scanner from _procs), so all of it is testable table-driven.
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
@@ -275,3 +276,133 @@ def read_warnings(gpus: list) -> list:
                 continue
             by_cause.setdefault(text, []).append(where)
     return [f"{', '.join(wheres)}: {cause}" for cause, wheres in by_cause.items()]
+
+
+# --- the results' form: each holder once ----------------------------------------------------------
+#
+# Inside a module run a GPU's ``holders`` is a list of dicts, each with the holder's details; CUDA opens
+# every /dev/nvidiaN and every NVML client holds nvidiactl, so the same process is on every GPU and a
+# result would grow as GPUs x processes x files (8.5 MB for 64 GPUs, past ansible-runner's 700,000
+# characters per event). A result says each holder once: a GPU's ``holders`` becomes
+# ``{"context": [pids], "device": [pids], "control": [pids]}`` (the pids by their evidence on that GPU)
+# and the details of each pid are in one mapping beside the GPUs (``holder_processes`` in a result,
+# ``gpu_holder_processes`` in gpu_facts' ansible_facts), keyed by the pid as a string, with ``gpus``: the
+# GPUs (of the lists compacted together) it holds - a context or the GPU's node there, not only the control
+# nodes every NVML client holds - and its ``files`` by directory
+# ({"/dev": ["nvidia0", "nvidiactl"]}: a CUDA process holds every GPU's node, and the directory is the same
+# for all of them). ``processes`` (the driver's contexts) are left as they are. compact_result() is applied once, where a module emits its result; expand_gpus()
+# gives the controller's filters the snapshot's form back.
+
+EVIDENCE_KEYS = (_holding.CONTEXT, _holding.DEVICE, _holding.CONTROL)
+HOLDER_DETAIL_KEYS = ("pid", "name", "cmdline", "user", "uid", "ppid", "start_time", "container", "unit", "protected", "files")
+RESULT_GPU_KEYS = ("gpus_before", "gpus")
+HOLDER_PROCESSES = "holder_processes"
+FACTS_GPU_KEYS = ("gpu_devices",)
+FACTS_HOLDER_PROCESSES = "gpu_holder_processes"
+
+
+def _pid_key(pid) -> str:
+    return str(pid)
+
+
+def files_by_dir(files):
+    """['/dev/nvidia0', '/dev/nvidiactl'] -> {'/dev': ['nvidia0', 'nvidiactl']} (None stays None)."""
+    if not isinstance(files, list):
+        return files
+    out = {}
+    for path in files:
+        folder, name = posixpath.split(str(path))
+        out.setdefault(folder, []).append(name)
+    return out
+
+
+def files_from_dirs(files):
+    """The sorted paths again from files_by_dir's mapping (a list is returned as it is)."""
+    if not isinstance(files, dict):
+        return files
+    return sorted(posixpath.join(folder, name) for folder, names in files.items() for name in names or [])
+
+
+def compact_gpus(gpus, details: dict) -> list:
+    """Copies of ``gpus`` whose ``holders`` are pids by evidence; each holder's details are added to ``details``
+    ({str(pid): {...}}) once, the first time its pid is seen. A GPU whose holders are not a list (already
+    compact, or not a snapshot's GPU) is kept as it is; ``gpus`` itself is not changed."""
+    out = []
+    for gpu in gpus:
+        holders = gpu.get("holders") if isinstance(gpu, dict) else None
+        if not isinstance(holders, list):
+            out.append(gpu)
+            continue
+        refs = {key: [] for key in EVIDENCE_KEYS}
+        for holder in holders:
+            pid = holder.get("pid")
+            refs.setdefault(holder.get("evidence") or _holding.DEVICE, []).append(pid)
+            entry = details.get(_pid_key(pid))
+            if entry is None:
+                entry = {k: holder.get(k) for k in HOLDER_DETAIL_KEYS}
+                entry["files"] = files_by_dir(entry["files"])
+                entry["gpus"] = []
+                details[_pid_key(pid)] = entry
+            if holder.get("evidence") != _holding.CONTROL and gpu.get("index") not in entry["gpus"]:
+                entry["gpus"].append(gpu.get("index"))
+        out.append(dict(gpu, holders=refs))
+    return out
+
+
+def compact_result(result: dict, keys=RESULT_GPU_KEYS, details_key=HOLDER_PROCESSES) -> dict:
+    """``result`` (a module's result, or gpu_facts' ansible_facts with FACTS_GPU_KEYS and FACTS_HOLDER_PROCESSES)
+    with each GPU list in ``keys`` compacted and the holders' details once, in ``result[details_key]``.
+
+    A copy: the snapshot's lists stay as the module uses them. Nothing is added when none of ``keys`` holds a
+    list (a failure before any snapshot); applying it twice changes nothing."""
+    out = dict(result)
+    details = {k: dict(v, gpus=list(v.get("gpus") or [])) for k, v in (out.get(details_key) or {}).items()}
+    found = False
+    for key in keys:
+        if isinstance(out.get(key), list):
+            out[key] = compact_gpus(out[key], details)
+            found = True
+    if found:
+        for entry in details.values():
+            entry["gpus"] = sorted(entry["gpus"], key=lambda i: (i is None, i if isinstance(i, int) else str(i)))
+        out[details_key] = {k: details[k] for k in sorted(details, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else k))}
+    return out
+
+
+def compact_facts(facts: dict) -> dict:
+    """gpu_facts' ansible_facts in the results' form: gpu_devices compacted, gpu_holder_processes beside it."""
+    return compact_result(facts, FACTS_GPU_KEYS, FACTS_HOLDER_PROCESSES)
+
+
+def expand_gpus(gpus, details=None) -> list:
+    """The snapshot's form of a result's GPU list: each GPU's ``holders`` a list of dicts (pid, evidence and the
+    holder's details from ``details``, a result's holder_processes), sorted by pid as a snapshot lists them.
+
+    GPUs already in that form (or not dicts) are returned as they are; a pid missing from ``details`` (or
+    ``details`` None) gets its pid and evidence, every other field null."""
+    details = details if isinstance(details, dict) else {}
+    out = []
+    for gpu in gpus or []:
+        refs = gpu.get("holders") if isinstance(gpu, dict) else None
+        if not isinstance(refs, dict):
+            out.append(gpu)
+            continue
+        holders = []
+        for evidence, pids in refs.items():
+            for pid in pids or []:
+                found = details.get(_pid_key(pid)) or details.get(pid) or {}
+                holder = {k: found.get(k) for k in HOLDER_DETAIL_KEYS}
+                holder.update(pid=pid, evidence=evidence, files=files_from_dirs(holder["files"]))
+                holders.append(holder)
+        holders.sort(key=lambda h: (not isinstance(h["pid"], int), h["pid"] if isinstance(h["pid"], int) else str(h["pid"])))
+        out.append(dict(gpu, holders=holders))
+    return out
+
+
+def expand_result(result: dict, keys=RESULT_GPU_KEYS, details_key=HOLDER_PROCESSES) -> dict:
+    """A copy of ``result`` with its GPU lists in the snapshot's form (expand_gpus), ``details_key`` left out."""
+    out = {k: v for k, v in result.items() if k != details_key}
+    for key in keys:
+        if isinstance(out.get(key), list):
+            out[key] = expand_gpus(out[key], result.get(details_key))
+    return out

@@ -5,7 +5,10 @@
 # Note that this module util is **PRIVATE** to the collection. It can have breaking changes at any time.
 # Do not use this from other collections or standalone plugins/modules!
 
-"""The wait-until-idle state machine of gpu_wait_idle. Pure: the snapshots and the clock are injected.
+"""The wait-until-idle of gpu_wait_idle: its state machine (step), its diagnosis, and its run (Wait).
+
+The state machine and the diagnosis are pure; Wait runs the wait with its I/O injected (the snapshots,
+liveness, the clock, sleep, nvidia-smi): HostIO on a real host, a fake in unit tests.
 
 Polls are cheap: the driver's view plus a liveness check of the device-file holders already
 known. The full device-file scan (/proc/*/fd of every process) runs only at the moments that
@@ -16,7 +19,11 @@ not when the memory is freed, and any holder that appears restarts it.
 
 from __future__ import annotations
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _holding
+import os
+import threading
+import time
+
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _holding, _procs, _smi, _snapshot, _validate
 
 
 def holders_of(gpu: dict) -> list:
@@ -104,68 +111,148 @@ def _rate_text(mib_per_s: float) -> str:
     return f"{mib_per_s / 1024:.1f} GiB/s" if mib_per_s >= 102.4 else f"{mib_per_s:.0f} MiB/s"
 
 
-def diagnosis(gpus: list, max_memory_used_mib: int, memory=None, leak_after: float = LEAK_AFTER) -> str:
-    """'GPU 2 holds 1200 MiB with no visible process (...); GPU 5 is used by pid 8812 (python3) in CT 129'.
+def _bystanders(gpu: dict, holders: list) -> list:
+    """The holders of a GPU that hold only its device node, with no context, on a GPU whose process list was read.
 
-    ``memory`` (trends(), from the wait's samples) tells memory still being freed from a leak: those
-    GPUs are named once per cause. The failing health checks are named once per check and detail,
-    with the GPUs they fail on and what to do.
+    CUDA opens the device node of every GPU it sees, so such a process holds no memory here
+    (docs/holding-model.md: lingering). The holding rule keeps it among the blockers only while memory in use is
+    not accounted for by the driver's list - memory that the diagnosis names, and that the samples count as held
+    with no process.
     """
-    parts = []
-    draining, leaked = [], []
-    health = {}
+    if gpu.get("processes_error"):
+        return []
+    contexts = {p["pid"] for p in gpu.get("processes") or []}
+    return [h for h in holders if h["pid"] not in contexts]
+
+
+def memory_holders(gpu: dict) -> list:
+    """holders_of(gpu) less the device-node bystanders (_bystanders): the processes that may hold its memory."""
+    hs = holders_of(gpu)
+    lingering = {h["pid"] for h in _bystanders(gpu, hs)}
+    return [h for h in hs if h["pid"] not in lingering]
+
+
+def _them(entries) -> str:
+    return "it" if len(entries) == 1 else "them"
+
+
+def _held(entries: list, verb: str) -> str:
+    """'2048 MiB used' (one GPU), '40960 MiB used on each' (the same on every GPU), else
+    '2048 MiB on GPU 1, 300 MiB on GPU 2 used': the MiB figure of each GPU, always."""
+    used = [t["used"] for _i, t in entries]
+    if len(entries) == 1:
+        return f"{used[0]} MiB {verb}"
+    if len(set(used)) == 1:
+        return f"{used[0]} MiB {verb} on each"
+    return ", ".join(f"{t['used']} MiB on GPU {i}" for i, t in entries) + f" {verb}"
+
+
+def _unchanged_text(entries: list, leak_after: float, hidden: bool) -> str:
+    """Memory held with no process that has not moved yet for leak_after: a release lag, or a leak to come."""
+    indexes = [i for i, _t in entries]
+    still = min(t["still"] for _i, t in entries)
+    unchanged = f"unchanged for {still:.0f} s with no process (a leak once it stays so for leak_after, {leak_after:g} s)"
+    if hidden:
+        # From a container: memory no visible process holds may be another namespace's.
+        return (f"{_gpu_list(indexes)}: {_held(entries, 'used')} by processes not visible from this PID namespace"
+                f" (another container or the host), or a leaked context; {unchanged}")
+    reset = f"nvidia-smi -r -i {indexes[0]} resets it" if len(indexes) == 1 else "nvidia-smi -r -i <index> resets a GPU"
+    return (f"{_gpu_list(indexes)}: {_held(entries, 'used')} and no process holds {_them(entries)}: the driver is still"
+            f" freeing the memory of exited processes, or a context leaked ({reset} once nothing holds it); {unchanged}:"
+            " raise timeout (gpu_idle_timeout) to give the driver time to free it")
+
+
+def diagnosis(gpus: list, max_memory_used_mib: int, memory=None, leak_after: float = LEAK_AFTER) -> str:
+    """'GPU 2: 1200 MiB used and no process holds it: ...; GPU 5 is used by pid 8812 (python3) in CT 129'.
+
+    One sentence per cause, with the GPUs it applies to (the same cause on several GPUs is named once):
+    ``memory`` (trends(), from the wait's samples) tells memory still being freed (raise the timeout), memory
+    unchanged for less than ``leak_after`` (a release lag or a leak to come) and a leak (reset the GPU), each
+    with its MiB figures; the failing health checks are named once per check and detail, with the GPUs they fail
+    on and what to do. A process that holds only a GPU's device node, with no context, is named as lingering,
+    never as the GPU's user (docs/holding-model.md).
+    """
+    each = []  # [verb, text, [indexes]]: a cause of one or more GPUs, in the order of the GPUs
+    draining, leaked, unchanged, hidden = [], [], [], []
+    health, lingering = {}, {}
+
+    def add(verb, text, index):
+        for entry in each:
+            if entry[0] == verb and entry[1] == text:
+                entry[2].append(index)
+                return
+        each.append([verb, text, [index]])
+
     for g in gpus:
         if g["idle"]:
             continue
+        i = g["index"]
         hs = holders_of(g)
+        by = _bystanders(g, hs)
+        hs = [h for h in hs if h not in by]
+        if by:
+            lingering.setdefault(tuple(_holding.describe(h) for h in by), []).append(i)
         used = (g.get("memory") or {}).get("used")
         status = g.get("health") or {}
-        trend = (memory or {}).get(str(g["index"])) if not hs else None
+        trend = (memory or {}).get(str(i)) if not hs else None
         reasons = list(g.get("busy_reasons") or [])
-        if trend and trend["kind"] == "leaked" and any("not visible from this PID namespace" in r for r in reasons):
+        unseen = any("not visible from this PID namespace" in r for r in reasons)
+        if trend and trend["kind"] == "leaked" and unseen:
             # From a container, memory no visible process holds may be another namespace's: not called a leak.
             trend = dict(trend, kind="unchanged")
         checks = [c for c in status.get("checks") or [] if c.get("blocking")]
         for c in checks:
-            health.setdefault((c["check"], c["detail"]), []).append(g["index"])
-        reasons = [r for r in reasons if not r.startswith("health check ")]
+            health.setdefault((c["check"], c["detail"]), []).append(i)
+        reasons = [r for r in reasons if not r.startswith("health check ")
+                   and not (by and r.startswith("device file held by "))]
         if status.get("status", "ok") != "ok":
-            parts.append(f"GPU {g['index']} is {status.get('status')} ({status.get('detail')})")
+            add("is", f"{status.get('status')} ({status.get('detail')})", i)
         elif g.get("processes_error") and not hs:
-            parts.append(f"GPU {g['index']}: {g['processes_error']}")
+            add(":", g["processes_error"], i)
         elif hs:
-            parts.append(f"GPU {g['index']} is used by " + ", ".join(
-                _holding.describe(h) if h.get("visible", True) else f"pid {h['pid']} (not visible from here)" for h in hs))
-        elif trend and trend["kind"] in ("draining", "leaked") and used is not None:
-            (draining if trend["kind"] == "draining" else leaked).append((g["index"], trend))
+            add("is", "used by " + ", ".join(
+                _holding.describe(h) if h.get("visible", True) else f"pid {h['pid']} (not visible from here)" for h in hs), i)
+        elif trend and used is not None:
+            {"draining": draining, "leaked": leaked}.get(trend["kind"], hidden if unseen else unchanged).append((i, trend))
             others = [r for r in reasons if not r.startswith(f"{used} MiB used")]
             if others:
-                parts.append(f"GPU {g['index']}: " + "; ".join(others))
+                add(":", "; ".join(others), i)
         elif used is not None and used > max_memory_used_mib:
-            text = "; ".join(reasons or [f"{used} MiB used"])
-            if trend and trend["kind"] == "unchanged":
-                text += (f"; unchanged for {trend['still']:.0f} s with no process (a leak once it stays so for"
-                         f" leak_after, {leak_after:g} s)")
-            parts.append(f"GPU {g['index']}: {text}")
+            add(":", "; ".join(reasons or [f"{used} MiB used"]), i)
         elif reasons:
-            parts.append(f"GPU {g['index']}: " + "; ".join(reasons))
+            add(":", "; ".join(reasons), i)
         elif not checks:
-            parts.append(f"GPU {g['index']}: busy")
+            add(":", "busy", i)
+    parts = []
+    for verb, text, indexes in each:
+        if verb == ":":
+            parts.append(f"{_gpu_list(indexes)}: {text}")
+        else:
+            parts.append(f"{_gpu_list(indexes)} {'is' if len(indexes) == 1 else 'are'} {text}")
     for (check, detail), indexes in health.items():
         action = _health.CHECKS[check][1].format(index=",".join(str(i) for i in indexes))
         parts.append(f"{_gpu_list(indexes)}: health check {check} failed: {detail}: {action}")
     if draining:
         rate = min(t["rate"] for _i, t in draining)
         left = max(t["left"] for _i, t in draining)
-        parts.append(f"{_gpu_list(i for i, _t in draining)}: memory still being freed ({_rate_text(rate)}, about"
-                     f" {left:.0f} s left at this rate) with no process holding "
-                     + ("it" if len(draining) == 1 else "them") + ": raise gpu_idle_timeout (the wait's timeout)")
+        parts.append(f"{_gpu_list(i for i, _t in draining)}: memory still being freed ({_held(draining, 'in use')},"
+                     f" {_rate_text(rate)}, about {left:.0f} s left at this rate) with no process holding {_them(draining)}:"
+                     " raise timeout (gpu_idle_timeout)")
+    for entries, in_view in ((unchanged, False), (hidden, True)):
+        if entries:
+            parts.append(_unchanged_text(entries, leak_after, in_view))
     if leaked:
-        held = ", ".join(f"{_holding.mib_text(t['used'])} on GPU {i}" for i, t in leaked)
+        held = ", ".join(f"{t['used']} MiB on GPU {i}" for i, t in leaked)
         still = min(t["still"] for _i, t in leaked)
         parts.append(f"{_gpu_list(i for i, _t in leaked)}: memory leaked ({held}, not freed for {still:.0f} s with no"
                      " process holding it, leak_after " + f"{leak_after:g} s): a leaked context; reset the GPU once"
                      " nothing holds it (" + ", ".join(f"nvidia-smi -r -i {i}" for i, _t in leaked) + ")")
+    for who, indexes in lingering.items():
+        node = "the device node" if len(indexes) == 1 else "their device nodes"
+        resettable = {i for i, _t in leaked + unchanged}
+        parts.append(f"{_gpu_list(indexes)}: {', '.join(who)} {'holds' if len(who) == 1 else 'hold'} only {node}, with"
+                     f" no context (lingering: not what keeps {_them(indexes)} busy"
+                     + ("; a reset waits until nothing holds the node)" if resettable & set(indexes) else ")"))
     return "; ".join(parts)
 
 
@@ -177,7 +264,7 @@ def progress_line(gpus: list, elapsed: float, timeout: float, settling: float = 
             continue
         used = (g.get("memory") or {}).get("used")
         what = [_holding.mib_text(used)] if used is not None else []
-        hs = holders_of(g)
+        hs = memory_holders(g)
         if hs:
             h = hs[0]
             what.append(f"pid {h['pid']} {h.get('name') or '?'}" + (f", CT {h['container']['id']}" if h.get("container") else "")
@@ -243,7 +330,7 @@ def step(state: dict, now: float, snapshot, alive, settle: float, full_scan_ever
     if first or state["known_holders"] or any(holders_of(g) for g in gpus):
         state["last_holder_at"] = now
     for g in gpus:
-        record_sample(state, now, g, len(holders_of(g)))
+        record_sample(state, now, g, len(memory_holders(g)))
     idle = all(g["idle"] for g in gpus) and not state["known_holders"]
     settled = now - state["last_holder_at"] >= settle
     scanned = state.get("idle_scan_at") is not None and state["idle_scan_at"] >= state["last_holder_at"]
@@ -376,3 +463,368 @@ def reset_summary(resets: dict) -> str:
     """The refusals, for the timeout's message: 'reset_leaked: GPU 2 not reset (...)'."""
     refused = [r for _k, r in sorted((resets or {}).items(), key=lambda kv: int(kv[0])) if r["action"] == "refused"]
     return "; ".join(f"reset_leaked: GPU {r['index']} not reset: {r['reason']}" for r in refused)
+
+
+# --- the wait, run: gpu_wait_idle's orchestration, its I/O injected ------------------------------------
+
+# The full device-file scan runs at most this often between the moments that decide (step()).
+FULL_SCAN_EVERY = 15.0
+
+
+def short(text, limit=240) -> str:
+    """One line of at most ``limit`` characters (nvidia-smi's output can be long)."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def agreement(gpus: list, raw: dict, max_memory_used_mib: int):
+    """What nvidia-smi's snapshot ``raw`` (_smi.query) says of the GPUs that NVML found idle.
+
+    Returns (seen, disagreement): per GPU index its used MiB and pids; '' when it agrees, else one clause per GPU."""
+    by_uuid = {g["uuid"]: g for g in raw["gpus"]}
+    seen, disagree = {}, []
+    for g in gpus:
+        other = by_uuid.get(g["uuid"])
+        if other is None:
+            disagree.append(f"nvidia-smi does not show GPU {g['index']} ({g['uuid']})")
+            continue
+        used = other["memory"]["used"]
+        pids = [x["pid"] for x in other["processes"]]
+        seen[str(g["index"])] = {"used_mib": used, "pids": pids}
+        if pids:
+            disagree.append(f"nvidia-smi shows GPU {g['index']} used by pid(s) {', '.join(map(str, pids))}")
+        elif used is not None and used > max_memory_used_mib:
+            disagree.append(f"nvidia-smi shows GPU {g['index']} with {used} MiB used")
+    return seen, "; ".join(disagree)
+
+
+def display_flags(rc, out: str):
+    """display_active / display_mode (True/False, or None where it cannot tell) from nvidia-smi's CSV answer."""
+    cells = [c.strip() for c in out.strip().split(",")] if rc == 0 else []
+    if len(cells) != 2:
+        return None, None
+    return tuple({"Enabled": True, "Disabled": False}.get(c) for c in cells)
+
+
+class Background:
+    """One call in a thread of its own; ``result()`` waits for it and gives its value (or raises its error)."""
+
+    def __init__(self, func, *args):
+        self._out = {}
+        self._thread = threading.Thread(target=self._run, args=(func,) + args, daemon=True)
+        self._thread.start()
+
+    def _run(self, func, *args):
+        try:
+            self._out["value"] = func(*args)
+        except Exception as exc:  # handed to the caller of result()  # pylint: disable=broad-except
+            self._out["error"] = exc
+
+    def result(self):
+        self._thread.join()
+        if "error" in self._out:
+            raise self._out["error"]
+        return self._out["value"]
+
+
+class HostIO:
+    """The real host of a wait: snapshots (a SnapshotTaker), /proc, nvidia-smi, the clock.
+
+    ``bin_path(name)``: the path of a program or None; ``run_command(argv, timeout, what, env)`` ->
+    (rc, out, err), raising QueryTimeout (_waiting.run_in_group)."""
+
+    def __init__(self, taker, params: dict, bin_path, run_command):
+        self.taker = taker
+        self.p = params
+        self.bin_path = bin_path
+        self.run_command = run_command
+        self._count_checked = bool(params.get("progress_state"))  # a later slice: the first one checked it
+        self._selectors = _validate.gpu_selectors(params["gpus"])
+        indices_only = bool(self._selectors) and all(_validate.is_ascii_digits(x) for x in self._selectors)
+        if indices_only and (params["expected_count"] is None or self._count_checked):
+            # nvidia-smi is asked about the selected GPUs only, from the first look on: an unselected GPU
+            # that is lost or failing makes nvidia-smi exit non-zero, and must not fail this wait.
+            taker.smi_ids = sorted({str(int(x)) for x in self._selectors}, key=int)
+
+    def snapshot(self, full: bool) -> list:
+        """The selected GPUs; ``full``: with the device-file scan (when include_device_holders)."""
+        taker, p = self.taker, self.p
+        snap = taker.take(gather_processes=True, gather_holders=full and p["include_device_holders"])
+        if not self._count_checked:
+            _snapshot.check_count(snap["gpus"], p["expected_count"])
+            self._count_checked = True
+        try:
+            selected = _snapshot.select_gpus(snap["gpus"], p["gpus"])
+        except _errors.SelectionError:
+            if not (taker.smi_ids and taker.backend == "nvidia-smi"):
+                raise
+            taker.smi_ids = None  # once more, unrestricted: the message lists the GPUs the host has
+            selected = _snapshot.select_gpus(taker.take(gather_processes=False, gather_holders=False)["gpus"], p["gpus"])
+        if self._selectors:
+            # From now on nvidia-smi (the backend, and the final confirmation) sees the selected GPUs only.
+            taker.smi_ids = [str(g["index"]) for g in selected]
+        return selected
+
+    @staticmethod
+    def alive(pid, start_time) -> bool:
+        ident = _procs.read_identity(pid)
+        return ident is not None and (start_time is None or ident[1] == start_time)
+
+    @staticmethod
+    def now() -> float:
+        return time.monotonic()
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        time.sleep(seconds)
+
+    def confirm_path(self):
+        """The nvidia-smi that confirm_with_nvidia_smi asks (nvidia_smi_path), or None."""
+        return self.bin_path(self.p["nvidia_smi_path"])
+
+    def smi_path(self):
+        """The nvidia-smi that resets a GPU: the backend's when it is nvidia-smi, else nvidia_smi_path."""
+        return self.taker.smi or self.confirm_path()
+
+    def smi_query(self, path) -> dict:
+        return _smi.query(self.taker.run_smi, path)
+
+    def run(self, argv: list, what: str):
+        return self.run_command(argv, self.p["query_timeout"], what, {"LC_ALL": "C"})
+
+    def node_holders(self, gpus: list) -> dict:
+        """{index: every process that holds the GPU's device node (/dev/nvidia<minor>)}, by one full device-file
+        scan, whatever include_device_holders says: the protected daemons count too."""
+        scan = _procs.scan_fd_holders(self.p["device_files"], exclude_pids=(os.getpid(),))
+        out = {}
+        for gpu in gpus:
+            found = out.setdefault(gpu["index"], [])
+            for pid, files in sorted(scan.items()):
+                if not any(_procs.device_file_index(f) == gpu.get("minor_number") for f in files):
+                    continue
+                info = self.taker._read_for_build(pid) or {"pid": pid, "name": None}  # the raw command line, to match only
+                names = _snapshot._names(info) & set(_snapshot.PROTECTED_NAMES)
+                found.append({"pid": pid, "name": sorted(names)[0] if names else info.get("name"),
+                              "protected": bool(_snapshot.is_protected(info, extra=self.taker.protect,
+                                                                       exe_of=_procs.read_exe))})
+        return out
+
+    @staticmethod
+    def background(func, *args):
+        return Background(func, *args)
+
+
+class Wait:
+    """One run of gpu_wait_idle - the whole wait, or one progress slice of it: check mode's one look, the poll
+    loop (step()), reset_leaked, the nvidia-smi confirmation (beside the settle window), the progress slice's
+    exit and the timeout's diagnosis.
+
+    ``io`` has the methods of ``HostIO`` (unit tests pass a fake host: no driver there). ``run()`` returns
+    (ok, result): the keyword arguments of exit_json when ok, else of fail_json, whose ``error`` names the kind
+    of every failure (_errors)."""
+
+    def __init__(self, params: dict, io, check_mode: bool = False, diff: bool = False):
+        self.p = params
+        self.io = io
+        self.check_mode = check_mode
+        self.diff = diff
+        carried = params.get("progress_state")
+        self.carried = bool(carried)
+        self.state = carried["wait"] if carried else new_state()
+        self.offset = float(carried.get("offset", 0.0)) if carried else 0.0
+        self.t0 = None
+        self.result = {"changed": False}
+
+    def elapsed(self) -> float:
+        """Seconds since the wait began (the slices before this one included)."""
+        return self.offset + self.io.now() - self.t0
+
+    def run(self):
+        if not self.carried and self.p["delay"] and not self.check_mode:
+            self.io.sleep(self.p["delay"])  # before the first look; not counted in timeout, as in wait_for
+        self.t0 = self.io.now()
+        try:
+            return self._look() if self.check_mode else self._poll()
+        except _errors.GpuError as exc:
+            out = exc.result()
+            out.update({k: v for k, v in self.result.items() if k != "changed"})
+            return False, out
+
+    # --- check mode: one look (with reset_leaked, memory held with no process watched until it is told apart) ---
+    def _look(self):
+        p, io, state = self.p, self.io, self.state
+        gpus = io.snapshot(True)
+        _check_lost(gpus)
+        before, polls, samples = gpus, 1, {}
+        if p["reset_leaked"]:
+            limit = min(p["leak_after"] + max(p["sleep"], 0.1), p["timeout"])
+            while True:
+                t = self.elapsed()
+                for g in gpus:
+                    record_sample(state, t, g, len(memory_holders(g)))
+                if t >= limit or not self._undecided(gpus, t):
+                    break
+                io.sleep(min(p["sleep"], max(0.0, limit - t)))
+                gpus = io.snapshot(False)
+                _check_lost(gpus)
+                polls += 1
+            self.reset_leaked(gpus, self.elapsed())
+            samples = state["samples"]
+            self._resets_into(self.result)
+        return True, dict(self.result, would_wait=not all(g["idle"] for g in gpus), elapsed=round(self.elapsed(), 3),
+                          polls=polls, idle_gpus=[g["index"] for g in gpus if g["idle"]], gpus=gpus, gpus_before=before,
+                          samples=samples, confirmation=None,
+                          msg=diagnosis(gpus, p["max_memory_used_mib"]) or "all selected GPUs are idle")
+
+    def _undecided(self, gpus: list, t: float) -> bool:
+        """Whether a GPU that reset_leaked may reset holds memory with no process, not yet told a leak."""
+        memory = trends(self.state, t, self.p["leak_after"], self.p["max_memory_used_mib"])
+        return any((memory.get(str(g["index"])) or {}).get("kind") in ("draining", "unchanged") and not holders_of(g)
+                   for g in gpus)
+
+    # --- the wait ---------------------------------------------------------------------------------------------
+    def _poll(self):
+        p, io, state, result = self.p, self.io, self.state, self.result
+        slice_end = io.now() + p["progress_slice"] if p["progress_slice"] else None
+        confirmed = {}
+        while True:
+            done, gpus = step(state, self.elapsed(), io.snapshot, io.alive, p["settle"], FULL_SCAN_EVERY)
+            if p["reset_leaked"]:
+                if not done:
+                    self.reset_leaked(gpus, self.elapsed())
+                self._resets_into(result)
+            scan_at = state.get("idle_scan_at")
+            if scan_at is not None and not done and confirmed.get("at") != scan_at:
+                # The GPUs look idle and the settle window opens: nvidia-smi is asked now, beside the polls of
+                # the window, so that the wait returns as the window closes; a holder within the window starts
+                # the window (and this) again.
+                confirmed = {"at": scan_at, "job": io.background(self.confirm, gpus)}
+            if not self.carried and "gpus_before" not in result:
+                result["gpus_before"] = gpus  # what the wait started from (later slices: the action plugin keeps it)
+            result.update(polls=state["polls"], samples=state["samples"], gpus=gpus,
+                          idle_gpus=[g["index"] for g in gpus if g["idle"]])
+            if done:
+                return self._confirmed(gpus, confirmed.get("job") if confirmed.get("at") == scan_at else None)
+            elapsed = self.elapsed()
+            if elapsed >= p["timeout"]:
+                return self._timed_out(elapsed)
+            if slice_end is not None and io.now() >= slice_end:
+                settling = None if state["last_holder_at"] is None else elapsed - state["last_holder_at"]
+                return True, dict({k: v for k, v in result.items() if k != "changed"}, pending=True,
+                                  progress_state={"wait": state}, elapsed=round(elapsed, 3),
+                                  progress=progress_line(gpus, elapsed, p["timeout"], settling),
+                                  changed=result.get("changed", False))
+            io.sleep(next_sleep(state, elapsed, gpus, p["sleep"], p["settle"], p["timeout"]))
+
+    def _confirmed(self, gpus: list, job):
+        """The GPUs are idle and settled: nvidia-smi has the last word (its early answer, when it agreed)."""
+        early = job.result() if job is not None else None
+        seen, disagreement = early if early is not None and not early[1] else self.confirm(gpus)
+        self.result.update(confirmation=seen, elapsed=round(self.elapsed(), 3))
+        if disagreement:
+            failure = _errors.ConfirmationDisagrees(f"NVML says the GPUs are idle but nvidia-smi disagrees: {disagreement}")
+            return False, dict(failure.result(), blockers=blockers(gpus), **self.result)
+        return True, dict(self.result, msg=f"{len(gpus)} GPU(s) idle after {self.result['elapsed']:.2f} s", ready=True)
+
+    def _timed_out(self, elapsed: float):
+        p, state, result = self.p, self.state, self.result
+        gpus = self.io.snapshot(True)  # the diagnosis names device-file holders too
+        for g in gpus:
+            record_sample(state, elapsed, g, len(memory_holders(g)))
+        memory = trends(state, elapsed, p["leak_after"], p["max_memory_used_mib"])
+        result.update(gpus=gpus, idle_gpus=[g["index"] for g in gpus if g["idle"]], samples=state["samples"],
+                      elapsed=round(elapsed, 3), confirmation=None, blockers=blockers(gpus), memory=memory)
+        refusals = reset_summary(state.get("resets"))
+        text = ((p["msg"] + ": ") if p["msg"] else "") + f"timed out after {p['timeout']:g} s: " + (
+            diagnosis(gpus, p["max_memory_used_mib"], memory, p["leak_after"])
+            or f"a holder appeared within the last {p['settle']:g} s (settle)") + (f"; {refusals}" if refusals else "")
+        return False, dict(_errors.WaitTimeout(text).result(), **result)
+
+    # --- the final nvidia-smi query ----------------------------------------------------------------------------
+    def confirm(self, gpus: list):
+        """The user's own tool has the last word: one nvidia-smi query must agree. Returns (seen, disagreement).
+
+        Only the selected GPUs are asked about (the taker's smi_ids): an unselected GPU that is lost or
+        failing cannot fail the wait. A failed query is tried once more before the task fails.
+        """
+        p = self.p
+        wanted = p["confirm_with_nvidia_smi"]
+        if wanted is False:
+            return None, ""
+        path = self.io.confirm_path()
+        if not path:
+            if wanted:
+                raise _errors.GpuError(f"confirm_with_nvidia_smi: {p['nvidia_smi_path']} not found on the target")
+            return None, ""
+        raw = None
+        for attempt in (1, 2):
+            try:
+                raw = self.io.smi_query(path)
+                break
+            except (_errors.GpuError, ValueError) as exc:
+                if attempt == 2:
+                    raise _errors.BackendError(
+                        f"confirm_with_nvidia_smi: nvidia-smi failed twice on GPU(s) {', '.join(str(g['index']) for g in gpus)}"
+                        f" ({short(getattr(exc, 'msg', exc))}) after NVML found them idle. Retry, or set"
+                        " confirm_with_nvidia_smi=false to trust NVML alone.", backend="nvidia-smi") from None
+                self.io.sleep(min(p["sleep"], 1.0))
+        return agreement(gpus, raw, p["max_memory_used_mib"])
+
+    # --- reset_leaked --------------------------------------------------------------------------------------------
+    def reset_leaked(self, gpus: list, now: float) -> bool:
+        """Reset (or, in check mode, say it would) each selected GPU whose memory leaked; True when one was reset."""
+        p, io, state = self.p, self.io, self.state
+        resets = state.setdefault("resets", {})
+        todo = leaked_to_reset(gpus, trends(state, now, p["leak_after"], p["max_memory_used_mib"]), resets)
+        if not todo:
+            return False
+        smi = io.smi_path()
+        holders = io.node_holders([g for g, _t in todo])
+        done = False
+        for gpu, trend in todo:
+            g = dict(gpu)
+            if smi:
+                g["display_active"], g["display_mode"] = self._display(smi, g["index"])
+            decision = reset_decision(g, holders.get(g["index"]) or [], smi)
+            entry = {"index": g["index"], "used_mib": trend["used"], "reason": decision["reason"], "rc": None, "output": None}
+            if decision["action"] == "refuse":
+                entry["action"] = "refused"
+            elif self.check_mode:
+                entry["action"] = "would"
+            else:
+                done = self._reset(smi, g["index"], entry) or done
+            resets[str(g["index"])] = entry
+        if done:
+            # The reset freed the memory: the wait watches a settle window again from now, with a full scan.
+            state["last_holder_at"] = now
+            state["idle_scan_at"] = None
+        return done
+
+    def _reset(self, smi: str, index: int, entry: dict) -> bool:
+        """nvidia-smi -r -i <index>, under query_timeout, no shell; fills ``entry``. True when it succeeded."""
+        try:
+            rc, out, err = self.io.run([smi, "-r", "-i", str(index)], "nvidia-smi -r")
+        except _errors.GpuError as exc:
+            rc, out, err = None, "", str(getattr(exc, "msg", exc))
+        text = " ".join((out + " " + err).split())[:1000]
+        entry.update(rc=rc, output=text, action="done" if rc == 0 else "refused")
+        if rc != 0:
+            entry["reason"] = f"nvidia-smi -r -i {index} failed (exit {rc}): {short(text)}"
+        return rc == 0
+
+    def _display(self, smi: str, index: int):
+        """display_active / display_mode of one GPU by nvidia-smi, or None each where it cannot tell."""
+        try:
+            rc, out, _err = self.io.run([smi, "--query-gpu=display_active,display_mode", "--format=csv,noheader",
+                                         "-i", str(index)], "nvidia-smi --query-gpu")
+        except _errors.GpuError:
+            return None, None
+        return display_flags(rc, out)
+
+    def _resets_into(self, result: dict) -> None:
+        resets = self.state.get("resets") or {}
+        result["resets"] = [resets[k] for k in sorted(resets, key=int)]
+        if any(r["action"] in ("done", "would") for r in result["resets"]):
+            result["changed"] = True
+            if self.diff:
+                result["diff"] = reset_diff(resets)

@@ -141,6 +141,22 @@ ansible_facts:
       returned: always
       type: int
       sample: 8
+    gpu_holder_processes:
+      description:
+        - The details of every process named in a GPU's C(holders), once each, keyed by its pid (a string) - the
+          same fields as C(processes) (C(pid), C(name), C(cmdline), C(user), C(uid), C(ppid), C(start_time),
+          C(container), C(unit)), plus C(files) (the matched O(device_files) it holds, by directory - each directory
+          once, with the names of the files in it), C(protected) (why it is never signalled, or
+          null) and C(gpus) (the indexes of the selected GPUs it holds - a context there, or the GPU's C(/dev/nvidiaN);
+          empty for a process that holds only the control nodes).
+        - Give it to the filters that name holders (P(gpuops.gpu.gpu_table#filter), P(gpuops.gpu.gpu_blockers#filter),
+          P(gpuops.gpu.gpu_report_rows#filter)) as their C(holder_processes).
+      returned: always
+      type: dict
+      sample: {"8813": {"pid": 8813, "name": "python3", "cmdline": "python3 -m vllm.entrypoints.openai.api_server",
+                        "user": "root", "uid": 0, "ppid": 8790, "start_time": 123456, "unit": null,
+                        "container": {"id": "129", "kind": "lxc"}, "protected": null,
+                        "files": {"/dev": ["nvidia-uvm", "nvidia0", "nvidia1", "nvidiactl"]}, "gpus": [0, 1]}}
     gpu_devices:
       description:
         - One entry per selected GPU, in index order.
@@ -296,19 +312,22 @@ ansible_facts:
           sample: ["GPU 3 (00000000:5D:00.0): nvmlDeviceGetTemperature: Unknown Error, 3 tries"]
         holders:
           description:
-            - Processes that hold NVIDIA device nodes open, with the same fields as C(processes) plus C(files),
-              C(protected) (the reason, or null) and C(evidence).
-            - C(evidence) is V(context) (it also has a context on this GPU), V(device) (it holds this GPU's
-              C(/dev/nvidiaN) and the driver lists no context for it here) or V(control) (it holds only
-              C(nvidiactl), C(nvidia-uvm), C(nvidia-uvm-tools), C(nvidia-modeset) or C(nvidia-caps/*), as every NVML
-              or CUDA client does; listed on every GPU).
+            - The processes that hold NVIDIA device nodes open, as lists of pids keyed by their evidence on this GPU
+              (V(context), V(device), V(control); see the sample); each one's details (name, command line,
+              user, container, unit, C(files), C(protected)) are once in RV(ansible_facts.gpu_holder_processes), under
+              its pid. CUDA opens every C(/dev/nvidiaN) and every NVML client holds C(nvidiactl), so the same process
+              is named on many GPUs; its details are never repeated, and the facts of 64 GPUs stay small.
+            - V(context) - it also has a context on this GPU; V(device) - it holds this GPU's C(/dev/nvidiaN) and the
+              driver lists no context for it here; V(control) - it holds only C(nvidiactl), C(nvidia-uvm),
+              C(nvidia-uvm-tools), C(nvidia-modeset) or C(nvidia-caps/*), as every NVML or CUDA client does (named on
+              every GPU).
             - CUDA opens the device node of every GPU it can see, so a V(device) holder keeps a GPU busy only when
               the driver's process list cannot be trusted to be complete (it could not be read, or memory is in use
               beyond what the listed processes account for); otherwise it is C(lingering). V(control) holders never
               keep a GPU busy. The rules are in the collection's C(docs/holding-model.md).
-          type: list
-          elements: dict
+          type: dict
           returned: always
+          sample: {"context": [8812], "device": [8813, 8814], "control": [2210]}
         blockers:
           description: The pids that keep this GPU busy by the holding model (its contexts, and device holders that count).
           type: list
@@ -364,9 +383,9 @@ def main() -> None:
         selected = _snapshot.select_gpus(snap["gpus"], params["gpus"])
     except _errors.GpuError as exc:
         if params["missing"] == "ignore" and exc.kind in NO_GPU_KINDS:
-            module.exit_json(changed=False, msg=exc.msg, ansible_facts=dict(
+            module.exit_json(changed=False, msg=exc.msg, ansible_facts=_snapshot.compact_facts(dict(
                 gpu_driver={"backend": None, "driver_version": None, "cuda_driver_version": None, "nvml_version": None},
-                gpu_count=0, gpu_devices=[], gpu_kernel_log=None))
+                gpu_count=0, gpu_devices=[], gpu_kernel_log=None)))
         fail(module, exc)
         return
     for warning in _snapshot.visibility_warnings(selected, taker.in_container()) + _snapshot.read_warnings(selected):
@@ -387,8 +406,9 @@ def main() -> None:
         if gpu.get("fit") and gpu["fit"]["fits"] is None:
             module.warn(f"GPU {gpu['index']}: min_free_mib/min_free_pct cannot be checked: the driver reports no memory"
                         " for it (a unified-memory GPU)")
-    module.exit_json(changed=False, ansible_facts=dict(
-        gpu_driver=snap["driver"], gpu_count=len(snap["gpus"]), gpu_devices=selected, gpu_kernel_log=kernel_log))
+    # Each holder once: gpu_devices' holders name pids, gpu_holder_processes has their details (_snapshot.compact_facts).
+    module.exit_json(changed=False, ansible_facts=_snapshot.compact_facts(dict(
+        gpu_driver=snap["driver"], gpu_count=len(snap["gpus"]), gpu_devices=selected, gpu_kernel_log=kernel_log)))
 
 
 if __name__ == "__main__":

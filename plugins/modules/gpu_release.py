@@ -34,6 +34,7 @@ author:
   - gpuops developers (@gpuops)
 extends_documentation_fragment:
   - gpuops.gpu.gpu
+  - gpuops.gpu.gpu.release
   - gpuops.gpu._attributes
 attributes:
   check_mode:
@@ -79,47 +80,6 @@ options:
         a descendant that holds a context only on GPUs that are not selected is another job and stays.
       - A process that appears during the release is signalled only when it descends from a signalled target (or was
         orphaned by one); every other new holder is reported in RV(respawned), never signalled.
-    type: bool
-    default: true
-  signal:
-    description: The first signal, by name (V(SIGTERM), V(TERM), V(SIGINT)) or number.
-    type: str
-    default: SIGTERM
-  grace_period:
-    description:
-      - Seconds to wait after O(signal) for the processes to exit.
-      - From 0 to 86400 (a day); C(nan) and C(inf) are refused before anything is signalled.
-    type: float
-    default: 10
-  escalate:
-    description: Send SIGKILL to the processes still alive after O(grace_period).
-    type: bool
-    default: true
-  kill_timeout:
-    description:
-      - Seconds to wait after SIGKILL for the processes to be gone. A zombie counts as gone.
-      - The default covers the teardown of a large inference server, which with pinned host memory takes 20-40 s
-        after SIGKILL on 8 x H100/H200 hosts; the process is gone as soon as it exits, so a shorter teardown costs no
-        more.
-      - From 0 to 86400 (a day).
-    type: float
-    default: 45
-  fail_on_survivors:
-    description:
-      - Fail when a process survives (one stuck in the kernel, state D, outlives SIGKILL).
-    type: bool
-    default: true
-  stop_units:
-    description:
-      - When a target runs in a systemd service unit (read from its cgroup - C(/lxc/129/ns/system.slice/sglang.service)
-        inside a container, C(/system.slice/vllm.service) on the host), stop the unit first - C(pct exec <vmid> --
-        systemctl stop <unit>) for a container when run on the Proxmox node, C(systemctl stop <unit>) on the host -
-        so that its supervisor cannot restart it; then whatever is left is signalled.
-      - Never the unit of a protected process, nor the unit the module itself runs in.
-      - V(false) only signals; a supervised server then comes back, the result's RV(respawned) names the unit
-        and the supervisor, and the module fails (the GPUs are held again).
-      - A unit is stopped only when every GPU job in it is a target; one that also runs other GPU jobs is left running
-        (with a warning) and only the targets in it are signalled.
     type: bool
     default: true
   expected_count:
@@ -251,14 +211,28 @@ places:
 gpus_before:
   description:
     - The selected GPUs as the release found them, before any signal, in the shape of M(gpuops.gpu.gpu_facts)
-      C(gpu_devices) (the filter P(gpuops.gpu.gpu_table#filter) renders it).
+      C(gpu_devices) (the filter P(gpuops.gpu.gpu_table#filter) renders it, given RV(holder_processes)).
+    - Each GPU's C(holders) are lists of pids keyed by their evidence (V(context), V(device), V(control)), their
+      details once in RV(holder_processes).
   returned: when the GPUs could be read
   type: list
   elements: dict
+holder_processes:
+  description:
+    - The details of every process named in the C(holders) of RV(gpus_before) and RV(gpus), once each, keyed by its
+      pid (a string) - as M(gpuops.gpu.gpu_facts) returns them in C(gpu_holder_processes) (C(name), C(cmdline),
+      C(user), C(container), C(unit), C(files) by directory, C(protected), ...), with C(gpus) the indexes of the GPUs
+      it holds (a context or the GPU's node), before or after. A pid seen in both looks has the details of the first.
+    - Give it to P(gpuops.gpu.gpu_table#filter) and P(gpuops.gpu.gpu_blockers#filter) as their C(holder_processes).
+  returned: when the GPUs could be read
+  type: dict
+  sample: {"8813": {"pid": 8813, "name": "python3", "container": {"id": "129", "kind": "lxc"}, "unit": null,
+                    "protected": null, "files": {"/dev": ["nvidia0", "nvidiactl"]}, "gpus": [0]}}
 gpus:
   description:
     - The selected GPUs after the release (its last look, after the respawn watch); in check mode the same as
       RV(gpus_before). Null when that look failed. Memory that the driver frees after an exit may still show here.
+    - Its C(holders) are pids, as in RV(gpus_before); their details are in RV(holder_processes).
   returned: when the release ran
   type: list
   elements: dict
@@ -276,10 +250,9 @@ unreadable_gpus:
   sample: [3]
 """
 
-import time
-
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _release, _snapshot, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
+    RELEASE_ARGS,
     SBIN_DIRS,
     SNAPSHOT_ARGS,
     SnapshotTaker,
@@ -293,18 +266,13 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import run_in_
 
 ARGUMENT_SPEC = dict(
     SNAPSHOT_ARGS,
+    **RELEASE_ARGS,
     containers=dict(type="list", elements="int"),
     users=dict(type="list", elements="str"),
     match=dict(type="str"),
     pids=dict(type="list", elements="int"),
     exclude=dict(type="str"),
     tree=dict(type="bool", default=True),
-    signal=dict(type="str", default="SIGTERM"),
-    grace_period=dict(type="float", default=10.0),
-    escalate=dict(type="bool", default=True),
-    kill_timeout=dict(type="float", default=45.0),
-    fail_on_survivors=dict(type="bool", default=True),
-    stop_units=dict(type="bool", default=True),
     all=dict(type="bool", default=False),
     expected_count=dict(type="int"),
 )
@@ -313,57 +281,25 @@ ARGUMENT_SPEC = dict(
 def main() -> None:
     module = new_module(dict(ARGUMENT_SPEC), supports_check_mode=True)
     p = module.params
-    start = time.monotonic()
-    # Everything is validated before anything is read or signalled (_validate has the bounds).
     try:
+        # Everything is validated before anything is read or signalled (_validate has the bounds).
         validate_snapshot_params(p, module)
         first_signal = signal_number(p["signal"])
         filters = _validate.release(p)
-        taker = SnapshotTaker(module)
+        io = _release.HostIO(SnapshotTaker(module), run_in_group, module.warn,
+                             lambda name: module.get_bin_path(name, opt_dirs=SBIN_DIRS))
+        result = _release.run_release(p, filters, io, first_signal, module.check_mode, module._diff)
+    except _release.ReleaseFailed as exc:
+        # Each holder once (_snapshot.compact_result): gpus_before and gpus name pids, holder_processes has the details.
+        fail(module, exc, **_snapshot.compact_result(exc.partial))
+        return
     except _errors.GpuError as exc:
         fail(module, exc)
         return
     except ValueError as exc:
         fail(module, _errors.InvalidOption(str(exc)))
         return
-
-    def bins(name):
-        return module.get_bin_path(name, opt_dirs=SBIN_DIRS)
-
-    io = _release.HostIO(taker, run_in_group, module.warn, bins)
-    release = _release.Release(p, filters, io)
-    try:
-        all_gpus = io.snapshot(p["include_device_holders"])
-        _snapshot.check_count(all_gpus, p["expected_count"], ". Nothing was signalled.")
-        before = _snapshot.select_gpus(all_gpus, p["gpus"])
-        unreadable, message = _release.unreadable_lists(before, bool(p["pids"]))
-        if unreadable and not p["pids"]:
-            module.fail_json(msg=message, error="process_list_unreadable", changed=False, released=[], survivors=[],
-                             respawned=[], protected=[], skipped_processes=[], unreadable_gpus=unreadable,
-                             gpus_before=before)
-        if unreadable:
-            module.warn(message)
-        problem = release.plan(all_gpus, before)
-    except _errors.GpuError as exc:
-        fail(module, exc)
-        return
-    for warning in release.warnings:
-        module.warn(warning)
-    release.warnings = []
-    if problem:
-        refused = {k: v for k, v in release.result.items() if k != "changed"}
-        module.fail_json(msg=problem, error="scope", changed=False, **refused)
-    if module.check_mode:
-        result = release.check_mode_result(module._diff)
-        result["elapsed"] = round(time.monotonic() - start, 3)
-        module.exit_json(**result)
-    result = release.run(first_signal, module._diff)
-    for warning in release.warnings:
-        module.warn(warning)
-    result["elapsed"] = round(time.monotonic() - start, 3)
-    if release.failure:
-        module.fail_json(msg=release.failure, error="release_incomplete", **result)
-    module.exit_json(**result)
+    module.exit_json(**_snapshot.compact_result(result))
 
 
 if __name__ == "__main__":

@@ -35,8 +35,10 @@ description:
     registered, uncorrectable ECC errors). The diagnosis names the check, the GPUs and what to do.
   - When the wait times out, memory held with no process is told apart from the samples the wait keeps - memory
     that falls is still being freed (the rate and the time left at that rate are given - raise the timeout); memory
-    that has not moved for O(leak_after) seconds is a leaked context (reset the GPU). Each cause is named once, with
-    the GPUs it applies to.
+    that has not moved for O(leak_after) seconds is a leaked context (reset the GPU); memory that has not moved for
+    less long is named with both (a driver that frees memory late - raise the timeout - or a leak to come). Each cause
+    is named once, with the GPUs it applies to and their MiB; a process that holds only a GPU's device node, with no
+    context, is named as lingering, never as what keeps the GPU busy.
 author:
   - gpuops developers (@gpuops)
 extends_documentation_fragment:
@@ -189,10 +191,19 @@ idle_gpus:
   type: list
   elements: int
 gpus:
-  description: The final state of each selected GPU, as in M(gpuops.gpu.gpu_facts) C(gpu_devices).
+  description:
+    - The final state of each selected GPU, as in M(gpuops.gpu.gpu_facts) C(gpu_devices) - its C(holders) are pids by
+      evidence (C(context), C(device), C(control)), their details once each in RV(holder_processes).
   returned: always
   type: list
   elements: dict
+holder_processes:
+  description:
+    - The details of every process named in the C(holders) of RV(gpus_before) and RV(gpus), once each, keyed by its
+      pid (a string), as M(gpuops.gpu.gpu_release) returns them; give it to P(gpuops.gpu.gpu_table#filter) and
+      P(gpuops.gpu.gpu_blockers#filter) as their C(holder_processes).
+  returned: when the GPUs could be read
+  type: dict
 gpus_before:
   description:
     - The selected GPUs at the first look, in the same shape as RV(gpus) - with RV(gpus), the before and after
@@ -203,7 +214,8 @@ gpus_before:
 samples:
   description:
     - Per GPU index, a time series of C([seconds, used MiB, holder count]), one point per change - enough to
-      plot a release timeline.
+      plot a release timeline. The holder count counts the processes that may hold the GPU's memory - not a process
+      that holds only its device node, with no context, on a GPU whose process list was read (it lingers).
   returned: always
   type: dict
   sample: {"0": [[0.0, 40960, 1], [0.21, 40960, 0], [1.51, 0, 0]]}
@@ -211,6 +223,14 @@ blockers:
   description: On failure, per GPU index, what holds it (pid, name, container, visible, files).
   returned: failure
   type: dict
+error:
+  description:
+    - On failure, its kind - V(wait_timeout) (the GPUs were not idle within O(timeout); C(msg) is the diagnosis, one
+      sentence per cause with the GPUs it applies to), V(confirmation_disagrees) (NVML found the GPUs idle, the final
+      C(nvidia-smi) query did not), V(gpu_lost), V(selection), V(backend), V(invalid_option), ...
+  returned: failure
+  type: str
+  sample: wait_timeout
 ready:
   description: V(true) - every selected GPU is idle (a failed wait has no RV(ready); check mode has RV(would_wait)).
   returned: success
@@ -227,7 +247,8 @@ memory:
   description:
     - On a timeout, per GPU index, what the samples say of memory held with no process - C(kind) V(draining) (with
       C(rate) in MiB/s and C(left), seconds at that rate), V(leaked) or V(unchanged) (with C(still), seconds
-      without a change), and C(used) MiB; null for a GPU with a holder or at baseline.
+      without a change), and C(used) MiB; null for a GPU with a process that may hold its memory (see RV(samples)) or
+      at baseline.
   returned: failure
   type: dict
   sample: {"0": {"kind": "draining", "used": 61440, "rate": 4096.0, "left": 15.0}, "1": null}
@@ -243,10 +264,7 @@ resets:
             "used_mib": 2048, "rc": 0, "output": "GPU 00000000:3A:00.0 was successfully reset."}]
 """
 
-import os
-import time
-
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _procs, _smi, _snapshot, _validate, _wait
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _snapshot, _validate, _wait
 from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import run_in_group
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     SBIN_DIRS,
@@ -258,318 +276,48 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     validate_snapshot_params,
 )
 
-FULL_SCAN_EVERY = 15.0
-
-
-def validate(p):
-    validate_snapshot_params(p)
-    _validate.wait(p)
-
-
-def _short(text, limit=240) -> str:
-    """One line of at most ``limit`` characters (nvidia-smi's output can be long)."""
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-class _Background:
-    """One call in a thread of its own; ``result()`` waits for it and gives its value (or raises its error)."""
-
-    def __init__(self, func, *args):
-        import threading
-
-        self._out = {}
-        self._thread = threading.Thread(target=self._run, args=(func,) + args, daemon=True)
-        self._thread.start()
-
-    def _run(self, func, *args):
-        try:
-            self._out["value"] = func(*args)
-        except Exception as exc:  # handed to the caller of result()  # pylint: disable=broad-except
-            self._out["error"] = exc
-
-    def result(self):
-        self._thread.join()
-        if "error" in self._out:
-            raise self._out["error"]
-        return self._out["value"]
-
-
-def confirm(module, taker, gpus, p):
-    """The user's own tool has the last word: one nvidia-smi query must agree.
-
-    Only the selected GPUs are asked about (``taker.smi_ids``): an unselected GPU that is lost or
-    failing cannot fail the wait. A failed query is tried once more before the task fails.
-    """
-    wanted = p["confirm_with_nvidia_smi"]
-    if wanted is False:
-        return None, ""
-    path = module.get_bin_path(p["nvidia_smi_path"], required=False, opt_dirs=SBIN_DIRS)
-    if not path:
-        if wanted:
-            raise _errors.GpuError(f"confirm_with_nvidia_smi: {p['nvidia_smi_path']} not found on the target")
-        return None, ""
-    raw = None
-    for attempt in (1, 2):
-        try:
-            raw = _smi.query(taker.run_smi, path)
-            break
-        except (_errors.GpuError, ValueError) as exc:
-            if attempt == 2:
-                raise _errors.BackendError(
-                    f"confirm_with_nvidia_smi: nvidia-smi failed twice on GPU(s) {', '.join(str(g['index']) for g in gpus)}"
-                    f" ({_short(getattr(exc, 'msg', exc))}) after NVML found them idle. Retry, or set"
-                    " confirm_with_nvidia_smi=false to trust NVML alone.", backend="nvidia-smi") from None
-            time.sleep(min(p["sleep"], 1.0))
-    by_uuid = {g["uuid"]: g for g in raw["gpus"]}
-    seen, disagree = {}, []
-    for g in gpus:
-        other = by_uuid.get(g["uuid"])
-        if other is None:
-            disagree.append(f"nvidia-smi does not show GPU {g['index']} ({g['uuid']})")
-            continue
-        used = other["memory"]["used"]
-        pids = [x["pid"] for x in other["processes"]]
-        seen[str(g["index"])] = {"used_mib": used, "pids": pids}
-        if pids:
-            disagree.append(f"nvidia-smi shows GPU {g['index']} used by pid(s) {', '.join(map(str, pids))}")
-        elif used is not None and used > p["max_memory_used_mib"]:
-            disagree.append(f"nvidia-smi shows GPU {g['index']} with {used} MiB used")
-    return seen, "; ".join(disagree)
-
-
-def _smi_path(module, taker, p):
-    return taker.smi or module.get_bin_path(p["nvidia_smi_path"], required=False, opt_dirs=SBIN_DIRS)
-
-
-def _display(taker, smi, index):
-    """display_active / display_mode of one GPU by nvidia-smi (True/False), or None each where it cannot tell."""
-    try:
-        rc, out, _err = run_in_group([smi, "--query-gpu=display_active,display_mode", "--format=csv,noheader",
-                                      "-i", str(index)], taker.params["query_timeout"], "nvidia-smi --query-gpu",
-                                     {"LC_ALL": "C"})
-    except _errors.GpuError:
-        return None, None
-    cells = [c.strip() for c in out.strip().split(",")] if rc == 0 else []
-    if len(cells) != 2:
-        return None, None
-    return tuple({"Enabled": True, "Disabled": False}.get(c) for c in cells)
-
-
-def _node_holders(taker, p, gpu, scan):
-    """Every process that holds the GPU's device node (/dev/nvidia<minor>), protected daemons included."""
-    out = []
-    for pid, files in sorted(scan.items()):
-        if not any(_procs.device_file_index(f) == gpu.get("minor_number") for f in files):
-            continue
-        info = taker._read_for_build(pid) or {"pid": pid, "name": None}  # the raw command line, to match only
-        names = _snapshot._names(info) & set(_snapshot.PROTECTED_NAMES)
-        out.append({"pid": pid, "name": sorted(names)[0] if names else info.get("name"),
-                    "protected": bool(_snapshot.is_protected(info, extra=taker.protect, exe_of=_procs.read_exe))})
-    return out
-
-
-def reset_leaked(module, taker, p, state, gpus, now):
-    """Reset (or, in check mode, say it would) each selected GPU whose memory leaked; True when one was reset."""
-    resets = state.setdefault("resets", {})
-    memory = _wait.trends(state, now, p["leak_after"], p["max_memory_used_mib"])
-    todo = _wait.leaked_to_reset(gpus, memory, resets)
-    if not todo:
-        return False
-    smi = _smi_path(module, taker, p)
-    # A full device-file scan, whatever include_device_holders says: the protected daemons count too.
-    scan = _procs.scan_fd_holders(p["device_files"], exclude_pids=(os.getpid(),))
-    done = False
-    for gpu, trend in todo:
-        g = dict(gpu)
-        if smi:
-            g["display_active"], g["display_mode"] = _display(taker, smi, g["index"])
-        decision = _wait.reset_decision(g, _node_holders(taker, p, g, scan), smi)
-        entry = {"index": g["index"], "used_mib": trend["used"], "reason": decision["reason"], "rc": None, "output": None}
-        if decision["action"] == "refuse":
-            entry["action"] = "refused"
-        elif module.check_mode:
-            entry["action"] = "would"
-        else:
-            argv = [smi, "-r", "-i", str(g["index"])]
-            try:
-                rc, out, err = run_in_group(argv, p["query_timeout"], "nvidia-smi -r", {"LC_ALL": "C"})
-            except _errors.GpuError as exc:
-                rc, out, err = None, "", str(getattr(exc, "msg", exc))
-            text = " ".join((out + " " + err).split())[:1000]
-            entry.update(rc=rc, output=text)
-            if rc == 0:
-                entry["action"] = "done"
-                done = True
-            else:
-                entry["action"] = "refused"
-                entry["reason"] = f"nvidia-smi -r -i {g['index']} failed (exit {rc}): {_short(text)}"
-        resets[str(g["index"])] = entry
-    if done:
-        # The reset freed the memory: the wait watches a settle window again from now, with a full scan.
-        state["last_holder_at"] = now
-        state["idle_scan_at"] = None
-    return done
-
-
-def _reset_result(module, state, result):
-    resets = state.get("resets") or {}
-    result["resets"] = [resets[k] for k in sorted(resets, key=int)]
-    if any(r["action"] in ("done", "would") for r in result["resets"]):
-        result["changed"] = True
-        if module._diff:
-            result["diff"] = _wait.reset_diff(resets)
+ARGUMENT_SPEC = dict(SNAPSHOT_ARGS, **IDLE_ARGS)
+ARGUMENT_SPEC.update(
+    expected_count=dict(type="int"),
+    timeout=dict(type="float", default=300.0),
+    delay=dict(type="float", default=0.0),
+    sleep=dict(type="float", default=0.5),
+    settle=dict(type="float", default=1.0),
+    msg=dict(type="str"),
+    confirm_with_nvidia_smi=dict(type="bool"),
+    leak_after=dict(type="float", default=_wait.LEAK_AFTER),
+    reset_leaked=dict(type="bool", default=False),
+    progress_slice=dict(type="float"),
+    progress_state=dict(type="dict"),
+)
 
 
 def main() -> None:
-    argument_spec = dict(SNAPSHOT_ARGS, **IDLE_ARGS)
-    argument_spec.update(
-        expected_count=dict(type="int"),
-        timeout=dict(type="float", default=300.0),
-        delay=dict(type="float", default=0.0),
-        sleep=dict(type="float", default=0.5),
-        settle=dict(type="float", default=1.0),
-        msg=dict(type="str"),
-        confirm_with_nvidia_smi=dict(type="bool"),
-        leak_after=dict(type="float", default=_wait.LEAK_AFTER),
-        reset_leaked=dict(type="bool", default=False),
-        progress_slice=dict(type="float"),
-        progress_state=dict(type="dict"),
-    )
-    module = new_module(argument_spec, supports_check_mode=True)
+    module = new_module(dict(ARGUMENT_SPEC), supports_check_mode=True)
     p = module.params
     try:
-        validate(p)
+        # Every option is checked before anything is read (_validate has the bounds).
+        validate_snapshot_params(p)
+        _validate.wait(p)
+        taker = SnapshotTaker(module)
     except _errors.GpuError as exc:
         fail(module, exc)
         return
     for warning in _validate.device_pattern_warnings(p):
         module.warn(warning)
 
-    carried = p["progress_state"]
-    state = carried["wait"] if carried else _wait.new_state()
-    offset = float(carried.get("offset", 0.0)) if carried else 0.0
-    if not carried and p["delay"] and not module.check_mode:
-        time.sleep(p["delay"])  # before the first look; not counted in timeout, as in wait_for
-    t0 = time.monotonic()
+    def bin_path(name):
+        return module.get_bin_path(name, required=False, opt_dirs=SBIN_DIRS)
 
-    def now():
-        return offset + time.monotonic() - t0
-
-    taker = SnapshotTaker(module)
-    checked_count = {"done": bool(carried)}
-    selectors = _validate.gpu_selectors(p["gpus"])
-    indices_only = bool(selectors) and all(_validate.is_ascii_digits(x) for x in selectors)
-    if indices_only and (p["expected_count"] is None or checked_count["done"]):
-        # nvidia-smi is asked about the selected GPUs only, from the first look on: an unselected GPU
-        # that is lost or failing makes nvidia-smi exit non-zero, and must not fail this wait.
-        taker.smi_ids = sorted({str(int(x)) for x in selectors}, key=int)
-
-    def snapshot(full):
-        snap = taker.take(gather_processes=True, gather_holders=full and p["include_device_holders"])
-        if not checked_count["done"]:
-            _snapshot.check_count(snap["gpus"], p["expected_count"])
-            checked_count["done"] = True
-        try:
-            selected = _snapshot.select_gpus(snap["gpus"], p["gpus"])
-        except _errors.SelectionError:
-            if not (taker.smi_ids and taker.backend == "nvidia-smi"):
-                raise
-            taker.smi_ids = None  # once more, unrestricted: the message lists the GPUs the host has
-            selected = _snapshot.select_gpus(taker.take(gather_processes=False, gather_holders=False)["gpus"], p["gpus"])
-        if selectors:
-            # From now on nvidia-smi (the backend, and the final confirmation) sees the selected GPUs only.
-            taker.smi_ids = [str(g["index"]) for g in selected]
-        return selected
-
-    def alive(pid, start_time):
-        ident = _procs.read_identity(pid)
-        return ident is not None and (start_time is None or ident[1] == start_time)
-
-    result = dict(changed=False)
-    try:
-        if module.check_mode:
-            gpus = snapshot(True)
-            _wait._check_lost(gpus)
-            before, polls, samples = gpus, 1, {}
-            if p["reset_leaked"]:
-                # Memory held with no process is watched until it is told apart: a leak after leak_after seconds.
-                limit = min(p["leak_after"] + max(p["sleep"], 0.1), p["timeout"])
-                while True:
-                    t = now()
-                    for g in gpus:
-                        _wait.record_sample(state, t, g, len(_wait.holders_of(g)))
-                    trends = _wait.trends(state, t, p["leak_after"], p["max_memory_used_mib"])
-                    if t >= limit or all(v is None or v["kind"] == "leaked" for v in trends.values()):
-                        break
-                    time.sleep(min(p["sleep"], max(0.0, limit - t)))
-                    gpus = snapshot(False)
-                    _wait._check_lost(gpus)
-                    polls += 1
-                reset_leaked(module, taker, p, state, gpus, now())
-                samples = state["samples"]
-            check = dict(changed=False)
-            if p["reset_leaked"]:
-                _reset_result(module, state, check)
-            module.exit_json(would_wait=not all(g["idle"] for g in gpus), elapsed=round(now(), 3), polls=polls,
-                             idle_gpus=[g["index"] for g in gpus if g["idle"]], gpus=gpus, gpus_before=before,
-                             samples=samples, confirmation=None,
-                             msg=_wait.diagnosis(gpus, p["max_memory_used_mib"]) or "all selected GPUs are idle", **check)
-        slice_end = time.monotonic() + p["progress_slice"] if p["progress_slice"] else None
-        confirmed = {}
-        while True:
-            done, gpus = _wait.step(state, now(), snapshot, alive, p["settle"], FULL_SCAN_EVERY)
-            if p["reset_leaked"] and not done:
-                reset_leaked(module, taker, p, state, gpus, now())
-            if p["reset_leaked"]:
-                _reset_result(module, state, result)
-            scan_at = state.get("idle_scan_at")
-            if scan_at is not None and not done and confirmed.get("at") != scan_at:
-                # The GPUs look idle and the settle window opens: nvidia-smi is asked now, beside the polls of
-                # the window, so that the wait returns as the window closes; a holder within the window starts
-                # the window (and this) again.
-                confirmed = {"at": scan_at, "job": _Background(confirm, module, taker, gpus, p)}
-            if not carried and "gpus_before" not in result:
-                result["gpus_before"] = gpus  # what the wait started from (later slices: the action plugin keeps it)
-            result.update(polls=state["polls"], samples=state["samples"], gpus=gpus,
-                          idle_gpus=[g["index"] for g in gpus if g["idle"]])
-            if done:
-                early = confirmed["job"].result() if confirmed.get("at") == scan_at else None
-                if early is not None and not early[1]:
-                    seen, disagreement = early
-                else:
-                    seen, disagreement = confirm(module, taker, gpus, p)
-                result["confirmation"] = seen
-                result["elapsed"] = round(now(), 3)
-                if disagreement:
-                    module.fail_json(msg=f"NVML says the GPUs are idle but nvidia-smi disagrees: {disagreement}",
-                                     blockers=_wait.blockers(gpus), **result)
-                module.exit_json(msg=f"{len(gpus)} GPU(s) idle after {result['elapsed']:.2f} s", ready=True, **result)
-            elapsed = now()
-            if elapsed >= p["timeout"]:
-                gpus = snapshot(True)  # the diagnosis names device-file holders too
-                for g in gpus:
-                    _wait.record_sample(state, elapsed, g, len(_wait.holders_of(g)))
-                memory = _wait.trends(state, elapsed, p["leak_after"], p["max_memory_used_mib"])
-                result.update(gpus=gpus, idle_gpus=[g["index"] for g in gpus if g["idle"]], samples=state["samples"])
-                result.update(elapsed=round(elapsed, 3), confirmation=None, blockers=_wait.blockers(gpus),
-                              memory=memory)
-                prefix = (p["msg"] + ": ") if p["msg"] else ""
-                refusals = _wait.reset_summary(state.get("resets"))
-                module.fail_json(msg=f"{prefix}timed out after {p['timeout']:g} s: "
-                                     + (_wait.diagnosis(gpus, p["max_memory_used_mib"], memory, p["leak_after"])
-                                        or f"a holder appeared within the last {p['settle']:g} s (settle)")
-                                     + (f"; {refusals}" if refusals else ""),
-                                 **result)
-            if slice_end is not None and time.monotonic() >= slice_end:
-                settling = None if state["last_holder_at"] is None else elapsed - state["last_holder_at"]
-                module.exit_json(pending=True, progress_state={"wait": state},
-                                 progress=_wait.progress_line(gpus, elapsed, p["timeout"], settling),
-                                 elapsed=round(elapsed, 3), **{k: v for k, v in result.items() if k != "changed"},
-                                 changed=result.get("changed", False))
-            time.sleep(_wait.next_sleep(state, elapsed, gpus, p["sleep"], p["settle"], p["timeout"]))
-    except _errors.GpuError as exc:
-        fail(module, exc, **{k: v for k, v in result.items() if k != "changed"})
+    # The wait itself (check mode's look, the polls, nvidia-smi's confirmation, reset_leaked, the timeout's
+    # diagnosis) is _wait.Wait, over the real host; every failure it returns carries its error kind.
+    io = _wait.HostIO(taker, p, bin_path, run_in_group)
+    ok, result = _wait.Wait(p, io, check_mode=module.check_mode, diff=module._diff).run()
+    # Each holder once (_snapshot.compact_result): gpus_before and gpus name pids, holder_processes has the details.
+    result = _snapshot.compact_result(result)
+    if ok:
+        module.exit_json(**result)
+    module.fail_json(**result)
 
 
 if __name__ == "__main__":

@@ -80,11 +80,12 @@ def test_a_container_node_bound_from_another_path_is_found_and_released(gpusim, 
     facts = run_module(host, collection, "gpu_facts", {"device_files": [dev + "/nvidia*"]})
     assert not facts.get("failed"), facts
     gpus = {g["index"]: g for g in facts["ansible_facts"]["gpu_devices"]}
-    by_pid = {h["pid"]: h for h in gpus[0]["holders"]}
-    assert a in by_pid and by_pid[a]["files"] == [f"{dev}/nvidia0", f"{dev}/nvidiactl"], gpus[0]["holders"]
-    assert by_pid[a]["container"]["id"] == VMID and by_pid[a]["evidence"] == "device", by_pid[a]
-    assert b in {h["pid"] for h in gpus[1]["holders"]}
-    assert b not in by_pid or by_pid[b]["evidence"] == "control"
+    details = facts["ansible_facts"]["gpu_holder_processes"]  # each holder once; a GPU's holders name pids by evidence
+    by_pid = {pid: evidence for evidence, pids in gpus[0]["holders"].items() for pid in pids}
+    assert a in by_pid and details[str(a)]["files"] == {dev: ["nvidia0", "nvidiactl"]}, details.get(str(a))
+    assert details[str(a)]["container"]["id"] == VMID and by_pid[a] == "device", (by_pid, details[str(a)])
+    assert b in {pid for pids in gpus[1]["holders"].values() for pid in pids}
+    assert b not in by_pid or by_pid[b] == "control"
 
     # Device holders with no context linger (not signalled) unless named in pids; gpu_release stops a
     # named one only when it holds a selected GPU: it must see them as holders too.

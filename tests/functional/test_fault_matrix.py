@@ -441,7 +441,7 @@ def test_04_child_forked_in_a_sigterm_handler(row, gpusim, collection):
         assert all(holding.gone(r["pid"]) for r in res["released"])
         facts = row.run(gpusim, collection, "gpu_facts", {"gpus": ["4"], "device_files": devices(gpusim)})
         g4 = facts["ansible_facts"]["gpu_devices"][0]
-        assert not {h["pid"] for h in g4["holders"]} & set(released), g4["holders"]
+        assert not {pid for pids in g4["holders"].values() for pid in pids} & set(released), g4["holders"]
     finally:
         end(proc)
 
@@ -562,10 +562,12 @@ def test_11_intermittent_nvml_errors(row, gpusim, collection):
     row.failed(res, "timed out after 3 s", "GPU 5", note="query fails now and then")
     assert alive(quiet)
     # The same for releases: each either refuses (nothing signalled) or finds the holder and releases it,
-    # never "nothing to release" while it holds the GPU.
+    # never "nothing to release" while it holds the GPU. Whether a run's first look falls in a failing phase
+    # is a coin toss (more so on a loaded machine): up to 12 runs, so that 12 refusals in a row (1 in 4096)
+    # say the release never gets through.
     refused = 0
     with Flapping(gpusim, 5):
-        for attempt in range(6):
+        for attempt in range(12):
             res = row.run(gpusim, collection, "gpu_release", dict(args, grace_period=GRACE), tag=f"-{attempt}")
             if not res.get("failed"):
                 break

@@ -166,7 +166,7 @@ def test_draining_at_the_timeout_is_still_being_freed(gpusim_factory, collection
     assert res.get("failed"), res
     msg = res["msg"]
     assert "GPUs 0, 1: memory still being freed (" in msg and "GiB/s, about" in msg, msg
-    assert "s left at this rate) with no process holding them: raise gpu_idle_timeout" in msg
+    assert "s left at this rate) with no process holding them: raise timeout (gpu_idle_timeout)" in msg
     assert msg.count("still being freed") == 1 and "leak" not in msg
     assert res["memory"]["0"]["kind"] == "draining" and res["memory"]["2"] is None
     rate = res["memory"]["0"]["rate"] / 1024

@@ -33,8 +33,8 @@ def test_secrets_never_leave_facts_release_or_wait(gpusim, collection):
     assert_no_secret(out)
     procs = facts["ansible_facts"]["gpu_devices"][0]["processes"]
     assert [p["cmdline"] for p in procs if p["pid"] == holder] == [SHOWN]
-    holders = [h for h in facts["ansible_facts"]["gpu_devices"][0]["holders"] if h["pid"] == holder]
-    assert holders and all(h["cmdline"] == SHOWN for h in holders)
+    assert holder in facts["ansible_facts"]["gpu_devices"][0]["holders"]["context"]
+    assert facts["ansible_facts"]["gpu_holder_processes"][str(holder)]["cmdline"] == SHOWN
 
     # The wait fails at its timeout; its diagnosis, gpus and blockers carry the process.
     res, out = run_module_text(gpusim, collection, "gpu_wait_idle", base(gpusim, gpus=["0"], timeout=1, settle=0.5))
@@ -63,7 +63,7 @@ def test_cmdline_false_and_extra_redact_patterns(gpusim, collection):
     holder = gpusim.hold(gpus=[1], mib=1024, name=NAME)
     facts, out = run_module_text(gpusim, collection, "gpu_facts", base(gpusim, gpus=["1"], cmdline=False))
     assert_no_secret(out)
-    entries = facts["ansible_facts"]["gpu_devices"][0]["processes"] + facts["ansible_facts"]["gpu_devices"][0]["holders"]
+    entries = facts["ansible_facts"]["gpu_devices"][0]["processes"] + list(facts["ansible_facts"]["gpu_holder_processes"].values())
     assert entries and all(e["cmdline"] is None for e in entries if e["pid"] == holder)
 
     facts, out = run_module_text(gpusim, collection, "gpu_facts",

@@ -664,7 +664,7 @@ def test_controller_runs_gpu_facts_on_the_oldest_target(controllers, version, re
     assert pid in procs, gpu3
     assert procs[pid]["used_mib"] == 20480
     assert gpu3["memory"]["used"] >= 20480 and gpu3["idle"] is False
-    assert pid in {h["pid"] for h in gpu3["holders"]}
+    assert pid in {p for pids in gpu3["holders"].values() for p in pids}
     assert all(d["idle"] for d in facts["devices"] if d["index"] != 3)
 
 

@@ -242,3 +242,15 @@ def test_proxmox_fence_result_fails_on_anything_but_a_success(containers, releas
 def test_proxmox_fence_result_nothing_running_needs_no_release():
     out = proxmox_fence_result(dict(CTS, running=[], services_stopped=[], changed=False), release=SKIPPED)
     assert out["error"] is None and out["failure"] is None
+
+
+def test_gpu_idle_result_lists_each_process_once():
+    """-v adds each process once (the fence's and the release's), not the results themselves."""
+    proc = {"pid": 8812, "start_time": 5, "name": "python3", "cmdline": "python3 -m sglang.launch_server",
+            "container": {"kind": "lxc", "id": 129}, "unit": "sglang.service", "gpus": [0, 1],
+            "signals": ["SIGTERM"], "seconds": 1.25}
+    out = gpu_idle_result(WAIT_OK, release={"released": [proc], "survivors": [], "gpus_before": [], "gpus": []},
+                          fence={"released": [proc], "respawned": [dict(proc, pid=9001, signals=[], seconds=None)]})
+    assert out["processes"] == [
+        "released pid 8812 python3 (CT 129, sglang.service, GPU 0, 1; SIGTERM, gone after 1.25 s): python3 -m sglang.launch_server",
+        "RESPAWNED pid 9001 python3 (CT 129, sglang.service, GPU 0, 1): python3 -m sglang.launch_server"]

@@ -60,8 +60,8 @@ def test_draining_gpus_are_named_once_with_the_slowest_rate():
     memory = {"0": {"kind": "draining", "used": 60 * GIB, "rate": 4096.0, "left": 15.0},
               "1": {"kind": "draining", "used": 60 * GIB, "rate": 2048.0, "left": 30.0}}
     text = _wait.diagnosis(gpus, 64, memory)
-    assert text == ("GPUs 0, 1: memory still being freed (2.0 GiB/s, about 30 s left at this rate) with no process"
-                    " holding them: raise gpu_idle_timeout (the wait's timeout)")
+    assert text == ("GPUs 0, 1: memory still being freed (61440 MiB in use on each, 2.0 GiB/s, about 30 s left at this"
+                    " rate) with no process holding them: raise timeout (gpu_idle_timeout)")
 
 
 def test_leaked_gpus_are_named_once_with_each_reset():
@@ -80,7 +80,7 @@ def test_both_causes_and_a_holder_in_one_diagnosis():
               "1": {"kind": "leaked", "used": 1200, "still": 31.0}, "2": None}
     parts = _wait.diagnosis(gpus, 64, memory).split("; ")
     assert parts[0] == "GPU 2 is used by pid 77 (python3)"
-    assert parts[1].startswith("GPU 0: memory still being freed (4.0 GiB/s, about 15 s left")
+    assert parts[1].startswith("GPU 0: memory still being freed (61440 MiB in use, 4.0 GiB/s, about 15 s left")
     assert parts[2].startswith("GPU 1: memory leaked (1200 MiB on GPU 1")
 
 
@@ -88,7 +88,8 @@ def test_unchanged_memory_keeps_the_old_sentence_and_says_how_long():
     gpus = [judged(make_gpu(2, used=1200))]
     text = _wait.diagnosis(gpus, 64, {"2": {"kind": "unchanged", "used": 1200, "still": 3.0}})
     assert text.startswith("GPU 2: 1200 MiB used and no process holds it: the driver is still freeing")
-    assert text.endswith("unchanged for 3 s with no process (a leak once it stays so for leak_after, 30 s)")
+    assert text.endswith("unchanged for 3 s with no process (a leak once it stays so for leak_after, 30 s): raise timeout"
+                         " (gpu_idle_timeout) to give the driver time to free it")
     # without samples (check mode) it is what it always was
     assert _wait.diagnosis(gpus, 64) == "GPU 2: " + gpus[0]["busy_reasons"][0]
 

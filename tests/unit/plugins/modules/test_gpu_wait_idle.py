@@ -4,8 +4,11 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
+from ansible_collections.gpuops.gpu.plugins.module_utils import _wait
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import BackendError
 from ansible_collections.gpuops.gpu.plugins.modules import gpu_wait_idle
 
@@ -17,12 +20,12 @@ GOOD = (0, ROW + "\n", "")
 APPS = (0, "", "")
 
 
-class FakeModule:
-    def get_bin_path(self, name, required=False, opt_dirs=None):
-        return "/usr/bin/nvidia-smi"
-
-
 class FakeTaker:
+    """The SnapshotTaker's nvidia-smi runner, answering from a script (no nvidia-smi in unit tests)."""
+
+    smi = None
+    smi_ids = None
+
     def __init__(self, answers):
         self.answers = list(answers)
         self.calls = []
@@ -33,26 +36,30 @@ class FakeTaker:
         return self.answers.pop(0) if kind == "gpus" else APPS
 
 
-PARAMS = {"confirm_with_nvidia_smi": True, "nvidia_smi_path": "nvidia-smi", "sleep": 0.5, "max_memory_used_mib": 64}
+PARAMS = {"confirm_with_nvidia_smi": True, "nvidia_smi_path": "nvidia-smi", "sleep": 0.5, "max_memory_used_mib": 64,
+          "gpus": None, "expected_count": None, "progress_state": None}
 GPUS = [{"index": 0, "uuid": UUID}]
 
 
-@pytest.fixture(autouse=True)
-def no_sleep(monkeypatch):
-    monkeypatch.setattr(gpu_wait_idle.time, "sleep", lambda s: None)
+def confirm(taker, params=None):
+    """Wait.confirm over HostIO's nvidia-smi query (the real CSV parser, _smi), the host's sleep made a no-op."""
+    params = params or PARAMS
+    io = _wait.HostIO(taker, params, lambda name: "/usr/bin/nvidia-smi", None)
+    io.sleep = lambda seconds: None
+    return _wait.Wait(params, io).confirm(GPUS)
 
 
 @pytest.mark.parametrize("answers, attempts", [([GOOD], 1), ([FAILED, GOOD], 2)], ids=["first try", "retried once"])
 def test_confirm_agrees(answers, attempts):
     taker = FakeTaker(answers)
-    seen, disagreement = gpu_wait_idle.confirm(FakeModule(), taker, GPUS, PARAMS)
+    seen, disagreement = confirm(taker)
     assert seen == {"0": {"used_mib": 0, "pids": []}} and disagreement == ""
     assert len([c for c in taker.calls if c[1].startswith("--query-gpu")]) == attempts
 
 
 def test_confirm_fails_after_two_tries_with_a_short_message():
     with pytest.raises(BackendError) as info:
-        gpu_wait_idle.confirm(FakeModule(), FakeTaker([FAILED, FAILED]), GPUS, PARAMS)
+        confirm(FakeTaker([FAILED, FAILED]))
     msg = info.value.msg
     assert msg.startswith("confirm_with_nvidia_smi: nvidia-smi failed twice on GPU(s) 0")
     assert len(msg) < 500 and msg.count(UUID) <= 1, msg
@@ -60,10 +67,18 @@ def test_confirm_fails_after_two_tries_with_a_short_message():
 
 def test_confirm_off_runs_nothing():
     taker = FakeTaker([])
-    assert gpu_wait_idle.confirm(FakeModule(), taker, GPUS, dict(PARAMS, confirm_with_nvidia_smi=False)) == (None, "")
+    assert confirm(taker, dict(PARAMS, confirm_with_nvidia_smi=False)) == (None, "")
     assert taker.calls == []
 
 
 @pytest.mark.parametrize("text, limit, expected", [("a  b\nc", 240, "a b c"), ("x" * 300, 10, "xxxxxxx...")])
 def test_short(text, limit, expected):
-    assert gpu_wait_idle._short(text, limit) == expected
+    assert _wait.short(text, limit) == expected
+
+
+def test_the_module_keeps_its_spec_and_a_short_main():
+    """The wait's orchestration lives in _wait.Wait (unit-tested there): main() builds the module and the host."""
+    assert {"timeout", "settle", "leak_after", "reset_leaked", "progress_slice", "progress_state"} <= set(gpu_wait_idle.ARGUMENT_SPEC)
+    source = inspect.getsource(gpu_wait_idle.main)
+    code = [line for line in source.splitlines() if line.strip() and not line.strip().startswith("#")]
+    assert len(code) <= 60, len(code)
