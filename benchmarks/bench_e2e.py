@@ -8,6 +8,14 @@ GPUs; "sglang" in its command line) and one on the node (also "sglang" in its co
 Variants: `hand` (the server started by hand) and `service` (the systemd service `sglang` under a
 supervisor that respawns it, as `make demo` runs it).
 
+Two more dimensions, one table each (ratios to (b) of the same table):
+- GPU bystanders (--bystanders nvml,cuda): besides the three plain ones, two GPU processes that must
+  survive unsignalled, one in CT 129 outside the server's tree (a notebook kernel), one on the node:
+  `nvml` NVML clients (nvidiactl and nvidia-uvm open, no GPU node, no context), `cuda` processes
+  that initialised CUDA and hold no context (every /dev/nvidiaN they see, nvidiactl, nvidia-uvm);
+- connection (--connections local,ssh): `ssh` runs every method over SSH with pipelining, as root, to
+  a throwaway sshd on 127.0.0.x (tests/gpusim/gpusimkit/sshd.py), a control master per run.
+
 Methods (every run on a fresh host; round-robin, the order rotated per repetition):
 
 - a   the seeds' commands as a shell script: `pct exec 129 -- bash -c "ps aux | grep python3 |
@@ -26,13 +34,16 @@ Methods (every run on a fresh host; round-robin, the order rotated per repetitio
 - d0  (service only) the same with `proxmox_fence_services: [sglang]` on the node;
 - e   d with `--limit gpu-ct`.
 
-Recorded per run: wall time of the command, CPU time of it and everything it ran
-(getrusage(RUSAGE_CHILDREN) delta; local connection, so controller and target alike), exit
+Recorded per run: wall time of the command, CPU time split into the controller's and the node's
+(local: getrusage(RUSAGE_CHILDREN) delta less the modules' CPU, which the inventory's interpreter
+wrapper logs; ssh: the command's getrusage delta plus the ssh control master's CPU from /proc for the
+controller, the sshd's own and its reaped sessions' CPU from /proc/<sshd>/stat for the node), exit
 status, ready when it returned (all 8 GPUs <= 64 MiB, read by the harness from the simulator),
 server gone (API + workers, by pid and start time), bystanders alive, both containers running.
 Nothing asserts on time.
 
     .venv/bin/python benchmarks/bench_e2e.py [--smoke] [--reps N] [--methods a,b,c] [--variants hand,service]
+                                             [--connections local,ssh] [--bystanders nvml,cuda]
                                              [--profile-tasks] [--timeout S]
 
 Methods that fail are recorded (rc, ready no); one that does not return within --timeout is
@@ -70,6 +81,29 @@ BYSTANDER_CODE = ("import os, signal, sys, time; "
                   "[signal.signal(s, h) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,"
                   " signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGPIPE)]; "
                   "time.sleep(3600)")
+
+# GPU bystanders (--bystanders), two of each kind besides the three plain ones, started by the simulator
+# (gpusimkit.workload): `nvml` an NVML client (nvidiactl and nvidia-uvm open, no GPU node, no context:
+# --control-only), `cuda` a process that initialised CUDA and holds no context (every GPU node it can
+# see, nvidiactl and nvidia-uvm; no memory: --gpus none). One in CT <vmid> outside the server's tree (a
+# notebook kernel), one on the node (CT <other vmid> has no GPUs: no node to open there). Each notes
+# every signal it receives (GPUSIM_LOG_SIGNALS) and then does what it would have done without the note.
+NOTEBOOK = "python3 -m ipykernel_launcher -f /root/.local/share/jupyter/runtime/kernel-1.json"
+BYSTANDER_KINDS = {
+    "nvml": {"text": "NVML clients (nvidiactl + nvidia-uvm open, no GPU node, no context)",
+             "hold": {"gpus": "none", "mib": 0, "control_only": True},
+             "where": (("NVML client in CT {vmid} (notebook kernel)", "ct", NOTEBOOK),
+                       ("NVML client on the node (dcgm-exporter)", "node", "dcgm-exporter"))},
+    "cuda": {"text": "CUDA initialised, no context (every /dev/nvidiaN + nvidiactl + nvidia-uvm open, no memory)",
+             "hold": {"gpus": "none", "mib": 0},
+             "where": (("CUDA process without a context in CT {vmid} (notebook kernel)", "ct", NOTEBOOK),
+                       ("CUDA process without a context on the node (sglang.check_env)", "node",
+                        "python3 -m sglang.check_env"))},
+}
+CONNECTIONS = {
+    "local": "local connection",
+    "ssh": "SSH with pipelining, as root, to an sshd on 127.0.0.x",
+}
 
 METHODS = {
     "a": "seeds: shell script (kill -9 python3 in CT {vmid}, fuser -k, sleep 2, check, sleep 3, check)",
@@ -182,8 +216,24 @@ def python3():
     return candidate if os.path.exists(candidate) else sys.executable
 
 
-def setup(host, variant, vmids, rundir, exit_delay=None):
-    """CT <vmid> with the server, CT <other vmid>, three bystanders; returns what the checks need.
+@contextlib.contextmanager
+def log_signals_to(path):
+    """GPUSIM_LOG_SIGNALS=path for the workloads started meanwhile (SimHost.hold builds their environment
+    from os.environ): each notes every signal it receives, then does what it would have done."""
+    before = os.environ.get("GPUSIM_LOG_SIGNALS")
+    os.environ["GPUSIM_LOG_SIGNALS"] = path
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("GPUSIM_LOG_SIGNALS", None)
+        else:
+            os.environ["GPUSIM_LOG_SIGNALS"] = before
+
+
+def setup(host, variant, vmids, rundir, exit_delay=None, kind=None):
+    """CT <vmid> with the server, CT <other vmid>, three plain bystanders and two GPU bystanders of `kind`
+    (BYSTANDER_KINDS; None: none); returns what the checks need.
 
     exit_delay: the server (API and workers) exits that many seconds after SIGTERM (default: at once)."""
     from gpusimkit import cgroups, container, proctools  # pylint: disable=import-outside-toplevel,import-error
@@ -216,13 +266,21 @@ def setup(host, variant, vmids, rundir, exit_delay=None):
         names[2]: proctools.spawn_via_driver(host.dir, argv(names[2], "sglang-metrics"), env,
                                              cgroup=cgroups.session_path(host.dir)),
     }
+    gpu_names = []
+    for label, where, cmdline in (BYSTANDER_KINDS[kind]["where"] if kind else ()):
+        name = label.format(vmid=vmid)
+        logs[name] = os.path.join(rundir, f"signals-{len(logs)}.log")
+        with log_signals_to(logs[name]):
+            bystanders[name] = host.hold(ct=vmid if where == "ct" else None, name=cmdline,
+                                         **BYSTANDER_KINDS[kind]["hold"])
+        gpu_names.append(name)
     by = {name: (pid, proctools.starttime(pid)) for name, pid in bystanders.items()}
     nspids = {proctools.nspid(pid) for pid in server}
     # the GPU contexts of the server: their exits (the driver's procs file) date the release exactly
     contexts = sorted({(p["pid"], p["starttime"]) for p in gpu_procs if p["used_mib"] > 0})
     return {"vmid": vmid, "other_vmid": other, "api": api, "workers": workers, "server": server,
             "server_nspids": nspids, "bystanders": by, "bystander_logs": logs, "contexts": contexts,
-            "exit_delay_s": exit_delay}
+            "exit_delay_s": exit_delay, "gpu_bystanders": gpu_names, "bystander_kind": kind}
 
 
 def pkill_is_scoped(host, env, scene):
@@ -242,11 +300,24 @@ def service_active(host, vmid):
 
 
 def signals_received(path):
+    """The signals a bystander noted: a number a line (BYSTANDER_CODE), or `<pid> <starttime> <SIGNAME>`
+    (the simulator's workloads, GPUSIM_LOG_SIGNALS)."""
     try:
         with open(path, encoding="utf-8") as f:
-            return [int(x) for x in f.read().split() if x.isdigit()]
+            lines = f.read().splitlines()
     except OSError:
         return []
+    out = []
+    for line in lines:
+        words = line.split()
+        if len(words) == 1 and words[0].isdigit():
+            out.append(int(words[0]))
+        elif words and words[-1].startswith("SIG"):
+            try:
+                out.append(int(signal.Signals[words[-1]]))
+            except KeyError:
+                out.append(int(words[-1][3:]) if words[-1][3:].isdigit() else 0)
+    return out
 
 
 def observe(host, scene):
@@ -272,6 +343,8 @@ def observe(host, scene):
         "bystanders_alive": not dead,
         "bystanders_dead": dead,
         "bystander_signals": {name: sigs for name, sigs in signals.items() if sigs},
+        # the GPU bystanders of --bystanders: alive and never signalled
+        "gpu_bystanders_ok": not any(name in dead or signals.get(name) for name in scene["gpu_bystanders"]),
         # outside the scope (the server's processes): a bystander signalled or dead, a container stopped
         "signalled_outside": outside,
         "containers_running": running,
@@ -310,14 +383,17 @@ def ansible_playbook():
     return path if os.path.exists(path) else os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
 
 
-def inventory_text(host, services, vmid, python):
+def inventory_text(host, services, vmid, python, connection_vars=None):
     """make demo's inventory (the README's, local connection), with proxmox_fence_services set to
-    `services` on pve (None: not set at all) and ansible_python_interpreter `python`."""
+    `services` on pve (None: not set at all) and ansible_python_interpreter `python`; connection_vars
+    (the ssh connection's) replace the local connection for every host."""
     # PyYAML: ansible-core's dependency; demo: tests/gpusim/demo.py (tests/gpusim is on sys.path)
     import yaml  # pylint: disable=import-outside-toplevel
     from demo import INVENTORY  # pylint: disable=import-outside-toplevel,import-error
 
     inv = yaml.safe_load(INVENTORY.format(python=python, simdir=host.dir, vmid=vmid))
+    if connection_vars:
+        inv["all"]["vars"].update(connection_vars)
     nodes = inv["all"]["children"]["proxmox_nodes"]["hosts"]
     pve = dict(nodes.get("pve") or {})
     pve.pop("proxmox_fence_services", None)
@@ -333,8 +409,9 @@ def write(path, text):
     return path
 
 
-def prepare(method, variant, host, rundir, scoped, scene, python):
-    """The command line of a method, and the files it needs in rundir (python: the inventory's interpreter)."""
+def prepare(method, variant, host, rundir, scoped, scene, python, conn=None):
+    """(the command line of a method, the file its stdin reads or None), and the files it needs in rundir
+    (python: the inventory's interpreter; conn: the ssh connection's {"vars", "sshd"}, None: local)."""
     service = variant == "service"
     vmid = scene["vmid"]
     stop = f"pct exec {vmid} -- systemctl stop {SERVICE}"
@@ -345,23 +422,37 @@ def prepare(method, variant, host, rundir, scoped, scene, python):
             raise RuntimeError(f"refusing fuser -k outside the simulated host: {devdir}")
         script = SEED_SCRIPT.format(stop=stop + "\n" if service and method == "a" else "", vmid=vmid,
                                     devglob=shlex.quote(devdir) + "/nvidia*")
-        return ["bash", write(os.path.join(rundir, "seed.sh"), script)]
+        if conn is None:
+            return ["bash", write(os.path.join(rundir, "seed.sh"), script)], None
+        # over ssh, as the seeds run it: the node's software (the simulator's tools) first on its PATH
+        exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(node_env(host).items()))
+        return conn["sshd"].ssh_argv("bash", "-s"), write(os.path.join(rundir, "seed.sh"), exports + script)
     # The README inventory names no service (gpu_release stops the unit of each GPU holder); d0 names it.
     services = [SERVICE] if method == "d0" else None
-    inventory = write(os.path.join(rundir, "inventory.yml"), inventory_text(host, services, vmid, python))
+    inventory = write(os.path.join(rundir, "inventory.yml"),
+                      inventory_text(host, services, vmid, python, conn and conn["vars"]))
     argv = [ansible_playbook(), "-i", inventory]
     if method == "b":
         kill = stop if service else (f"pct exec {vmid} -- pkill -f sglang" if scoped else
                                      # not confined to the container: the pids the harness knows
                                      "kill " + " ".join(str(p) for p in sorted(scene["server"])))
         return argv + [write(os.path.join(rundir, "stop_and_wait.yml"),
-                             PLAYBOOK_B.format(vmid=vmid, stop=shlex.quote(kill), threshold=THRESHOLD_MIB))]
+                             PLAYBOOK_B.format(vmid=vmid, stop=shlex.quote(kill), threshold=THRESHOLD_MIB))], None
     if method == "c":
         stop_task = "\n"  # the service variant too: gpu_release stops the holders' unit itself (stop_units)
         return argv + [write(os.path.join(rundir, "release_and_wait.yml"),
-                             PLAYBOOK_C.format(vmid=vmid, gpus=GPUS, stop_task=stop_task))]
+                             PLAYBOOK_C.format(vmid=vmid, gpus=GPUS, stop_task=stop_task))], None
     argv.insert(1, "gpuops.gpu.predeploy")
-    return argv + (["--limit", "gpu-ct"] if method == "e" else [])
+    return argv + (["--limit", "gpu-ct"] if method == "e" else []), None
+
+
+def node_env(host):
+    """What the node's software needs in a session over SSH (on a real node it is installed system-wide):
+    the simulator's tools first on PATH, its NVML library, its directory."""
+    env = dict(host.env_vars(), PYTHONDONTWRITEBYTECODE="1")
+    env["PATH"] = os.pathsep.join([host.path("bin"), "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin",
+                                   "/sbin", "/bin"])
+    return env
 
 
 def stop_group(proc):
@@ -380,14 +471,15 @@ def stop_group(proc):
             continue
 
 
-def run_command(argv, env, cwd, timeout, log_path, during=None):
+def run_command(argv, env, cwd, timeout, log_path, during=None, stdin_path=None):
     """Run argv in its own session; returns (rc or "timeout", wall s, CPU s of it and its children, start).
 
-    during: a context manager factory called with the command's pid, entered while it runs."""
+    during: a context manager factory called with the command's pid, entered while it runs.
+    stdin_path: a file for its stdin (default /dev/null)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,  # pylint: disable=consider-using-with
+    with open(log_path, "wb") as log, open(stdin_path or os.devnull, "rb") as stdin:
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=stdin, stdout=log,  # pylint: disable=consider-using-with
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             with during(proc.pid) if during else contextlib.nullcontext():
@@ -431,15 +523,18 @@ def read_profile(path, t0, wall):
             "after_last_task_s": t0 + wall - prof["end"]}
 
 
-def run_one(ws, args, variant, method, rep, index, exit_delay=None, part="e2e"):
+def run_one(ws, args, item, index, part="e2e", sshd=None):
     """One method on a fresh simulated host; never raises for the method's own failure.
 
-    exit_delay: the server takes that long to exit after SIGTERM (the latency part's random phase)."""
-    rundir = ws.path(f"{part}-{index:03d}-{variant}-{method}")
+    item: (rep, variant, method, connection, bystander kind, exit delay); the exit delay: the server takes
+    that long to exit after SIGTERM (the latency part's random phase). sshd: the throwaway sshd (ssh)."""
+    rep, variant, method, connection, kind, exit_delay = item
+    rundir = ws.path(f"{part}-{index:03d}-{connection}-{kind}-{variant}-{method}")
     os.makedirs(rundir)
-    entry = {"variant": variant, "method": method, "rep": rep, "order": index}
+    entry = {"variant": variant, "method": method, "rep": rep, "order": index, "connection": connection,
+             "bystanders": kind}
     with benchlib.sim_host(gpus=GPUS, release_lag_ms=LAG_MS) as host:
-        scene = setup(host, variant, (args.vmid, args.other_vmid), rundir, exit_delay)
+        scene = setup(host, variant, (args.vmid, args.other_vmid), rundir, exit_delay, kind)
         if exit_delay is not None:
             entry["server_exit_delay_s"] = exit_delay
         env = ansible_env(ws, dict(host.env(), PYTHONDONTWRITEBYTECODE="1"), args.profile_tasks)
@@ -448,20 +543,41 @@ def run_one(ws, args, variant, method, rep, index, exit_delay=None, part="e2e"):
             scoped, seen = pkill_is_scoped(host, env, scene)
             entry["pkill_scope"] = {"confined_to_ct": scoped, "pgrep_in_ct": seen,
                                     "server_nspids": sorted(scene["server_nspids"])}
-        # the inventory's interpreter: Python, with each module's CPU time recorded (the split below)
-        python = benchlib.interpreter_wrapper(os.path.join(rundir, "python"), "pve and gpu-ct")
-        argv = prepare(method, variant, host, rundir, scoped, scene, python)
+        # the inventory's interpreter: Python, with each module's CPU time recorded (the split below); over
+        # SSH it also sets the node's environment (the session's is sshd's, not the controller's)
+        conn = None
+        if connection == "ssh":
+            tag = f"r{index}"  # a control master of this run's own: every run connects afresh
+            conn = {"sshd": sshd, "tag": tag, "vars": sshd.vars(pipelining=True, tag=tag)}
+            env.update(ANSIBLE_PIPELINING="True", ANSIBLE_HOST_KEY_CHECKING="False")
+        python = benchlib.interpreter_wrapper(os.path.join(rundir, "python"), "pve and gpu-ct",
+                                              env_vars=node_env(host) if conn else None)
+        argv, stdin_path = prepare(method, variant, host, rundir, scoped, scene, python, conn)
         profile = os.path.join(rundir, "profile.json")
         env["GPUOPS_E2E_PROFILE"] = profile
         log = os.path.join(rundir, "output.log")
+        if conn:
+            sshd.wait_sessions_ended()
+            node_before = sshd.cpu_of_sessions()
         with benchlib.ExitWatcher(host, scene["contexts"]) as exits:
-            rc, wall, cpu, t0 = run_command(argv, env, rundir, args.timeout, log)
-        entry.update({"rc": rc, "wall_s": wall, "cpu_s": cpu})
-        if method in ("a", "a0"):  # no controller: the script runs on the node
-            entry.update({"node_cpu_s": cpu, "controller_cpu_s": None, "module_runs": 0})
+            rc, wall, cpu, t0 = run_command(argv, env, rundir, args.timeout, log, stdin_path=stdin_path)
+        entry.update({"rc": rc, "wall_s": wall})
+        modules_cpu, runs = benchlib.wrapper_cpu(python + ".cpu")
+        if conn:
+            # the controller: ansible-playbook, its workers, the ssh clients (the command's children) and the
+            # control master (a daemon: read from /proc just before it is closed); the node: everything that
+            # ran under sshd (its session processes, the shells, the modules and what they ran)
+            master_cpu = sshd.close_masters(conn["tag"])
+            ended = sshd.wait_sessions_ended()
+            node_cpu = sshd.cpu_of_sessions() - node_before
+            entry.update({"cpu_s": cpu + master_cpu + node_cpu, "controller_cpu_s": cpu + master_cpu,
+                          "ssh_master_cpu_s": master_cpu, "node_cpu_s": node_cpu, "modules_cpu_s": modules_cpu,
+                          "module_runs": runs, "node_cpu_complete": ended})
+        elif method in ("a", "a0"):  # no controller: the script runs on the node
+            entry.update({"cpu_s": cpu, "node_cpu_s": cpu, "controller_cpu_s": None, "module_runs": 0})
         else:  # the modules and what they ran (nvidia-smi, pct); the rest is ansible-playbook and its workers
-            node_cpu, runs = benchlib.wrapper_cpu(python + ".cpu")
-            entry.update({"node_cpu_s": node_cpu, "controller_cpu_s": max(0.0, cpu - node_cpu), "module_runs": runs})
+            entry.update({"cpu_s": cpu, "node_cpu_s": modules_cpu, "modules_cpu_s": modules_cpu,
+                          "controller_cpu_s": max(0.0, cpu - modules_cpu), "module_runs": runs})
         entry.update(observe(host, scene))
         freed = exits.freed_at(LAG_MS / 1000.0)
         entry["memory_freed_after_start_s"] = None if freed is None else freed - t0
@@ -482,32 +598,55 @@ def run_one(ws, args, variant, method, rep, index, exit_delay=None, part="e2e"):
 
 # --- the run and the tables -----------------------------------------------------------------------
 
+# The scenario has one GPU node: the controller's CPU per host is that of the whole run (bench_fleet.py
+# measures how it grows with many hosts).
+HOSTS = 1
+
+
+def combinations(args):
+    """[(connection, bystander kind)] of this run, in the order of the options."""
+    return [(c, k) for c in args.connections for k in args.bystanders]
+
+
 def plan(args):
-    """[(rep, variant, method)], round-robin: every method once per repetition, the order rotated."""
+    """[(rep, variant, method, connection, kind, None)], round-robin: every method once per repetition,
+    connection and bystander kind, the order rotated."""
     out = []
     for rep in range(args.reps):
-        for variant in args.variants:
-            methods = [m for m in args.methods if variant == "service" or m not in SERVICE_ONLY]
-            shift = rep % len(methods) if methods else 0
-            out += [(rep, variant, m) for m in methods[shift:] + methods[:shift]]
+        for connection, kind in combinations(args):
+            for variant in args.variants:
+                methods = [m for m in args.methods if variant == "service" or m not in SERVICE_ONLY]
+                shift = rep % len(methods) if methods else 0
+                out += [(rep, variant, m, connection, kind, None) for m in methods[shift:] + methods[:shift]]
     return out
 
 
 def latency_plan(args):
-    """[(rep, method, server exit delay)]: the hand variant, round-robin, one random delay per repetition
-    (the same for every method of the repetition)."""
+    """[(rep, "hand", method, connection, kind, server exit delay)]: the hand variant, the first connection
+    and bystander kind, round-robin, one random delay per repetition (the same for every method of it)."""
     rng = random.Random(args.seed)
     out = []
     methods = list(args.latency_methods)
+    connection, kind = combinations(args)[0]
     for rep in range(args.latency_reps):
         delay = round(rng.uniform(0.0, args.shutdown_max), 3)
         shift = rep % len(methods)
-        out += [(rep, m, delay) for m in methods[shift:] + methods[:shift]]
+        out += [(rep, "hand", m, connection, kind, delay) for m in methods[shift:] + methods[:shift]]
     return out
 
 
 def method_text(method, args):
     return METHODS[method].format(vmid=args.vmid)
+
+
+def combination_text(connection, kind):
+    return f"{CONNECTIONS[connection]}; GPU bystanders: {kind} ({BYSTANDER_KINDS[kind]['text']})"
+
+
+def of(runs, connection, kind, variant=None):
+    """The runs of one connection and bystander kind (and variant)."""
+    return [r for r in runs if r.get("connection", "local") == connection and r.get("bystanders") == kind
+            and (variant is None or r["variant"] == variant)]
 
 
 def cpu_cell(value):
@@ -526,20 +665,31 @@ def stats(runs, key):
             "n": len(values)}
 
 
-def method_summary(rs, base_median, key="wall_s"):
-    """The figures of one method's runs (key: what the ratio to (b) is taken of)."""
+def cpu_median(rs, key):
+    return benchlib.median([r[key] for r in rs if r.get(key) is not None])
+
+
+def method_summary(rs, base, key="wall_s"):
+    """The figures of one method's runs; base: (b)'s runs of the same table (the ratios are to them)."""
+    base_median = benchlib.median([r[key] for r in base if r.get(key) is not None])
+    ctl = cpu_median(rs, "controller_cpu_s")
     s = {"n": len(rs), "wall": stats(rs, "wall_s"), "latency": stats(rs, "latency_s"),
          "cpu_median_s": benchlib.median([r["cpu_s"] for r in rs]),
-         "controller_cpu_median_s": benchlib.median([r["controller_cpu_s"] for r in rs
-                                                     if r.get("controller_cpu_s") is not None]),
-         "node_cpu_median_s": benchlib.median([r["node_cpu_s"] for r in rs if r.get("node_cpu_s") is not None]),
+         "controller_cpu_median_s": ctl,
+         "controller_cpu_per_host_s": None if ctl is None else ctl / HOSTS,
+         "node_cpu_median_s": cpu_median(rs, "node_cpu_s"),
+         "modules_cpu_median_s": cpu_median(rs, "modules_cpu_s"),
+         "ssh_master_cpu_median_s": cpu_median(rs, "ssh_master_cpu_s"),
          "ready": sum(r["ready"] for r in rs), "server_gone": sum(r["server_gone"] for r in rs),
          "bystanders_alive": sum(r["bystanders_alive"] for r in rs), "respawned": sum(r["respawned"] for r in rs),
+         "gpu_bystanders_ok": sum(1 for r in rs if r.get("gpu_bystanders_ok", True)),
          "signalled_outside": sum(1 for r in rs if r["signalled_outside"]),
          "rc": sorted({str(r["rc"]) for r in rs})}
     # kept under the names of the earlier JSON too
     s.update(wall_median_s=s["wall"]["median"], wall_min_s=s["wall"]["min"], wall_max_s=s["wall"]["max"])
     s["ratio_to_b"] = benchlib.ratio(s["latency" if key == "latency_s" else "wall"]["median"], base_median)
+    base_ctl = cpu_median(base, "controller_cpu_s")
+    s["controller_cpu_per_host_ratio_to_b"] = benchlib.ratio(ctl, base_ctl)
     return s
 
 
@@ -549,58 +699,64 @@ def range_cell(st):
     return f"{st['median']:.2f} s ({st['min']:.2f}-{st['max']:.2f})"
 
 
-def outcome_cells(s):
+def outcome_cells(s, kind):
     n = s["n"]
     return [count_cell(s["ready"], n),
             count_cell(s["server_gone"], n) + (f" (respawned {s['respawned']})" if s["respawned"] else ""),
-            count_cell(s["bystanders_alive"], n), count_cell(s["signalled_outside"], n), ",".join(s["rc"])]
+            count_cell(s["bystanders_alive"], n), count_cell(s["gpu_bystanders_ok"], n) if kind else "-",
+            count_cell(s["signalled_outside"], n), ",".join(s["rc"])]
 
 
-def summarize(runs, variant, methods, args):
+def cpu_cells(s):
+    f = benchlib.fmt
+    return [cpu_cell(s["controller_cpu_per_host_s"]), f(s["controller_cpu_per_host_ratio_to_b"], "x"),
+            cpu_cell(s["node_cpu_median_s"])]
+
+
+def summarize(runs, methods, args, kind):
+    """Rows and summaries of one table: the runs of one connection, bystander kind and variant."""
     f = benchlib.fmt
     rows, summary = [], {}
-    base_median = benchlib.median([r["wall_s"] for r in runs if r["variant"] == variant and r["method"] == "b"])
+    base = [r for r in runs if r["method"] == "b"]
     for m in methods:
-        rs = [r for r in runs if r["variant"] == variant and r["method"] == m]
+        rs = [r for r in runs if r["method"] == m]
         if not rs:
             continue
-        s = summary[m] = method_summary(rs, base_median)
-        rows.append([f"({m}) {method_text(m, args)}", range_cell(s["wall"]), f(s["ratio_to_b"], "x"),
-                     cpu_cell(s["controller_cpu_median_s"]), cpu_cell(s["node_cpu_median_s"])] + outcome_cells(s))
+        s = summary[m] = method_summary(rs, base)
+        rows.append([f"({m}) {method_text(m, args)}", range_cell(s["wall"]), f(s["ratio_to_b"], "x")]
+                    + cpu_cells(s) + outcome_cells(s, kind))
     return rows, summary
 
 
-def summarize_latency(runs, args):
+def summarize_latency(runs, args, kind):
     f = benchlib.fmt
     rows, summary = [], {}
-    base = [r["latency_s"] for r in runs if r["method"] == "b" and r.get("latency_s") is not None]
-    base_median = benchlib.median(base)
+    base = [r for r in runs if r["method"] == "b"]
     for m in args.latency_methods:
         rs = [r for r in runs if r["method"] == m]
         if not rs:
             continue
-        s = summary[m] = method_summary(rs, base_median, key="latency_s")
+        s = summary[m] = method_summary(rs, base, key="latency_s")
         rows.append([f"({m}) {method_text(m, args)}", range_cell(s["latency"]),
                      "-" if s["latency"]["mean"] is None else f"{s['latency']['mean']:.2f} s",
-                     f(s["ratio_to_b"], "x"), range_cell(s["wall"]), cpu_cell(s["controller_cpu_median_s"]),
-                     cpu_cell(s["node_cpu_median_s"])] + outcome_cells(s))
+                     f(s["ratio_to_b"], "x"), range_cell(s["wall"])] + cpu_cells(s) + outcome_cells(s, kind))
     return rows, summary
 
 
-HEADERS_TAIL = ["ready", "server gone", "bystanders alive", "signalled outside the scope", "rc"]
+CPU_HEADERS = ["CPU controller per host", "its ratio to (b)", "CPU node"]
+HEADERS_TAIL = ["ready", "server gone", "bystanders alive", "GPU bystanders alive, unsignalled",
+                "signalled outside the scope", "rc"]
 
 
-def notes(runs, variant, args):
+def notes(runs, args):
     out = []
     order = {m: i for i, m in enumerate(METHODS)}
     for r in sorted(runs, key=lambda r: (order[r["method"]], r["rep"])):
-        if r["variant"] != variant:
-            continue
         what = []
         if r["bystanders_dead"]:
             what.append("killed bystander(s): " + ", ".join(r["bystanders_dead"]))
         for name, sigs in (r.get("bystander_signals") or {}).items():
-            what.append(f"{name} received signal(s) {', '.join(signal.Signals(s).name for s in sigs)}")
+            what.append(f"{name} received signal(s) {', '.join(signal_name(s) for s in sigs)}")
         if r["service_active"]:
             what.append(f"service {SERVICE} still active")
         if r["respawned"]:
@@ -611,6 +767,8 @@ def notes(runs, variant, args):
             what.append(f"the seed's counts said {r['seed_counts']}")
         if r.get("pkill_scope") and not r["pkill_scope"]["confined_to_ct"]:
             what.append(f"pkill -f not confined to CT {args.vmid}: killed by pid instead")
+        if r.get("node_cpu_complete") is False:
+            what.append("an SSH session had not ended 10 s after the run: its CPU is not in CPU node")
         if r["rc"] == "timeout":
             what.append(f"no result within --timeout, stopped after {r['wall_s']:.0f} s")
         elif r["rc"] != 0:
@@ -620,6 +778,13 @@ def notes(runs, variant, args):
         if what:
             out.append(f"- ({r['method']}) rep {r['rep'] + 1}: " + "; ".join(what))
     return out
+
+
+def signal_name(signum):
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
 
 
 def profile_rows(rs):
@@ -645,12 +810,12 @@ def profile_rows(rs):
     return rows
 
 
-def profile_table(runs, variant, method):
-    rs = [r for r in runs if r["variant"] == variant and r["method"] == method and r.get("profile")]
+def profile_table(runs, title, method):
+    rs = [r for r in runs if r["method"] == method and r.get("profile")]
     rows = profile_rows(rs)
     if not rows:
         return
-    benchlib.table(f"Per-task time, ({method}) {variant}, median of {len(rs)} run(s)", ["task", "role", "median", "runs"],
+    benchlib.table(f"Per-task time, ({method}) {title}, median of {len(rs)} run(s)", ["task", "role", "median", "runs"],
                    [[name, role, f"{sec:.3f} s", n] for name, role, sec, n in rows])
 
 
@@ -662,21 +827,24 @@ def working_tree():
     return {"head": git("rev-parse", "HEAD"), "changed": (git("status", "--porcelain") or "").splitlines()}
 
 
-def execute(ws, args, plan_items, part):
-    """Run (rep, variant, method, exit delay) items; a method that timed out is not run again."""
+def execute(ws, args, plan_items, part, sshd=None):
+    """Run (rep, variant, method, connection, kind, exit delay) items; a method that timed out is not run
+    again (in that connection, bystander kind and variant)."""
     runs, skipped, timed_out = [], [], set()
     total = len(plan_items)
-    for index, (rep, variant, method, delay) in enumerate(plan_items):
-        label = f"  {part} {index + 1}/{total} rep {rep + 1} {variant:<7} ({method})"
+    for index, item in enumerate(plan_items):
+        rep, variant, method, connection, kind, delay = item
+        label = f"  {part} {index + 1}/{total} rep {rep + 1} {connection:<5} {kind:<4} {variant:<7} ({method})"
         print(label + (f" server exits {delay:.2f} s after SIGTERM" if delay is not None else ""), end=" ", flush=True)
-        if (variant, method) in timed_out:  # a hang costs --timeout once, not once per repetition
-            skipped.append({"variant": variant, "method": method, "rep": rep})
+        if (variant, method, connection, kind) in timed_out:  # a hang costs --timeout once, not once per repetition
+            skipped.append({"variant": variant, "method": method, "rep": rep, "connection": connection,
+                            "bystanders": kind})
             print("skipped: it timed out in an earlier repetition", flush=True)
             continue
-        entry = run_one(ws, args, variant, method, rep, index, exit_delay=delay, part=part)
+        entry = run_one(ws, args, item, index, part=part, sshd=sshd)
         runs.append(entry)
         if entry["rc"] == "timeout":
-            timed_out.add((variant, method))
+            timed_out.add((variant, method, connection, kind))
         latency = entry.get("latency_s")
         print(f"rc {entry['rc']}, {entry['wall_s']:.2f} s"
               + (f", {latency:.2f} s after the memory was freed" if latency is not None else "")
@@ -684,38 +852,82 @@ def execute(ws, args, plan_items, part):
     return runs, skipped
 
 
+def variant_text(variant):
+    return "supervised service sglang, respawn" if variant == "service" else "hand-started server"
+
+
 def print_e2e(runs, skipped, args):
+    """The tables of every connection, bystander kind and variant; returns {connection: {kind: {variant: {method: summary}}}}."""
     summary = {}
-    for variant in args.variants:
-        rows, summary[variant] = summarize(runs, variant, args.methods, args)
-        if not rows:
-            continue
-        title = (f"End to end, variant {variant} ({'supervised service sglang, respawn' if variant == 'service' else 'hand-started server'}),"
-                 f" {args.reps} repetition(s), a fresh simulated node per run (8 x H200, release lag {LAG_MS} ms)")
-        benchlib.table(title, ["method", "wall median (min-max)", "ratio to (b)", "CPU controller", "CPU node"]
-                       + HEADERS_TAIL, rows)
-        for line in notes(runs, variant, args):
-            print(line)
-        for method in sorted({x["method"] for x in skipped if x["variant"] == variant}):
-            print(f"- ({method}) {sum(1 for x in skipped if x['variant'] == variant and x['method'] == method)}"
-                  f" repetition(s) skipped: it timed out after {args.timeout:g} s")
-        if args.profile_tasks:
-            for method in args.methods:
-                if method not in ("a", "a0"):
-                    profile_table(runs, variant, method)
+    for connection, kind in combinations(args):
+        for variant in args.variants:
+            rs = of(runs, connection, kind, variant)
+            rows, table_summary = summarize(rs, args.methods, args, kind)
+            summary.setdefault(connection, {}).setdefault(kind, {})[variant] = table_summary
+            if not rows:
+                continue
+            title = (f"End to end, {combination_text(connection, kind)}; variant {variant} ({variant_text(variant)}),"
+                     f" {args.reps} repetition(s), a fresh simulated node per run (8 x H200, release lag {LAG_MS} ms)")
+            benchlib.table(title, ["method", "wall median (min-max)", "ratio to (b)"] + CPU_HEADERS + HEADERS_TAIL, rows)
+            for line in notes(rs, args):
+                print(line)
+            gone = [x for x in skipped if (x["variant"], x["connection"], x["bystanders"]) == (variant, connection, kind)]
+            for method in sorted({x["method"] for x in gone}):
+                print(f"- ({method}) {sum(1 for x in gone if x['method'] == method)}"
+                      f" repetition(s) skipped: it timed out after {args.timeout:g} s")
+            if args.profile_tasks:
+                for method in args.methods:
+                    if method not in ("a", "a0"):
+                        profile_table(rs, f"{connection}, {kind}, {variant}", method)
+    print_side_by_side(summary, args)
     return summary
 
 
+def side_by_side_rows(summary, args):
+    """[(variant, method) label, then per (connection, kind): wall (ratio), controller CPU per host (ratio)]."""
+    f = benchlib.fmt
+    rows = []
+    for variant in args.variants:
+        for m in METHODS:
+            cells, seen = [], False
+            for connection, kind in combinations(args):
+                s = summary.get(connection, {}).get(kind, {}).get(variant, {}).get(m)
+                seen = seen or s is not None
+                if s is None:
+                    cells += ["-", "-"]
+                    continue
+                ok = s["ready"] == s["n"] and s["bystanders_alive"] == s["n"] and not s["signalled_outside"]
+                cells += [f"{range_cell(s['wall']).split(' (')[0]} ({f(s['ratio_to_b'], 'x')})" + ("" if ok else " !"),
+                          f"{cpu_cell(s['controller_cpu_per_host_s'])} ({f(s['controller_cpu_per_host_ratio_to_b'], 'x')})"]
+            if seen:
+                rows.append([f"{variant} ({m})"] + cells)
+    return rows
+
+
+def print_side_by_side(summary, args):
+    rows = side_by_side_rows(summary, args)
+    if not rows:
+        return
+    headers = ["variant (method)"]
+    for connection, kind in combinations(args):
+        headers += [f"{connection}, {kind}: wall median (ratio to b)", f"{connection}, {kind}: CPU controller per host (ratio)"]
+    benchlib.table(f"Side by side, {args.reps} repetition(s): medians, ratios to (b) of the same connection, bystander"
+                   " kind and variant (! = a run not ready, a bystander dead or signalled: see the notes above)",
+                   headers, rows)
+
+
 def print_latency(runs, skipped, args):
-    rows, summary = summarize_latency(runs, args)
+    connection, kind = combinations(args)[0]
+    rows, summary = summarize_latency(runs, args, kind)
     if not rows:
         return summary
     benchlib.table(f"Detection latency: from the moment the last GPU's memory is freed to the command's exit,"
+                   f" {combination_text(connection, kind)};"
                    f" hand variant, {args.latency_reps} repetition(s), the server exiting a random 0..{args.shutdown_max:g} s"
                    f" after SIGTERM (release lag {LAG_MS} ms)",
-                   ["method", "latency median (min-max)", "latency mean", "ratio to (b)", "wall median (min-max)",
-                    "CPU controller", "CPU node"] + HEADERS_TAIL, rows)
-    for line in notes(runs, "hand", args):
+                   ["method", "latency median (min-max)", "latency mean", "ratio to (b)", "wall median (min-max)"]
+                   + CPU_HEADERS + HEADERS_TAIL, rows)
+    for line in notes(runs, args):
         print(line)
     for method in sorted({x["method"] for x in skipped}):
         print(f"- ({method}) {sum(1 for x in skipped if x['method'] == method)} repetition(s) skipped:"
@@ -723,13 +935,25 @@ def print_latency(runs, skipped, args):
     return summary
 
 
+def profiles_of(runs, args, connection, kind):
+    """Per-task medians ([task, role, seconds, runs]) of each Ansible method that ran with --profile-tasks."""
+    return {v: {m: profile_rows([r for r in of(runs, connection, kind, v) if r["method"] == m])
+                for m in args.methods if m not in ("a", "a0")} for v in args.variants}
+
+
 def run(args):
     tree, started = working_tree(), benchlib.machine()
-    with benchlib.workspace("gpubench-e2e-") as ws:
-        runs, skipped = execute(ws, args, [(rep, v, m, None) for rep, v, m in plan(args)], "e2e")
-        summary = print_e2e(runs, skipped, args) if runs else {}
-        latency_runs, latency_skipped = execute(ws, args, [(rep, "hand", m, d) for rep, m, d in latency_plan(args)],
-                                                "latency")
+    first = combinations(args)[0]
+    with contextlib.ExitStack() as stack:
+        ws = stack.enter_context(benchlib.workspace("gpubench-e2e-"))
+        sshd = None
+        if "ssh" in args.connections and (args.reps or args.latency_reps):
+            from gpusimkit.sshd import throwaway_sshd  # pylint: disable=import-outside-toplevel,import-error
+            sshd = stack.enter_context(throwaway_sshd())
+            print(f"sshd: {sshd.address}:{sshd.port} (root, key {os.path.basename(sshd.key)} in {sshd.root})", flush=True)
+        runs, skipped = execute(ws, args, plan(args), "e2e", sshd)
+        summary_by = print_e2e(runs, skipped, args) if runs else {}
+        latency_runs, latency_skipped = execute(ws, args, latency_plan(args), "latency", sshd)
         latency = print_latency(latency_runs, latency_skipped, args) if latency_runs else {}
     result = {"name": "e2e", "smoke": args.smoke, "machine": started, "loadavg_at_end": os.getloadavg(),
               "params": {"reps": args.reps, "variants": args.variants, "methods": args.methods, "gpus": GPUS,
@@ -737,12 +961,20 @@ def run(args):
                          "timeout_s": args.timeout, "profile_tasks": args.profile_tasks, "vmid": args.vmid,
                          "other_vmid": args.other_vmid, "ansible_playbook": ansible_playbook(),
                          "methods_text": {m: method_text(m, args) for m in METHODS},
+                         "connections": args.connections, "bystanders": args.bystanders,
+                         "connections_text": {c: CONNECTIONS[c] for c in args.connections},
+                         "bystanders_text": {k: BYSTANDER_KINDS[k]["text"] for k in args.bystanders},
+                         "hosts": HOSTS,
                          "latency_reps": args.latency_reps, "latency_methods": args.latency_methods,
+                         "latency_connection": first[0], "latency_bystanders": first[1],
                          "shutdown_max_s": args.shutdown_max, "seed": args.seed},
-              "working_tree": tree, "summary": summary, "runs": runs, "skipped": skipped,
-              # per-task medians ([task, role, seconds, runs]) of each Ansible method that ran with --profile-tasks
-              "profiles": {v: {m: profile_rows([r for r in runs if r["variant"] == v and r["method"] == m])
-                               for m in args.methods if m not in ("a", "a0")} for v in args.variants},
+              "working_tree": tree,
+              # the first connection and bystander kind, in the shape of the earlier JSON: {variant: {method: ...}}
+              "summary": summary_by.get(first[0], {}).get(first[1], {}),
+              # every table: {connection: {bystander kind: {variant: {method: ...}}}}
+              "summary_by": summary_by, "runs": runs, "skipped": skipped,
+              "profiles": profiles_of(runs, args, *first),
+              "profiles_by": {c: {k: profiles_of(runs, args, c, k) for k in args.bystanders} for c in args.connections},
               "latency": {"summary": latency, "runs": latency_runs, "skipped": latency_skipped}}
     benchlib.write_json("e2e", result)
     return result
@@ -766,11 +998,18 @@ def vmid_arg(text):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true",
-                    help=f"quick: 1 repetition, both variants, methods {','.join(SMOKE_METHODS)}; 1 latency repetition")
+                    help=f"quick: 1 repetition, both variants, methods {','.join(SMOKE_METHODS)}, the local connection"
+                         " and nvml bystanders only; 1 latency repetition")
     ap.add_argument("--reps", type=int, help="repetitions of the end-to-end part (default 5; smoke 1; 0: skip it)")
     ap.add_argument("--methods", type=lambda t: csv_list(t, tuple(METHODS), "--methods"),
                     help=f"comma list of {','.join(METHODS)} (default all; a0 and d0 run in the service variant only)")
     ap.add_argument("--variants", type=lambda t: csv_list(t, VARIANTS, "--variants"), help="hand,service (default both)")
+    ap.add_argument("--connections", type=lambda t: csv_list(t, tuple(CONNECTIONS), "--connections"),
+                    help="local,ssh (default both; smoke: local): ssh runs every method over SSH with pipelining, as"
+                         " root, to a throwaway sshd on 127.0.0.x (gpusimkit.sshd; needs root and openssh-server)")
+    ap.add_argument("--bystanders", type=lambda t: csv_list(t, tuple(BYSTANDER_KINDS), "--bystanders"),
+                    help="nvml,cuda (default both; smoke: nvml): the kind of the two GPU bystanders (in CT --vmid and"
+                         " on the node) besides the three plain python3 ones; one table per connection and kind")
     ap.add_argument("--latency-reps", type=int,
                     help="repetitions of the detection-latency part (default 10; smoke 1; 0: skip it)")
     ap.add_argument("--latency-methods", type=lambda t: csv_list(t, LATENCY_METHODS, "--latency-methods"),
@@ -796,6 +1035,8 @@ def main(argv=None):
     args.methods = args.methods or list(SMOKE_METHODS if args.smoke else METHODS)
     args.latency_methods = args.latency_methods or list(LATENCY_METHODS)
     args.variants = args.variants or list(VARIANTS)
+    args.connections = args.connections or (["local"] if args.smoke else list(CONNECTIONS))
+    args.bystanders = args.bystanders or (["nvml"] if args.smoke else list(BYSTANDER_KINDS))
     args.other_vmid = args.other_vmid or args.vmid + 1
     if args.other_vmid == args.vmid:
         ap.error("--other-vmid must differ from --vmid")

@@ -20,17 +20,19 @@ import benchlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-BENCHES = ("scan", "snapshot", "release", "wait", "e2e", "fleet")
+BENCHES = ("scan", "snapshot", "release", "wait", "e2e", "fleet", "output")
 # What a full run adds to each script's defaults: the scan and the snapshot at three machine sizes,
 # the per-task profile of the end-to-end methods (docs/scale.md reasons from it).
 SIZES = "500,2000,5000"
 FULL_ARGS = {"scan": ["--procs", SIZES], "snapshot": ["--idle", SIZES], "e2e": ["--profile-tasks"]}
-# Generous limits, for a hang only: a full run takes about 14 minutes on 2 cores (e2e: 7 of them,
-# fleet: 4.5), a smoke run about 50 s (e2e: 35 s, fleet: 8 s).
+# Generous limits, for a hang only: a full run takes about 35 minutes on 2 cores (e2e: 25 of them - two
+# connections, local and SSH, times two kinds of GPU bystanders; fleet: 4.5), a smoke run about 2 minutes
+# (e2e: 115 s, local and NVML bystanders only; fleet: 8 s).
 LIMIT_S = {"smoke": 180, "full": 900}
-# e2e: 12 method/variant pairs and 3 latency methods, each of which may run into bench_e2e's own --timeout
-# (30 s smoke, 120 s full) once; fleet: 7 playbook runs over up to 64 hosts.
-LIMIT_S_OF = {"e2e": {"smoke": 300, "full": 2400}, "fleet": {"smoke": 300, "full": 2400}}
+# e2e: 4 x 12 method/variant pairs and 3 latency methods, each of which may run into bench_e2e's own --timeout
+# (30 s smoke, 120 s full) once; fleet: 7 playbook runs over up to 64 hosts; output: hosts of 8, 32 and 64 GPUs,
+# each with up to 165 simulated processes (about 1.5 minutes on 2 cores, a smoke run 5 s).
+LIMIT_S_OF = {"e2e": {"smoke": 300, "full": 4800}, "fleet": {"smoke": 300, "full": 2400}}
 DOC_TOOL = os.path.join(ROOT, "tools", "performance_doc.py")
 
 
@@ -41,6 +43,8 @@ def bench_argv(name, args):
         argv += ["--vmid", str(args.vmid)]
     if name == "fleet" and args.fleet_vmid_base is not None:
         argv += ["--vmid-base", str(args.fleet_vmid_base)]
+    if name == "output" and args.output_vmid_base is not None:
+        argv += ["--vmid-base", str(args.output_vmid_base)]
     return argv
 
 
@@ -72,6 +76,7 @@ def main(argv=None):
     ap.add_argument("--only", nargs="+", choices=BENCHES, help="run only these benchmarks")
     ap.add_argument("--vmid", type=int, help="bench_e2e's container (its default: 129, the seeds')")
     ap.add_argument("--fleet-vmid-base", type=int, help="bench_fleet's first container (its default: 7300)")
+    ap.add_argument("--output-vmid-base", type=int, help="bench_output's two containers (its default: 7700 and 7701)")
     ap.add_argument("--no-docs", action="store_true", help="a full run: do not regenerate docs/performance.md and docs/scale.md")
     args = ap.parse_args(argv)
     mode = "smoke" if args.smoke else "full"

@@ -158,8 +158,8 @@ def outcome_cells(s) -> list:
             "-" if outside is None else count(outside, n), ",".join(s.get("rc") or [])]
 
 
-def e2e_notes(runs, variant) -> list:
-    """What went wrong, per method, counted over its runs."""
+def e2e_notes(runs, variant, label="") -> list:
+    """What went wrong, per method, counted over its runs (label: what to put before the method)."""
     found = {}
     for r in runs:
         if r.get("variant") != variant:
@@ -181,8 +181,75 @@ def e2e_notes(runs, variant) -> list:
     for m in E2E_ORDER:
         if m in found:
             total = sum(1 for r in runs if r.get("variant") == variant and r.get("method") == m)
-            out.append(f"- ({m}): " + "; ".join(f"{w} ({n}/{total} runs)" for w, n in found[m].items()))
+            out.append(f"- {label}({m}): " + "; ".join(f"{w} ({n}/{total} runs)" for w, n in found[m].items()))
     return out + ([""] if out else [])
+
+
+CONNECTION_TEXT = {"local": "local connection", "ssh": "SSH with pipelining, as root, to an sshd on 127.0.0.x"}
+KIND_TEXT = {None: "none (the three non-GPU python3 bystanders only)",
+             "nvml": "NVML clients (nvidiactl + nvidia-uvm open, no GPU node, no context)",
+             "cuda": "CUDA initialised, no context (every /dev/nvidiaN + nvidiactl + nvidia-uvm open, no memory)"}
+
+
+def e2e_tables(e2e) -> list:
+    """[(connection, bystander kind, {variant: {method: summary}})]; a JSON from before the two dimensions:
+    one table, the local connection and no GPU bystanders."""
+    by = e2e.get("summary_by")
+    if not by:
+        return [("local", None, e2e.get("summary") or {})]
+    p = e2e.get("params") or {}
+    # the JSON's keys are sorted: the order of the run's options instead
+    conns = [c for c in p.get("connections") or [] if c in by] + sorted(c for c in by if c not in (p.get("connections") or []))
+    kinds = p.get("bystanders") or []
+    return [(c, k, by[c][k]) for c in conns for k in [k for k in kinds if k in by[c]] + sorted(k for k in by[c] if k not in kinds)]
+
+
+def e2e_runs_of(runs, connection, kind) -> list:
+    return [r for r in runs if r.get("connection", "local") == connection and r.get("bystanders") == kind]
+
+
+def sum_over(summaries, key) -> int:
+    return sum(s.get(key, 0) for s in summaries)
+
+
+def e2e_side_by_side(variants, summary, kind) -> list:
+    """One row per method: per variant its wall, ratio to (b), controller CPU per host and its ratio to (b),
+    node CPU; then the outcomes over the variants."""
+    headers = ["method"]
+    for v in variants:
+        headers += [f"{v}: wall median (min-max)", f"{v}: ratio to (b)", f"{v}: CPU controller per host",
+                    f"{v}: its ratio to (b)", f"{v}: CPU node"]
+    headers += ["ready", "server gone", "bystanders alive"] + (["GPU bystanders alive, unsignalled"] if kind else []) + [
+        "signalled outside the scope", "rc"]
+    rows = []
+    for m in E2E_ORDER:
+        found = [summary[v][m] for v in variants if (summary.get(v) or {}).get(m)]
+        if not found:
+            continue
+        row = [f"({m})"]
+        for v in variants:
+            s = (summary.get(v) or {}).get(m)
+            if not s:
+                row += ["-"] * 5
+                continue
+            wall = s.get("wall") or {"median": s.get("wall_median_s"), "min": s.get("wall_min_s"), "max": s.get("wall_max_s")}
+            ctl = s.get("controller_cpu_per_host_s", s.get("controller_cpu_median_s"))
+            base = (summary.get(v) or {}).get("b") or {}
+            ctl_ratio = s["controller_cpu_per_host_ratio_to_b"] if "controller_cpu_per_host_ratio_to_b" in s else div(
+                ctl, base.get("controller_cpu_per_host_s", base.get("controller_cpu_median_s")))  # an earlier JSON
+            row += [span(wall), ratio(s.get("ratio_to_b")), sec(ctl), ratio(ctl_ratio),
+                    sec(s.get("node_cpu_median_s", s.get("cpu_median_s")))]
+        n = sum_over(found, "n")
+        respawned = sum_over(found, "respawned")
+        row += [count(sum_over(found, "ready"), n),
+                count(sum_over(found, "server_gone"), n) + (f" (respawned {respawned})" if respawned else ""),
+                count(sum_over(found, "bystanders_alive"), n)]
+        if kind:
+            row.append(count(sum_over(found, "gpu_bystanders_ok"), n))
+        outside = [s.get("signalled_outside") for s in found]
+        row += ["-" if None in outside else count(sum(outside), n), ",".join(sorted({x for s in found for x in s.get("rc") or []}))]
+        rows.append(row)
+    return md_table(headers, rows)
 
 
 def e2e_section(data) -> list:
@@ -190,29 +257,30 @@ def e2e_section(data) -> list:
     if e2e is None:
         return out
     p = e2e["params"]
-    out += [f"The seed's scenario, a fresh simulated node per run (8 x H200, release lag {p['release_lag_ms']} ms,"
-            f" CT {p.get('vmid', 129)} with an inference server, three bystanders), {p['reps']} repetition(s), round-robin."
-            " Ratios are to (b), the hand-written playbook, in the same run. CPU: *controller* is ansible-playbook,"
-            " its workers and the local connection's commands; *node* is the modules and what they ran (nvidia-smi,"
-            " pct; for (a) the whole script): with SSH the second part runs on the node.", ""]
     texts = p.get("methods_text") or {}
-    for variant, summary in (e2e.get("summary") or {}).items():
-        if not summary:
+    out += [f"The seed's scenario, a fresh simulated node per run (8 x H200, release lag {p['release_lag_ms']} ms,"
+            f" CT {p.get('vmid', 129)} with an inference server, three non-GPU bystanders and, per table, two GPU"
+            f" bystanders of one kind), {p['reps']} repetition(s), round-robin; one table per connection and GPU"
+            " bystander kind, the variants side by side. Ratios are to (b), the hand-written playbook, of the same"
+            " table and variant, in the same run. CPU: *controller* is ansible-playbook, its workers and what they"
+            " ran on the controller (local connection: the local connection's commands; SSH: the ssh clients and"
+            " the control master); *node* is what ran on the node (local: the modules and what they ran,"
+            " nvidia-smi, pct, and for (a) the whole script; SSH: everything under sshd, its session processes,"
+            " the shells and the modules). One node per run, so the controller CPU per host is the run's.", ""]
+    out += ["Methods: " + "; ".join(f"({m}) {texts[m]}" for m in E2E_ORDER if m in texts) + ".", ""]
+    for connection, kind, summary in e2e_tables(e2e):
+        variants = [v for v in ("hand", "service") if summary.get(v)]
+        if not variants:
             continue
-        title = "supervised service `sglang` that respawns" if variant == "service" else "server started by hand"
-        out += [f"### Variant `{variant}`: {title}", ""]
-        rows = []
-        for m in E2E_ORDER:
-            s = summary.get(m)
-            if not s:
-                continue
-            wall = s.get("wall") or {"median": s.get("wall_median_s"), "min": s.get("wall_min_s"), "max": s.get("wall_max_s")}
-            rows.append([f"({m}) {texts.get(m, '')}", span(wall), ratio(s.get("ratio_to_b")),
-                         sec(s.get("controller_cpu_median_s")), sec(s.get("node_cpu_median_s", s.get("cpu_median_s")))]
-                        + outcome_cells(s))
-        out += md_table(["method", "wall median (min-max)", "ratio to (b)", "CPU controller", "CPU node", "ready",
-                         "server gone", "bystanders alive", "signalled outside the scope", "rc"], rows)
-        out += e2e_notes(e2e["runs"], variant)
+        title = CONNECTION_TEXT.get(connection, connection)
+        out += [f"### {title[:1].upper() + title[1:]}; GPU bystanders: `{kind or 'none'}`", "",
+                f"GPU bystanders: {(p.get('bystanders_text') or {}).get(kind) or KIND_TEXT.get(kind, kind)}; variants:"
+                + ", ".join(f" `{v}` ({'supervised service `sglang` that respawns' if v == 'service' else 'server started by hand'})"
+                            for v in variants) + ".", ""]
+        out += e2e_side_by_side(variants, summary, kind)
+        runs = e2e_runs_of(e2e["runs"], connection, kind)
+        for v in variants:
+            out += e2e_notes(runs, v, f"`{v}` ")
     return out
 
 
@@ -227,8 +295,11 @@ def latency_section(data) -> list:
             f" returns; {p.get('latency_reps')} repetitions of the hand variant, a fresh node per run. The random poll"
             f" phase: in each repetition the server takes a random 0..{p.get('shutdown_max_s', 2):g} s to exit after"
             " SIGTERM (the same for every method of the repetition), so the hand-written loop's 2 s polls fall anywhere"
-            " relative to the release; (c) and (d) start their wait when gpu_release has seen the server gone.", ""]
+            " relative to the release; (c) and (d) start their wait when gpu_release has seen the server gone."
+            + (f" Connection: {CONNECTION_TEXT.get(p['latency_connection'], p['latency_connection'])}; GPU bystanders:"
+               f" `{p.get('latency_bystanders')}`." if p.get("latency_connection") else ""), ""]
     texts = p.get("methods_text") or {}
+    kind = p.get("latency_bystanders")
     rows = []
     for m in E2E_ORDER:
         s = lat["summary"].get(m)
@@ -237,10 +308,11 @@ def latency_section(data) -> list:
         lt = s.get("latency") or {}
         rows.append([f"({m}) {texts.get(m, '')}", span(lt), sec(lt.get("mean")), ratio(s.get("ratio_to_b")),
                      span(s.get("wall")), sec(s.get("controller_cpu_median_s")), sec(s.get("node_cpu_median_s"))]
-                    + outcome_cells(s))
+                    + outcome_cells(s)[:3] + ([count(s.get("gpu_bystanders_ok", 0), s.get("n", 0))] if kind else [])
+                    + outcome_cells(s)[3:])
     out += md_table(["method", "latency median (min-max)", "latency mean", "ratio to (b)", "wall median (min-max)",
-                     "CPU controller", "CPU node", "ready", "server gone", "bystanders alive",
-                     "signalled outside the scope", "rc"], rows)
+                     "CPU controller", "CPU node", "ready", "server gone", "bystanders alive"]
+                    + (["GPU bystanders alive, unsignalled"] if kind else []) + ["signalled outside the scope", "rc"], rows)
     return out + e2e_notes(lat.get("runs") or [], "hand")
 
 
@@ -249,7 +321,10 @@ def profile_section(data) -> list:
     profiles = (e2e.get("profiles") or {}).get("hand") or {}
     if not any(profiles.values()):
         return []
-    out = ["### Where the time goes (`--profile-tasks`, hand variant, medians)", ""]
+    p = e2e.get("params") or {}
+    first = (f", {CONNECTION_TEXT.get(p['connections'][0], p['connections'][0])}, GPU bystanders `{p['bystanders'][0]}`"
+             if p.get("connections") and p.get("bystanders") else "")
+    out = [f"### Where the time goes (`--profile-tasks`, hand variant{first}, medians)", ""]
     for m in ("b", "c", "d"):
         rows = profiles.get(m)
         if not rows:

@@ -3,11 +3,12 @@ pipelining on and off, against the simulator: the results are those of the local
 become, gpu_release fails naming root and become (no traceback), gpu_facts warns that holders are
 incomplete, and predeploy fails at the fence at once (not after the wait's timeout).
 
-The fixture ``sshd`` (one per test module, so one per pytest-xdist worker) sets up, and tears down
-afterwards: a private sshd (Debian's openssh-server; .ci/sshd_prereqs.sh installs it and sudo when
-missing) on a loopback address 127.0.0.x with its own config and host key in a temp dir; a non-root
-user with a unique name, a key in that dir, and passwordless sudo (a file in /etc/sudoers.d). It needs
-root (it adds a user), as the rest of the simulator does.
+The fixture ``sshd`` (one per test module, so one per pytest-xdist worker; tests/gpusim/gpusimkit/sshd.py
+does the work, benchmarks/bench_e2e.py uses it too) sets up, and tears down afterwards: a private sshd
+(Debian's openssh-server; .ci/sshd_prereqs.sh installs it and sudo when missing) on a loopback address
+127.0.0.x with its own config and host key in a temp dir; a non-root user with a unique name, a key
+in that dir, and passwordless sudo (a file in /etc/sudoers.d). It needs root (it adds a user), as the
+rest of the simulator does.
 
 What stands for the node's software: the simulator's tools (nvidia-smi, pct, systemctl) and its NVML
 library are on PATH and LD_LIBRARY_PATH of the module's interpreter, a small script ``sim_python``
@@ -16,235 +17,33 @@ system-wide). The interpreter is one every user may run (the controller's Python
 the NVML bindings (pynvml, one pure-Python file) are copied next to it.
 """
 
-import contextlib
-import importlib.util
 import json
 import os
-import pathlib
-import pwd
 import re
 import secrets
 import shlex
-import shutil
 import signal
-import socket
-import stat
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
+from gpusimkit.sshd import SshdError, throwaway_sshd, world_runnable
 
-SSHD = "/usr/sbin/sshd"
-SBIN = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
-SHARED_PYTHONS = ["/usr/bin/python3", "/usr/local/bin/python3"]
 # vmids of this file's own, one per test (pytest-xdist runs tests in parallel; cgroups under lxc/ are machine-wide).
 VMIDS = {"modules": 5301, "predeploy": 5303, "no-become-pipelining": 5305, "no-become-no-pipelining": 5307,
          "no-become-predeploy": 5309}
 SERVER = "python3 -m sglang.launch_server --tp 2"
 
 
-def tool(name):
-    path = shutil.which(name) or shutil.which(name, path=os.pathsep.join(SBIN))
-    if not path:
-        pytest.fail(f"{name} not found: run .ci/sshd_prereqs.sh (make simtests does) to install openssh-server"
-                    " and sudo", pytrace=False)
-    return path
-
-
-def run(argv, **kwargs):
-    kwargs.setdefault("timeout", 60)
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False, **kwargs)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(shlex.quote, argv))}: rc {proc.returncode}: {proc.stdout}{proc.stderr}")
-    return proc
-
-
-def world_runnable(path):
-    """Whether a user who is not the owner may run ``path``: o+x on it and on every directory above it."""
-    path = os.path.realpath(path)
-    try:
-        if not os.stat(path).st_mode & stat.S_IXOTH:
-            return False
-        parent = os.path.dirname(path)
-        while True:
-            if not os.stat(parent).st_mode & stat.S_IXOTH:
-                return False
-            if parent == "/":
-                return True
-            parent = os.path.dirname(parent)
-    except OSError:
-        return False
-
-
-def shared_python():
-    for candidate in [sys.executable] + SHARED_PYTHONS:
-        if candidate and world_runnable(candidate):
-            version = run([candidate, "-c", "import sys; print(sys.version_info >= (3, 9))"]).stdout.strip()
-            if version == "True":
-                return candidate
-    pytest.fail("no Python 3.9+ that a non-root user may run (looked at the controller's and " + ", ".join(SHARED_PYTHONS)
-                + "): install Debian's python3", pytrace=False)
-    return None
-
-
-def free_port(address):
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
-
-
-def wait_listening(address, port, proc, log, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"sshd exited with {proc.returncode}: {log.read_text(errors='replace')[-2000:]}")
-        with contextlib.suppress(OSError), socket.create_connection((address, port), timeout=0.5):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"sshd did not listen on {address}:{port} within {timeout} s")
-
-
-def uid_pids(uid):
-    pids = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            with contextlib.suppress(OSError):
-                if os.stat(f"/proc/{name}").st_uid == uid:
-                    pids.append(int(name))
-    return pids
-
-
-class Sshd:
-    """What the fixture set up: the daemon's address, the user, its key, home and sudo."""
-
-    def __init__(self, root):
-        self.root = root
-        self.address = f"127.0.0.{2 + secrets.randbelow(250)}"
-        self.port = None
-        self.user = "gpuops" + secrets.token_hex(4)
-        self.uid = None
-        self.home = os.path.join(root, "home")
-        self.key = os.path.join(root, "id_ed25519")
-        self.sudoers = f"/etc/sudoers.d/{self.user}"
-        self.python = None
-        self.pylib = os.path.join(root, "pylib")
-        self.proc = None
-        self.log = None
-
-    def vars(self, pipelining):
-        """Inventory variables that reach the node over this sshd as the plain user."""
-        return {
-            "ansible_connection": "ssh", "ansible_host": self.address, "ansible_port": self.port,
-            "ansible_user": self.user, "ansible_ssh_private_key_file": self.key, "ansible_pipelining": pipelining,
-            "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
-            "ansible_ssh_args": f"-o ControlMaster=auto -o ControlPersist=30s -o ControlPath={self.root}/cp-%C",
-        }
-
-    def leftovers(self):
-        """Files the runs left in the user's remote tmp (Ansible removes its own)."""
-        tmp = os.path.join(self.home, ".ansible", "tmp")
-        return sorted(os.listdir(tmp)) if os.path.isdir(tmp) else []
-
-
 @pytest.fixture(scope="module")
 def sshd():
-    if os.geteuid() != 0:
-        pytest.fail("the real-SSH tests need root: they add a user, a sudoers file and start an sshd", pytrace=False)
-    for name in ("sshd", "ssh", "ssh-keygen", "sudo", "visudo", "useradd", "userdel"):
-        tool(name)
-    root = tempfile.mkdtemp(prefix="gpuops-sshd-")
-    os.chmod(root, 0o755)  # the user reaches its home and the interpreter below it
-    s = Sshd(root)
-    added = False
+    """The throwaway sshd of gpusimkit.sshd with a plain user (passwordless sudo), torn down after the module."""
     try:
-        s.python = shared_python()
-        os.makedirs(s.pylib)
-        spec = importlib.util.find_spec("pynvml")
-        if spec and spec.origin:
-            shutil.copy(spec.origin, s.pylib)
-        run([tool("useradd"), "--home-dir", s.home, "--create-home", "--shell", "/bin/sh", "--user-group",
-             "--password", "*", s.user])
-        added = True
-        s.uid = pwd.getpwnam(s.user).pw_uid
-        run([tool("ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-C", s.user, "-f", s.key])
-        run([tool("ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-f", os.path.join(root, "ssh_host_ed25519_key")])
-        shutil.copy(s.key + ".pub", os.path.join(root, "authorized_keys"))
-        sudoers_tmp = os.path.join(root, "sudoers")
-        with open(sudoers_tmp, "w", encoding="utf-8") as f:
-            f.write(f"{s.user} ALL=(ALL:ALL) NOPASSWD: ALL\n")
-        os.chmod(sudoers_tmp, 0o440)
-        run([tool("visudo"), "-c", "-q", "-f", sudoers_tmp])
-        shutil.copy(sudoers_tmp, s.sudoers)
-        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation directory
-        s.port = free_port(s.address)
-        config = os.path.join(root, "sshd_config")
-        with open(config, "w", encoding="utf-8") as f:
-            f.write(f"""ListenAddress {s.address}:{s.port}
-HostKey {root}/ssh_host_ed25519_key
-PidFile {root}/sshd.pid
-AuthorizedKeysFile {root}/authorized_keys
-AllowUsers {s.user}
-PermitRootLogin no
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-MaxStartups 64:30:128
-MaxSessions 64
-Subsystem sftp internal-sftp
-LogLevel VERBOSE
-""")
-        run([SSHD, "-t", "-f", config])
-        s.log = pathlib.Path(root, "sshd.log")
-        with open(s.log, "ab") as logf:
-            s.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", config], stdin=subprocess.DEVNULL, stdout=logf,
-                                      stderr=logf, start_new_session=True)
-        wait_listening(s.address, s.port, s.proc, s.log)
-        yield s
-    finally:
-        _teardown(s, added)
-
-
-def _teardown(s, added):
-    for control in [p for p in os.listdir(s.root) if p.startswith("cp-")]:
-        with contextlib.suppress(Exception):
-            subprocess.run(["ssh", "-O", "exit", "-o", f"ControlPath={os.path.join(s.root, control)}", "x"],
-                           capture_output=True, timeout=10, check=False)
-    if s.proc is not None:
-        s.proc.terminate()
-        try:
-            s.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            s.proc.kill()
-            s.proc.wait()
-    if s.uid is not None:
-        # The user's sessions (sshd's per-connection children run as the user): by pid, this user only.
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            pids = uid_pids(s.uid)
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-            deadline = time.monotonic() + 5
-            while uid_pids(s.uid) and time.monotonic() < deadline:
-                time.sleep(0.05)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(s.sudoers)
-    if added:
-        subprocess.run([tool("userdel"), s.user], capture_output=True, timeout=30, check=False)
-    shutil.rmtree(s.root, ignore_errors=True)
-    problems = []
-    if s.uid is not None and uid_pids(s.uid):
-        problems.append(f"processes of {s.user} left: {uid_pids(s.uid)}")
-    with contextlib.suppress(KeyError):
-        pwd.getpwnam(s.user)
-        problems.append(f"user {s.user} left")
-    if os.path.exists(s.sudoers):
-        problems.append(f"{s.sudoers} left")
-    if problems:
-        pytest.fail("sshd teardown: " + "; ".join(problems), pytrace=False)
+        with throwaway_sshd(plain_user=True) as s:
+            yield s
+    except SshdError as e:
+        pytest.fail(str(e), pytrace=False)
 
 
 # --- the simulator, as the node's software ------------------------------------------------------------
@@ -366,8 +165,16 @@ VOLATILE_KEYS = {"pid", "ppid", "pids", "start_time", "elapsed", "seconds", "pid
                  "timestamp", "uptime", "time", "via"}
 
 
+HOLDER_EVIDENCE = {"context", "device", "control"}
+
+
 def normalize(value):
     if isinstance(value, dict):
+        if value and all(isinstance(k, str) and k.isdigit() for k in value):
+            # holder_processes, keyed by pid: its entries, in an order that does not depend on the pids
+            return sorted((normalize(v) for v in value.values()), key=repr)
+        if set(value) == HOLDER_EVIDENCE:
+            return {k: len(v) for k, v in sorted(value.items())}  # a GPU's holders: pids by evidence, counted
         return {k: normalize(v) for k, v in sorted(value.items()) if k not in VOLATILE_KEYS}
     if isinstance(value, list):
         return [normalize(v) for v in value]
@@ -441,7 +248,7 @@ def test_every_module_over_ssh_with_become_gives_the_local_results(gpusim, colle
         got = json.loads(out.read_text())
         assert got["release"]["released"], f"{connection}: {got['release']}"
         assert any(h.get("container") and h["container"]["id"] == vmid
-                   for g in got["facts"]["ansible_facts"]["gpu_devices"] for h in g["holders"]), connection
+                   for h in got["facts"]["ansible_facts"]["gpu_holder_processes"].values()), connection
         results[connection] = project(got)
     for connection in CONNECTIONS:
         assert first_difference(results["local"], results[connection]) == "", connection
