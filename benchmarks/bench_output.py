@@ -1,4 +1,5 @@
-"""The size of the modules' results: gpu_facts, gpu_release --check and gpu_wait_idle --check at 8, 32 and 64 GPUs.
+"""The size of the modules' results: gpu_facts, gpu_release --check, gpu_wait_idle --check and the fence
+(proxmox_gpu_containers state=released --check) at 8, 32 and 64 GPUs.
 
 ansible-runner (AWX) drops any event over 700,000 characters, so a result larger than that never reaches AWX.
 Per size, one simulated host (tests/gpusim) with that many GPUs and
@@ -11,7 +12,7 @@ Per size, one simulated host (tests/gpusim) with that many GPUs and
 
 Then each module runs as Ansible runs it (tests/functional/modrun.py's run_module: a fresh interpreter and an
 args file): gpu_facts; gpu_release in check mode, scoped to the server's container; gpu_wait_idle in check
-mode. Measured: len(json.dumps(result)) of each, and of its largest keys. Nothing asserts on a size: the
+mode; proxmox_gpu_containers with state=released in check mode, on the server's container. Measured: len(json.dumps(result)) of each, and of its largest keys. Nothing asserts on a size: the
 table says which results fit under the limit.
 
     .venv/bin/python benchmarks/bench_output.py [--smoke] [--sizes 8,32,64] [--others 100] [--vmid-base 7700]
@@ -29,7 +30,7 @@ import modrun  # noqa: E402  pylint: disable=wrong-import-position,import-error
 
 RUNNER_LIMIT = 700000  # ansible-runner's event size limit (characters of the JSON)
 WORKER_MIB = 40960
-MODULES = ("gpu_facts", "gpu_release", "gpu_wait_idle")
+MODULES = ("gpu_facts", "gpu_release", "gpu_wait_idle", "proxmox_gpu_containers")
 
 
 def start_processes(host, gpus, others, vmid_base):
@@ -79,6 +80,9 @@ def run_modules(ws, host, server_ct, dump=None):
         "gpu_facts": ({"device_files": device_files}, False),
         "gpu_release": ({"device_files": device_files, "containers": [server_ct]}, True),
         "gpu_wait_idle": ({"device_files": device_files, "timeout": 5}, True),
+        # the fence in one run: the server's container, its GPUs and the release of its holders
+        "proxmox_gpu_containers": ({"device_files": device_files, "containers": [server_ct], "state": "released",
+                                    "pct": host.path("bin", "pct")}, True),
     }
     out = {}
     for name in MODULES:

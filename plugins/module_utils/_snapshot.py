@@ -284,7 +284,9 @@ def read_warnings(gpus: list) -> list:
 # every /dev/nvidiaN and every NVML client holds nvidiactl, so the same process is on every GPU and a
 # result would grow as GPUs x processes x files (8.5 MB for 64 GPUs, past ansible-runner's 700,000
 # characters per event). A result says each holder once: a GPU's ``holders`` becomes
-# ``{"context": [pids], "device": [pids], "control": [pids]}`` (the pids by their evidence on that GPU)
+# ``{"context": [pids], "device": [pids], "control": [pids], "lingering": [pids]}`` (the pids by their evidence on
+# that GPU; a device holder that keeps nothing busy is under ``lingering``, and the GPU's own ``lingering`` list,
+# the same pids, is left out)
 # and the details of each pid are in one mapping beside the GPUs (``holder_processes`` in a result,
 # ``gpu_holder_processes`` in gpu_facts' ansible_facts), keyed by the pid as a string, with ``gpus``: the
 # GPUs (of the lists compacted together) it holds - a context or the GPU's node there, not only the control
@@ -294,6 +296,7 @@ def read_warnings(gpus: list) -> list:
 # gives the controller's filters the snapshot's form back.
 
 EVIDENCE_KEYS = (_holding.CONTEXT, _holding.DEVICE, _holding.CONTROL)
+LINGERING = "lingering"
 HOLDER_DETAIL_KEYS = ("pid", "name", "cmdline", "user", "uid", "ppid", "start_time", "container", "unit", "protected", "files")
 RESULT_GPU_KEYS = ("gpus_before", "gpus")
 HOLDER_PROCESSES = "holder_processes"
@@ -333,10 +336,14 @@ def compact_gpus(gpus, details: dict) -> list:
         if not isinstance(holders, list):
             out.append(gpu)
             continue
-        refs = {key: [] for key in EVIDENCE_KEYS}
+        refs = {key: [] for key in EVIDENCE_KEYS + (LINGERING,)}
+        linger = set(gpu.get(LINGERING) or [])
         for holder in holders:
             pid = holder.get("pid")
-            refs.setdefault(holder.get("evidence") or _holding.DEVICE, []).append(pid)
+            evidence = holder.get("evidence") or _holding.DEVICE
+            # A device holder that keeps nothing busy is listed once, as lingering (not as device and again in
+            # the GPU's lingering list).
+            refs.setdefault(LINGERING if evidence == _holding.DEVICE and pid in linger else evidence, []).append(pid)
             entry = details.get(_pid_key(pid))
             if entry is None:
                 entry = {k: holder.get(k) for k in HOLDER_DETAIL_KEYS}
@@ -345,7 +352,10 @@ def compact_gpus(gpus, details: dict) -> list:
                 details[_pid_key(pid)] = entry
             if holder.get("evidence") != _holding.CONTROL and gpu.get("index") not in entry["gpus"]:
                 entry["gpus"].append(gpu.get("index"))
-        out.append(dict(gpu, holders=refs))
+        compact = dict(gpu, holders=refs)
+        if LINGERING in gpu and set(refs[LINGERING]) == linger:
+            del compact[LINGERING]  # it is holders.lingering
+        out.append(compact)
     return out
 
 
@@ -392,10 +402,14 @@ def expand_gpus(gpus, details=None) -> list:
             for pid in pids or []:
                 found = details.get(_pid_key(pid)) or details.get(pid) or {}
                 holder = {k: found.get(k) for k in HOLDER_DETAIL_KEYS}
-                holder.update(pid=pid, evidence=evidence, files=files_from_dirs(holder["files"]))
+                holder.update(pid=pid, evidence=_holding.DEVICE if evidence == LINGERING else evidence,
+                              files=files_from_dirs(holder["files"]))
                 holders.append(holder)
         holders.sort(key=lambda h: (not isinstance(h["pid"], int), h["pid"] if isinstance(h["pid"], int) else str(h["pid"])))
-        out.append(dict(gpu, holders=holders))
+        expanded = dict(gpu, holders=holders)
+        if LINGERING not in gpu:
+            expanded[LINGERING] = sorted(refs.get(LINGERING) or [])
+        out.append(expanded)
     return out
 
 

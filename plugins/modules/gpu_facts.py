@@ -313,7 +313,8 @@ ansible_facts:
         holders:
           description:
             - The processes that hold NVIDIA device nodes open, as lists of pids keyed by their evidence on this GPU
-              (V(context), V(device), V(control); see the sample); each one's details (name, command line,
+              (V(context), V(device), V(control), and V(lingering) for the device holders that keep nothing busy; see
+              the sample); each one's details (name, command line,
               user, container, unit, C(files), C(protected)) are once in RV(ansible_facts.gpu_holder_processes), under
               its pid. CUDA opens every C(/dev/nvidiaN) and every NVML client holds C(nvidiactl), so the same process
               is named on many GPUs; its details are never repeated, and the facts of 64 GPUs stay small.
@@ -323,22 +324,18 @@ ansible_facts:
               every GPU).
             - CUDA opens the device node of every GPU it can see, so a V(device) holder keeps a GPU busy only when
               the driver's process list cannot be trusted to be complete (it could not be read, or memory is in use
-              beyond what the listed processes account for); otherwise it is C(lingering). V(control) holders never
-              keep a GPU busy. The rules are in the collection's C(docs/holding-model.md).
+              beyond what the listed processes account for); otherwise it is listed under V(lingering) (and not under
+              V(device)). V(control) holders never keep a GPU busy. The rules are in the collection's
+              C(docs/holding-model.md).
           type: dict
           returned: always
-          sample: {"context": [8812], "device": [8813, 8814], "control": [2210]}
+          sample: {"context": [8812], "device": [], "control": [2210], "lingering": [8813, 8814]}
         blockers:
           description: The pids that keep this GPU busy by the holding model (its contexts, and device holders that count).
           type: list
           elements: int
           returned: always
           sample: [8812]
-        lingering:
-          description: The pids of device holders that do not keep this GPU busy (the driver's list is complete, the memory at baseline).
-          type: list
-          elements: int
-          returned: always
         idle:
           description: Whether the GPU is idle by the definition M(gpuops.gpu.gpu_wait_idle) uses.
           type: bool

@@ -212,7 +212,7 @@ gpus_before:
   description:
     - The selected GPUs as the release found them, before any signal, in the shape of M(gpuops.gpu.gpu_facts)
       C(gpu_devices) (the filter P(gpuops.gpu.gpu_table#filter) renders it, given RV(holder_processes)).
-    - Each GPU's C(holders) are lists of pids keyed by their evidence (V(context), V(device), V(control)), their
+    - Each GPU's C(holders) are lists of pids keyed by their evidence (V(context), V(device), V(control), V(lingering)), their
       details once in RV(holder_processes).
   returned: when the GPUs could be read
   type: list

@@ -75,7 +75,7 @@ def test_each_holder_once_and_the_size_linear(gpusim_factory, collection):
     details = facts["ansible_facts"]["gpu_holder_processes"]
     # A worker holds every GPU's node: named on each GPU, its context on its own, said once with all 16 GPUs.
     g0 = facts["ansible_facts"]["gpu_devices"][0]
-    assert workers[0] in g0["holders"]["context"] and set(workers[1:]) <= set(g0["holders"]["device"])
+    assert workers[0] in g0["holders"]["context"] and set(workers[1:]) <= set(g0["holders"]["lingering"])
     assert details[str(workers[1])]["gpus"] == list(range(GPUS))
     assert details[str(api)]["container"]["id"] == VMID
 

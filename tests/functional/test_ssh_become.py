@@ -165,7 +165,7 @@ VOLATILE_KEYS = {"pid", "ppid", "pids", "start_time", "elapsed", "seconds", "pid
                  "timestamp", "uptime", "time", "via"}
 
 
-HOLDER_EVIDENCE = {"context", "device", "control"}
+HOLDER_EVIDENCE = {"context", "device", "control", "lingering"}
 
 
 def normalize(value):

@@ -92,7 +92,7 @@ def test_round_trip_and_each_pid_once(name, kwargs, count):
     assert text.count('"files"') == len(details)
     # a GPU's holders are pids by evidence; the details say on which GPUs
     for g in result["gpus"]:
-        assert set(g["holders"]) == {"context", "device", "control"}
+        assert set(g["holders"]) == {"context", "device", "control", "lingering"} and "lingering" not in g
         for evidence, pids in g["holders"].items():
             for pid in pids:
                 assert (g["index"] in details[str(pid)]["gpus"]) == (evidence != "control"), (evidence, pid)
@@ -124,8 +124,9 @@ def test_a_pid_in_both_looks_is_once_with_the_gpus_of_both():
     after = [dict(g, holders=[h for h in g["holders"] if h["pid"] == 3000 and g["index"] == 1]) for g in before]
     result = compact_result({"gpus_before": before, "gpus": after})
     assert result["holder_processes"]["3000"]["gpus"] == [0, 1]
-    assert result["gpus"][0]["holders"] == {"context": [], "device": [], "control": []}
-    assert result["gpus"][1]["holders"]["device"] == [3000]
+    assert result["gpus"][0]["holders"] == {"context": [], "device": [], "control": [], "lingering": []}
+    # a CUDA client beside a server keeps no GPU busy: a lingering device holder
+    assert result["gpus"][1]["holders"]["lingering"] == [3000] and result["gpus"][1]["holders"]["device"] == []
 
 
 def test_expand_without_details_and_old_form():
