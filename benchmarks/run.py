@@ -24,8 +24,8 @@ BENCHES = ("scan", "snapshot", "release", "wait", "e2e", "fleet", "output")
 # What a full run adds to each script's defaults: the scan and the snapshot at three machine sizes,
 # the per-task profile of the end-to-end methods (docs/scale.md reasons from it).
 SIZES = "500,2000,5000"
-FULL_ARGS = {"scan": ["--procs", SIZES], "snapshot": ["--idle", SIZES], "e2e": ["--profile-tasks"]}
-# Generous limits, for a hang only: a full run takes about 35 minutes on 2 cores (e2e: 25 of them - two
+FULL_ARGS = {"scan": ["--procs", SIZES], "snapshot": ["--idle", SIZES], "e2e": ["--profile-tasks", "--reps", "3"]}
+# Generous limits, for a hang only: a full run takes about 25 minutes on 2 cores (e2e: 15 of them, 3 repetitions - two
 # connections, local and SSH, times two kinds of GPU bystanders; fleet: 4.5), a smoke run about 2 minutes
 # (e2e: 115 s, local and NVML bystanders only; fleet: 8 s).
 LIMIT_S = {"smoke": 180, "full": 900}
