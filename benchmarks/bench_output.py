@@ -12,8 +12,9 @@ Per size, one simulated host (tests/gpusim) with that many GPUs and
 
 Then each module runs as Ansible runs it (tests/functional/modrun.py's run_module: a fresh interpreter and an
 args file): gpu_facts; gpu_release in check mode, scoped to the server's container; gpu_wait_idle in check
-mode; proxmox_gpu_containers with state=released in check mode, on the server's container. Measured: len(json.dumps(result)) of each, and of its largest keys. Nothing asserts on a size: the
-table says which results fit under the limit.
+mode; proxmox_gpu_containers with state=released in check mode, on the server's container. Measured:
+len(json.dumps(result)) of each, and of its largest keys. Nothing asserts on a size: the table says which
+results fit under the limit.
 
     .venv/bin/python benchmarks/bench_output.py [--smoke] [--sizes 8,32,64] [--others 100] [--vmid-base 7700]
 """

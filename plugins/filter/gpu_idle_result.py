@@ -90,7 +90,7 @@ import signal
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import gpu_blockers, gpu_table
+from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import _gpus, describe, gpu_blockers, gpu_table, holders
 from ansible_collections.gpuops.gpu.plugins.module_utils._redact import cut, redact_text
 
 # --- whether a registered module result is a success (module_outcome), for both roles' filters ------------
@@ -316,6 +316,28 @@ def _process_line(verb: str, proc: dict) -> str:
                + (f": {cmd}" if cmd else ""), SHOWN)
 
 
+def outside_fence(gpus, fence: dict, details=None) -> str:
+    """One sentence per process that keeps the fenced containers' GPUs busy from outside the fence (another
+    container, the node), with its GPUs and its (redacted) command line, and what to do; '' when none."""
+    fenced = {str(v) for v in (fence.get("containers") or [])}
+    if not fenced:
+        return ""
+    found = {}
+    for gpu in _gpus(gpus, details):
+        for h in holders(gpu) if gpu.get("idle") is not True else []:
+            ct = (h.get("container") or {}).get("id")
+            if h.get("pid") is not None and (ct is None or str(ct) not in fenced):
+                found.setdefault(h["pid"], (h, []))[1].append(gpu.get("index"))
+    where = "CT " + ", CT ".join(sorted(fenced, key=lambda v: (len(v), v)))
+    out = []
+    for h, indexes in found.values():
+        cmd = f": {cut(h['cmdline'], 200)}" if h.get("cmdline") else ""
+        out.append(f"{describe(h, mib=False)} holds GPU {', '.join(str(i) for i in indexes)} and is outside the fence"
+                   f" ({where}), so it was not stopped{cmd} - stop it yourself, or fence its container too (a GPU host"
+                   " of its own in the inventory), before the deploy")
+    return "; ".join(out)
+
+
 def process_lines(fence: dict, release: dict) -> list:
     """Each process the fence and the release acted on or met, once: released, survived, respawned."""
     lines, seen = [], set()
@@ -357,6 +379,9 @@ def gpu_idle_result(wait, release=None, fence=None, host="", seen_from="", check
     details = dict(fence.get("holder_processes") or {}, **(release.get("holder_processes") or {}),
                    **(wait.get("holder_processes") or {}))
     blockers = gpu_blockers(after, holder_processes=details) if failure is not None and after is not None else []
+    if failure is not None and failure["module"] == "gpu_wait_idle" and after is not None:
+        outside = outside_fence(after, fence, details)
+        error = f"{error.rstrip('.')}. {outside[0].upper()}{outside[1:]}." if outside else error
     msg = error if error is not None else (wait.get("msg") or "")
     table = gpu_table(after or [], before=before if before is not None and before is not after else None,
                       holder_processes=details,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _pct, _release, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _pct, _release, _snapshot, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import run_in_group
 
 STATES = ("present", "released", "shutdown")
@@ -50,6 +50,17 @@ def describe(vmids) -> str:
 
 def _said(rc, out, err) -> str:
     return (err or out or "").strip()[:300] or f"rc {rc}"
+
+
+def draining_gpus(looked, stopped) -> list:
+    """The GPUs whose process list was complete before the services were stopped (``looked``, a raw look), when
+    one stopped: memory in use there with no listed process right after is theirs, still being freed - the
+    release must not take it for a hidden holder's and signal a device holder with no context (a notebook
+    kernel that imported torch) for it."""
+    if not looked or not any(s.get("rc") == 0 for s in stopped):
+        return []
+    return sorted(g["index"] for g in looked
+                  if not _holding.list_incomplete(g, _snapshot.DEFAULT_MAX_MEMORY_USED_MIB))
 
 
 class Fence:
@@ -261,12 +272,15 @@ class Fence:
         units = self.p["units"]
         self.before = {str(c["vmid"]): dict(status=c["status"], services={u: states[(c["vmid"], u)][0] for u in units}
                                             if c["running"] else {}) for c in containers}
+        releasing = self.p["state"] == "released" and bool(running)
+        # What the GPUs looked like before the services stop (read once: the discovery's look when it had one).
+        looked = self.io.gpus() if releasing and any(a for _s, a in states.values()) else None
         self._stop_services(running, states)
         if self.p["state"] == "shutdown":
             self._shutdown(running)
-        elif self.p["state"] == "released" and running:
+        elif releasing:
             # Never without containers: an empty scope would mean every process of the node.
-            release, failure = self.io.release([c["vmid"] for c in running])
+            release, failure = self.io.release([c["vmid"] for c in running], draining_gpus(looked, res["services_stopped"]))
             res["release"] = release
             if failure is not None:
                 raise failure
@@ -312,23 +326,29 @@ class NodeIO:
         self.diff = diff
         self.warn = release_io.warn
         self.now = release_io.now
+        self._gpus = None
 
     def pct(self, argv, timeout, what):
         return run_in_group([self.pct_path] + list(argv), timeout, what, C_LOCALE)
 
     def gpus(self):
-        """The GPUs (index, uuid, minor_number), or None with a warning when the driver cannot be read."""
+        """The GPUs (index, uuid, minor_number, memory, processes), read once; None with a warning when the driver
+        cannot be read."""
+        if self._gpus is not None:
+            return self._gpus
         try:
-            return self.taker.raw(need_minors=True)["gpus"]
+            self._gpus = self.taker.raw(need_minors=True)["gpus"]
+            return self._gpus
         except _errors.GpuError as exc:
             if self.params["state"] == "released":
                 raise
             self.warn(f"cannot read the GPUs ({exc.msg}): each container's gpus is null (its GPUs cannot be told)")
             return None
 
-    def release(self, vmids: list):
-        """gpu_release's path over the containers' processes: (its result, None) or (the partial result, the error)."""
-        p = dict(self.params, containers=list(vmids), **RELEASE_FIXED)
+    def release(self, vmids: list, draining=()):
+        """gpu_release's path over the containers' processes: (its result, None) or (the partial result, the error).
+        ``draining``: the GPUs whose memory the services just stopped are still freeing (draining_gpus)."""
+        p = dict(self.params, containers=list(vmids), draining_gpus=list(draining), **RELEASE_FIXED)
         try:
             result = _release.run_release(p, _validate.release(p), self.release_io, self.first_signal,
                                           self.check_mode, self.diff)

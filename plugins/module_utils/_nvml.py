@@ -32,7 +32,7 @@ from __future__ import annotations
 import ctypes
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _raw
 
 try:
     import pynvml
@@ -409,7 +409,7 @@ class _GpuReader:
                         f" {self.branch or 'of unknown branch'}; the list is not used")
                     break
                 used = int(info.usedGpuMemory)
-                entry = merged.setdefault(pid, {"pid": pid, "types": [], "used_mib": None})
+                entry = merged.setdefault(pid, _raw.process(pid))
                 entry["types"].append(kind)
                 if used != VALUE_NOT_AVAILABLE:
                     entry["used_mib"] = max(entry["used_mib"] or 0, used // MIB)
@@ -455,16 +455,7 @@ def _running(fn, handle, struct):
 def _gpu(lib, index: int, deadline, pid_max, branch) -> dict:
     handle = pynvml.nvmlDeviceGetHandleByIndex(index)
     r = _GpuReader(lib, index, handle, deadline, pid_max, branch)
-    gpu = {"index": index, "health": {"status": "ok", "detail": None}}
-    for key in ("uuid", "name", "serial", "minor_number", "pci_bus_id", "temperature", "power",
-                "persistence_mode", "compute_mode", "mig_mode"):
-        gpu[key] = None
-    gpu["memory"] = {"total": None, "used": None, "free": None, "reserved": None, "used_includes_reserved": None}
-    gpu["utilization"] = {"gpu": None, "memory": None}
-    gpu["processes"] = []
-    gpu["processes_error"] = None
-    for key in _health.HEALTH_FIELDS:
-        gpu[key] = None
+    gpu = _raw.empty_gpu(index)
     try:
         # Identity first (a lost GPU still answers it), the bus id before anything that may fail.
         gpu["pci_bus_id"] = r.bus_id = r.pci_bus_id()

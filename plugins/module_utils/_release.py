@@ -444,6 +444,10 @@ class Release:
             protected_pids[pid] = "an ancestor of the module (the SSH session, Ansible)"
         selected = {g["index"] for g in before}
         untrusted = untrusted_lists(before, p.get("max_memory_used_mib", _snapshot.DEFAULT_MAX_MEMORY_USED_MIB))
+        for index in p.get("draining_gpus") or ():
+            # Its list was complete before this run stopped the services that held it (the fence): the memory
+            # no listed process accounts for is theirs, still being freed, not a hidden holder's.
+            untrusted.pop(index, None)
         self.scope = _scope.Scope(selected, self.filters, protected_pids, protect=p["protect"], text_of=io.text,
                                   exe_of=io.exe, untrusted=untrusted,
                                   unverified=unverified_pids(before, io.host_namespace()))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _raw
 
 GPU_FIELDS = [
     "index", "uuid", "name", "serial", "pci.bus_id", "memory.total", "memory.used", "memory.free",
@@ -90,37 +90,22 @@ def parse_gpus(out: str, fields=None) -> list:
                              + NVML_HINT)
         row = dict(zip(fields, cells))
         mode = value(row.get("compute_mode"))
-        gpus.append({
-            "index": int(row["index"]),
-            "uuid": value(row["uuid"]),
-            "name": value(row.get("name")),
-            "serial": value(row.get("serial")),
-            "pci_bus_id": value(row.get("pci.bus_id")),
-            "minor_number": None,
-            "memory": {
-                "total": to_int(row.get("memory.total")),
-                "used": to_int(row.get("memory.used")),
-                "free": to_int(row.get("memory.free")),
-                "reserved": to_int(row.get("memory.reserved")),
-                # nvidia-smi reports memory.used without the reserved memory (memory.reserved, R510+); an
-                # nvidia-smi without memory.reserved (before R510) reads NVML's v1 figures, whose used includes it.
-                "used_includes_reserved": (None if to_int(row.get("memory.used")) is None
-                                           else "memory.reserved" not in row),
-            },
-            "utilization": {"gpu": to_int(row.get("utilization.gpu")), "memory": to_int(row.get("utilization.memory"))},
-            "temperature": to_int(row.get("temperature.gpu")),
-            "power": to_float(row.get("power.draw")),
-            "persistence_mode": to_bool_mode(row.get("persistence_mode")),
-            "compute_mode": None if mode is None else _COMPUTE_MODES.get(mode, mode.lower()),
-            "mig_mode": to_bool_mode(row.get("mig.mode.current")),
-            "health": {"status": "ok", "detail": None},
-            "processes": [],
-            "processes_error": None,
-            "unsupported": [],
-            "errors": [],
-            "_driver_version": value(row.get("driver_version")),
-        })
-        gpu = gpus[-1]
+        gpu = _raw.empty_gpu(int(row["index"]))
+        used = to_int(row.get("memory.used"))
+        gpu.update(
+            uuid=value(row["uuid"]), name=value(row.get("name")), serial=value(row.get("serial")),
+            pci_bus_id=value(row.get("pci.bus_id")),
+            memory={"total": to_int(row.get("memory.total")), "used": used, "free": to_int(row.get("memory.free")),
+                    "reserved": to_int(row.get("memory.reserved")),
+                    # nvidia-smi reports memory.used without the reserved memory (memory.reserved, R510+); an
+                    # nvidia-smi without memory.reserved (before R510) reads NVML's v1 figures, whose used includes it.
+                    "used_includes_reserved": None if used is None else "memory.reserved" not in row},
+            utilization={"gpu": to_int(row.get("utilization.gpu")), "memory": to_int(row.get("utilization.memory"))},
+            temperature=to_int(row.get("temperature.gpu")), power=to_float(row.get("power.draw")),
+            persistence_mode=to_bool_mode(row.get("persistence_mode")),
+            compute_mode=None if mode is None else _COMPUTE_MODES.get(mode, mode.lower()),
+            mig_mode=to_bool_mode(row.get("mig.mode.current")), _driver_version=value(row.get("driver_version")))
+        gpus.append(gpu)
         # nvidia-smi prints [N/A] (older: [Not Supported]) for what the GPU or driver cannot give.
         gpu["unsupported"] = [key for key, missing in (
             ("serial", gpu["serial"] is None), ("memory", gpu["memory"]["used"] is None),
@@ -284,7 +269,7 @@ def query(run, executable: str, minor_numbers=None) -> dict:
     for app in parse_apps(out):
         gpu = by_uuid.get(app["gpu_uuid"])
         if gpu is not None:
-            gpu["processes"].append({"pid": app["pid"], "types": ["compute"], "used_mib": app["used_mib"]})
+            gpu["processes"].append(_raw.process(app["pid"], ["compute"], app["used_mib"]))
     driver_version = gpus[0].pop("_driver_version") if gpus else None
     for g in gpus:
         g.pop("_driver_version", None)

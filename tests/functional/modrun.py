@@ -1,5 +1,7 @@
-"""Run a module of this checkout the way Ansible does (a fresh interpreter and an args file), or in
-this process with patched arguments (run_module_in_process, for many runs: the fuzz tests)."""
+"""The one way the tests run what a user runs: a module of this checkout the way Ansible does (a fresh
+interpreter and an args file: run_module, run_module_text, start_module for runs side by side), in this
+process with patched arguments (run_module_in_process, for many runs: the fuzz tests), or a playbook
+(run_playbook: ansible-playbook with this checkout's collection, everything it writes in the test's tmp)."""
 
 import contextlib
 import ctypes
@@ -36,6 +38,52 @@ def run_module_text(host, collection, name, args, prefix=(), check_mode=False, d
         return json.loads(proc.stdout), proc.stdout + proc.stderr
     except ValueError:
         raise AssertionError(f"{name} printed no JSON (rc {proc.returncode}): {proc.stdout[-2000:]} {proc.stderr[-2000:]}") from None
+
+
+def start_module(host, collection, name, args, prefix=(), tag=""):
+    """Start one module as run_module does, without waiting: (the Popen, with stdout and stderr piped as text).
+    ``prefix``: a wrapper argv before the interpreter. Read its result with json.loads(proc.communicate()[0])."""
+    argsfile = os.path.join(host.dir, f"args-{name}{tag}.json")
+    with open(argsfile, "w", encoding="utf-8") as f:
+        json.dump({"ANSIBLE_MODULE_ARGS": dict(args)}, f)
+    argv = list(prefix) + [sys.executable, "-m", f"ansible_collections.gpuops.gpu.plugins.modules.{name}", argsfile]
+    return subprocess.Popen(argv, env=dict(host.env(), PYTHONPATH=collection), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def controller_env(collection, tmp_path, base=None):
+    """ansible-playbook's environment: this checkout's collection, its files in ``tmp_path``, no colours."""
+    env = dict(os.environ if base is None else base, ANSIBLE_COLLECTIONS_PATH=collection, ANSIBLE_FORCE_COLOR="0",
+               ANSIBLE_NOCOLOR="1", ANSIBLE_HOME=str(tmp_path / "ansible-home"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
+               ANSIBLE_REMOTE_TEMP=str(tmp_path / "remote-tmp"), ANSIBLE_RETRY_FILES_ENABLED="0",
+               ANSIBLE_HOST_KEY_CHECKING="0")
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
+    return env
+
+
+def run_playbook(env, tmp_path, playbook, inventory, *args, timeout=240):
+    """(rc, output, seconds) of one ansible-playbook run (``inventory``: a dict, written as JSON in ``tmp_path``;
+    ``env``: controller_env's). Past ``timeout`` its process group is killed and the test fails with what it
+    printed."""
+    import secrets  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    import pytest  # noqa: PLC0415
+
+    path = tmp_path / f"inventory-{secrets.token_hex(3)}.json"
+    path.write_text(json.dumps(inventory))
+    argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), playbook, "-i", str(path), *args]
+    t0 = time.monotonic()
+    with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True) as proc:
+        try:
+            out, _err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _err = proc.communicate()
+            pytest.fail(f"ansible-playbook {playbook} still ran after {timeout} s:\n{out[-4000:]}", pytrace=False)
+    return proc.returncode, out, time.monotonic() - t0
 
 
 def alive(pid):

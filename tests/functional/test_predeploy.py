@@ -6,15 +6,15 @@ Every workload is the simulator's (started by this test); the unreachable node i
 on loopback. vmids from 5129 up (see the fixture vmids) keep clear of the other suites (cgroups under lxc/ are machine-wide).
 """
 
-import json
 import os
 import re
-import subprocess
 import sys
 import time
 
 import pytest
 from gpusimkit import container
+
+import modrun
 
 
 @pytest.fixture
@@ -37,17 +37,8 @@ def inventory(host, gpu_hosts, node_vars=None, extra_nodes=None):
 
 
 def playbook(host, collection, tmp_path, inv, *args, timeout=240):
-    path = tmp_path / "inventory.json"
-    path.write_text(json.dumps(inv))
-    env = dict(host.env(), ANSIBLE_COLLECTIONS_PATH=collection, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1",
-               ANSIBLE_HOME=str(tmp_path / "ansible-home"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
-               ANSIBLE_RETRY_FILES_ENABLED="0", ANSIBLE_HOST_KEY_CHECKING="0")
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
-    argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "gpuops.gpu.predeploy", "-i", str(path),
-            *args]
-    t0 = time.monotonic()
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0
+    return modrun.run_playbook(modrun.controller_env(collection, tmp_path, host.env()), tmp_path, "gpuops.gpu.predeploy",
+                               inv, *args, timeout=timeout)
 
 
 def recap(out, name):
@@ -142,6 +133,10 @@ def test_a_failure_prints_one_small_error(gpusim, collection, tmp_path, vmids):
     fatal = [line for line in out.splitlines() if line.startswith("fatal: ")]
     assert len(fatal) == 1, out[-4000:]
     assert "timed out after 2 s: GPU 0 is used by pid %d" % outsider in fatal[0]
+    # named as outside the fence, with its (redacted) command line and what to do
+    assert f"Pid {outsider} python3 holds GPU 0 and is outside the fence (CT {ct_a}), so it was not stopped:" \
+        " python3 - secret-job.py --token=" in fatal[0], fatal[0]
+    assert "stop it yourself, or fence its container too" in fatal[0]
     assert "GPU 0: pid %d" % outsider in fatal[0]
     assert "hunter2" not in out and "cmdline" not in fatal[0]
     assert len(fatal[0]) < 1500, fatal[0]
@@ -174,3 +169,22 @@ def test_rolling_runs_with_predeploy_serial(gpusim, collection, tmp_path, vmids,
     assert rc == 0, out[-3000:]
     # one batch per host: the wait play starts twice
     assert out.count("PLAY [Fence and wait for each GPU host]") == 2, out[-3000:]
+
+
+def test_a_stopped_container_waits_on_the_gpus_of_its_config_only(gpusim, collection, tmp_path, vmids):
+    """CT A (GPUs 0-1) is stopped; CT B runs a job on GPU 5: the fence has nothing to stop, and the wait
+    covers GPUs 0 and 1 (A's config), not every GPU of the node - B's job neither fails it nor is touched."""
+    ct_a, ct_b = vmids
+    host = gpusim
+    host.ct_create(ct_a, hostname="gpu-ct", gpus="0-1")
+    host.ct_create(ct_b, hostname="other", gpus="5")
+    host.ct_start(ct_b)
+    job = host.hold(gpus=[5], mib=4096, ct=ct_b, name="python3 train.py")
+    inv = inventory(host, {"gpu-ct": {"proxmox_node": "pve", "proxmox_vmid": ct_a, "gpu_idle_timeout": 5}})
+    rc, out, _took = playbook(host, collection, tmp_path, inv, "--limit", "gpu-ct")
+    assert rc == 0, out[-4000:]
+    assert alive(job)
+    # the table of the wait: GPUs 0 and 1 (the config of the stopped container), not GPU 5
+    shown = re.findall(r'"GPU (\d+)  NVIDIA', out)
+    assert sorted(set(shown)) == ["0", "1"], out[-3000:]
+    assert f"skipped CT {ct_a} (stopped)" in out, out[-3000:]

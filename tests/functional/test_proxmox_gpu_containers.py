@@ -239,3 +239,21 @@ def test_a_frozen_container_fails_saying_it_did_not_answer(node, collection):
     assert res["services_stopped"] == [] and "release" not in res
     assert alive(worker)
     assert took < 60, took  # not a timing assertion: a hang would stop at pytest's own limit instead
+
+
+def test_a_notebook_beside_a_stopped_service_is_left_alone(node, collection):
+    """services: [sglang] stops the server first; the driver frees its memory 1.5 s later, so when the release
+    looks the GPUs' memory is in use with no process listed. A notebook kernel in the same container that
+    imported torch (every /dev/nvidiaN of the container open, no context) keeps nothing busy: it must not be
+    signalled for that memory (it was, in make bench's predeploy d0 with CUDA bystanders)."""
+    node.fault(release_lag_ms=1500)
+    worker = node.hold(gpus="0-3", mib=40960, ct=4129, tree=True, service="sglang", respawn=True)
+    # CUDA initialised, no context: every GPU node the container can see, nvidiactl and nvidia-uvm, no memory
+    notebook = node.hold(gpus="none", mib=0, ct=4129, name="python3 -m ipykernel_launcher -f kernel-1.json")
+    res = run(node, collection, containers=[4129], services=["sglang"], state="released", grace_period=5,
+              device_files=[node.dir + "/dev/nvidia*"])
+    assert not res.get("failed"), res.get("msg")
+    assert [(s["unit"], s["rc"]) for s in res["services_stopped"]] == [("sglang", 0)]
+    assert notebook in [int(pid) for pid in res["release"]["holder_processes"]], "the notebook was not seen at all"
+    assert gone(worker) and alive(notebook), res["release"]
+    assert notebook not in [r["pid"] for r in res["release"]["released"]]

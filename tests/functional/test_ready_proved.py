@@ -16,10 +16,9 @@ vmids 8300-8399 (cgroups under lxc/ are machine-wide): 8300 + 2 per test of this
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 
+import modrun
 import pytest
 from test_predeploy import alive, inventory, recap
 
@@ -37,25 +36,18 @@ def run(host, collection, tmp_path, inv, *args, playbook="gpuops.gpu.predeploy",
         timeout=240):
     """ansible-playbook with the custom statistics shown; returns (rc, output, stats, crashes):
     stats is the RUN line of CUSTOM STATS ({} when nothing was published), crashes the injection's log."""
-    path = tmp_path / "inventory.json"
-    path.write_text(json.dumps(inv))
     log = tmp_path / "crashes.log"
-    env = dict(host.env(), ANSIBLE_COLLECTIONS_PATH=collection, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1",
-               ANSIBLE_HOME=str(tmp_path / "ansible-home"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
-               ANSIBLE_REMOTE_TEMP=str(tmp_path / "remote-tmp"), ANSIBLE_RETRY_FILES_ENABLED="0",
-               ANSIBLE_HOST_KEY_CHECKING="0", ANSIBLE_SHOW_CUSTOM_STATS="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
+    env = dict(modrun.controller_env(collection, tmp_path, host.env()), ANSIBLE_SHOW_CUSTOM_STATS="1",
+               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")
     if crash:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (CRASH_DIR, env.get("PYTHONPATH")) if p)
         env.update(GPUOPS_TEST_CRASH=crash, GPUOPS_TEST_CRASH_LOG=str(log))
     env.update(env_extra or {})
-    argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), playbook, "-i", str(path), *args]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    out = proc.stdout + proc.stderr
+    rc, out, _took = modrun.run_playbook(env, tmp_path, playbook, inv, *args, timeout=timeout)
     found = re.findall(r"^\s*RUN: (\{.*\})\s*$", out, re.M)
     stats = json.loads(found[-1]) if found else {}
     crashes = log.read_text().splitlines() if log.exists() else []
-    return proc.returncode, out, stats, crashes
+    return rc, out, stats, crashes
 
 
 def fatal_lines(out, name):

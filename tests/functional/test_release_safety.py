@@ -3,25 +3,17 @@ ancestor of the module that holds a GPU device file itself."""
 
 import json
 import os
-import subprocess
 import sys
 import time
 
-from modrun import alive, run_module
-
-MODULE = "ansible_collections.gpuops.gpu.plugins.modules.gpu_release"
+from modrun import alive, run_module, start_module
 
 
 def test_two_releases_at_once_both_succeed(gpusim, collection, tmp_path):
     workers = [gpusim.hold(gpus=[i], mib=1024) for i in range(8)]
     bystander = gpusim.hold(gpus=[0], mib=16, device_only=True, name="nvidia-persistenced")
-    env = dict(gpusim.env(), PYTHONPATH=collection)
-    procs = []
-    for n in range(2):
-        argsfile = tmp_path / f"args{n}.json"
-        argsfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"device_files": [gpusim.dir + "/dev/nvidia*"], "grace_period": 5}}))
-        procs.append(subprocess.Popen([sys.executable, "-m", MODULE, str(argsfile)], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+    args = {"device_files": [gpusim.dir + "/dev/nvidia*"], "grace_period": 5}
+    procs = [start_module(gpusim, collection, "gpu_release", args, tag=str(n)) for n in range(2)]
     results = []
     for p in procs:
         out, err = p.communicate(timeout=60)
@@ -43,11 +35,8 @@ sys.exit(subprocess.call(sys.argv[2:]))
 
 def test_an_ancestor_holding_a_device_file_is_protected(gpusim, collection, tmp_path):
     worker = gpusim.hold(gpus=[3], mib=2048)
-    argsfile = tmp_path / "args.json"
-    argsfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"device_files": [gpusim.dir + "/dev/nvidia*"], "grace_period": 5}}))
-    env = dict(gpusim.env(), PYTHONPATH=collection)
-    wrapper = subprocess.Popen([sys.executable, "-c", WRAPPER, os.path.join(gpusim.dir, "dev", "nvidia3"),
-                                sys.executable, "-m", MODULE, str(argsfile)], env=env, stdout=subprocess.PIPE, text=True)
+    wrapper = start_module(gpusim, collection, "gpu_release", {"device_files": [gpusim.dir + "/dev/nvidia*"], "grace_period": 5},
+                           prefix=[sys.executable, "-c", WRAPPER, os.path.join(gpusim.dir, "dev", "nvidia3")])
     out, _err = wrapper.communicate(timeout=60)
     res = json.loads(out)
     assert wrapper.returncode == 0 and not res.get("failed"), res

@@ -22,11 +22,10 @@ import os
 import re
 import secrets
 import shlex
-import signal
 import subprocess
 import sys
-import time
 
+import modrun
 import pytest
 from gpusimkit.sshd import SshdError, throwaway_sshd, world_runnable
 
@@ -77,32 +76,14 @@ def sim_python(host, s):
 
 
 def controller_env(collection, tmp_path):
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=collection, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1",
-               ANSIBLE_HOME=str(tmp_path / "ansible-home"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
-               ANSIBLE_RETRY_FILES_ENABLED="0", ANSIBLE_HOST_KEY_CHECKING="0", ANSIBLE_DEPRECATION_WARNINGS="0")
+    env = dict(modrun.controller_env(collection, tmp_path), ANSIBLE_DEPRECATION_WARNINGS="0")
     for name in ("GPUSIM_DIR", "LD_LIBRARY_PATH"):
         env.pop(name, None)  # the modules get the simulator's environment from their interpreter only
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
     return env
 
 
 def ansible_playbook(collection, tmp_path, playbook, inv, *args, timeout=300):
-    """(rc, output, seconds) of one ansible-playbook run; past ``timeout`` its process group is killed
-    and the test fails with what it printed."""
-    tag = secrets.token_hex(3)
-    inv_path = tmp_path / f"inventory-{tag}.json"
-    inv_path.write_text(json.dumps(inv))
-    argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), playbook, "-i", str(inv_path), *args]
-    t0 = time.monotonic()
-    with subprocess.Popen(argv, env=controller_env(collection, tmp_path), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, start_new_session=True) as proc:
-        try:
-            out, _err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _err = proc.communicate()
-            pytest.fail(f"ansible-playbook {playbook} still ran after {timeout} s:\n{out[-4000:]}", pytrace=False)
-    return proc.returncode, out, time.monotonic() - t0
+    return modrun.run_playbook(controller_env(collection, tmp_path), tmp_path, playbook, inv, *args, timeout=timeout)
 
 
 CONNECTIONS = {

@@ -254,3 +254,27 @@ def test_gpu_idle_result_lists_each_process_once():
     assert out["processes"] == [
         "released pid 8812 python3 (CT 129, sglang.service, GPU 0, 1; SIGTERM, gone after 1.25 s): python3 -m sglang.launch_server",
         "RESPAWNED pid 9001 python3 (CT 129, sglang.service, GPU 0, 1): python3 -m sglang.launch_server"]
+
+
+@pytest.mark.parametrize("holder, fenced, expect", [
+    # the server of the fenced container itself: nothing more to say
+    (SERVER, [129], None),
+    # a job of another container, and one on the node: named as outside the fence, with its command line
+    (dict(SERVER, pid=9001, container={"kind": "lxc", "id": 130}, unit=None, cmdline="python3 train.py --token=********"),
+     [129], "Pid 9001 python3 (CT 130) holds GPU 0 and is outside the fence (CT 129), so it was not stopped:"
+            " python3 train.py --token=********"),
+    (dict(SERVER, pid=9002, container=None, unit=None, cmdline="python3 secret-job.py"),
+     [129], "Pid 9002 python3 holds GPU 0 and is outside the fence (CT 129), so it was not stopped: python3 secret-job.py"),
+    # no fence (the role alone): no fence to be outside of
+    (dict(SERVER, pid=9002, container=None), [], None),
+])
+def test_a_holder_outside_the_fence_is_named_as_such(holder, fenced, expect):
+    busy = gpu(0, 2048, False, [holder])
+    wait = dict(WAIT_TIMEOUT, gpus=[busy], msg="timed out after 300 s: GPU 0 is used by pid 9001 (python3)")
+    out = gpu_idle_result(wait, fence={"containers": fenced}, host="gpu-ct")
+    assert out["error"].startswith("timed out after 300 s: GPU 0 is used by pid 9001 (python3)")
+    if expect is None:
+        assert "outside the fence" not in out["error"]
+    else:
+        assert expect in out["error"] and out["error"].endswith("before the deploy."), out["error"]
+        assert out["error"].count("outside the fence") == 1

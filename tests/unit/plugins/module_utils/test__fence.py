@@ -76,8 +76,9 @@ class FakeNode:
     def gpus(self):
         return self._gpus
 
-    def release(self, vmids):
+    def release(self, vmids, draining=()):
         self.released.append(list(vmids))
+        self.draining = list(draining)
         if self.release_failure:
             return {"released": []}, self.release_failure
         return {"changed": True, "released": [{"pid": 4242}]}, None
@@ -230,3 +231,35 @@ def test_diff_says_which_services_stop_and_which_containers_shut_down():
     assert res["diff"]["before"] == {"129": {"status": "running", "services": {"sglang": "active"}},
                                      "131": {"status": "stopped", "services": {}}}
     assert res["diff"]["after"]["129"] == {"status": "stopped", "services": {"sglang": "inactive"}}
+
+
+def raw_gpu(index, used, contexts):
+    return {"index": index, "minor_number": 7 - index, "uuid": f"GPU-{index}", "memory": {"used": used},
+            "processes": [{"pid": pid, "types": ["compute"], "used_mib": mib} for pid, mib in contexts],
+            "processes_error": None}
+
+
+@pytest.mark.parametrize("looked, stopped, expected", [
+    # GPU 0's list accounts for its memory, GPU 1's does not (a hidden holder), GPU 2 is idle
+    ([raw_gpu(0, 40960, [(812, 40960)]), raw_gpu(1, 2048, []), raw_gpu(2, 0, [])], [{"rc": 0}], [0, 2]),
+    # nothing was stopped: nothing is draining
+    ([raw_gpu(0, 40960, [(812, 40960)])], [], []),
+    ([raw_gpu(0, 40960, [(812, 40960)])], [{"rc": None}], []),
+    # no look (the driver could not be read)
+    (None, [{"rc": 0}], []),
+])
+def test_draining_gpus(looked, stopped, expected):
+    assert _fence.draining_gpus(looked, stopped) == expected
+
+
+def test_the_release_after_a_service_stop_knows_which_gpus_are_draining():
+    """The services held GPUs 0 and 1 with contexts that account for their memory: right after the stop the
+    memory is still in use with no process; the release is told so (it must not signal a device holder with
+    no context for it)."""
+    looked = [raw_gpu(i, 40960, [(900 + i, 40960)]) for i in range(2)] + [raw_gpu(2, 4096, [])]
+    node = FakeNode(active={(129, "sglang")}, gpus=[dict(g, minor_number=7 - g["index"]) for g in looked])
+    fence(node, containers=[129], units=["sglang"], state="released").run()
+    assert node.released == [[129]] and node.draining == [0, 1]
+    node = FakeNode(gpus=looked)   # no service stopped: nothing draining
+    fence(node, containers=[129], state="released").run()
+    assert node.draining == []
