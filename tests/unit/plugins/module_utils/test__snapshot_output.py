@@ -164,21 +164,3 @@ def test_sizes_grow_linearly_not_as_gpus_times_processes():
     assert large / small < 3.0 and larger / large < 3.0, (small, large, larger)
     assert large_full / small_full > 4 and larger_full / large_full > 4, (small_full, large_full, larger_full)
     assert larger < larger_full / 10
-
-
-def test_the_filters_read_the_compact_form():
-    """gpu_table, gpu_blockers and gpu_report_rows name a device-file holder that keeps a GPU busy from
-    holder_processes, as they named it from the snapshot's form."""
-    from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import gpu_blockers, gpu_report_rows, gpu_table
-
-    gpus = host(2, cuda=1)
-    # GPU 1's process list could not be read: its device holders keep it busy (blockers)
-    gpus[1] = dict(gpus[1], idle=False, blockers=[1000 + 2, 3000])
-    result = json.loads(json.dumps(compact_result({"gpus": gpus})))
-    details = result["holder_processes"]
-    assert gpu_blockers(result["gpus"], holder_processes=details) == gpu_blockers(gpus)
-    assert "pid 3000 cuda-client (device file)" in gpu_blockers(gpus)[-1]
-    assert gpu_table(result["gpus"], before=result["gpus"], holder_processes=details) == gpu_table(gpus, before=gpus)
-    assert gpu_report_rows(result["gpus"], "h", holder_processes=details) == gpu_report_rows(gpus, "h")
-    # without the details: the pid, and that it is a device file
-    assert "pid 3000 ? (device file)" in gpu_blockers(result["gpus"])[-1]
