@@ -66,7 +66,7 @@ class ActionModule(ActionBase):
                 first_look, first_details = res["gpus_before"], res.get("holder_processes") or {}
             elif "gpus_before" not in res and first_look is not None:
                 res["gpus_before"] = first_look
-                res["holder_processes"] = dict(first_details, **(res.get("holder_processes") or {}))
+                res["holder_processes"] = {**first_details, **(res.get("holder_processes") or {})}
             if not res.get("pending"):
                 for key in ("pending", "progress", "progress_state"):
                     res.pop(key, None)

@@ -376,8 +376,9 @@ def gpu_idle_result(wait, release=None, fence=None, host="", seen_from="", check
     gpus = after if after is not None else (before or [])
     # What holds the GPUs, from the last look that was taken (never the snapshot before the release).
     # The device-file holders' details, each once (_snapshot.compact_result): the latest look's win.
-    details = dict(fence.get("holder_processes") or {}, **(release.get("holder_processes") or {}),
-                   **(wait.get("holder_processes") or {}))
+    details = {}
+    for look in (fence, release, wait):
+        details.update(look.get("holder_processes") or {})
     blockers = gpu_blockers(after, holder_processes=details) if failure is not None and after is not None else []
     if failure is not None and failure["module"] == "gpu_wait_idle" and after is not None:
         outside = outside_fence(after, fence, details)

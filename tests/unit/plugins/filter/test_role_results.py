@@ -278,3 +278,12 @@ def test_a_holder_outside_the_fence_is_named_as_such(holder, fenced, expect):
     else:
         assert expect in out["error"] and out["error"].endswith("before the deploy."), out["error"]
         assert out["error"].count("outside the fence") == 1
+
+
+def test_the_holders_of_every_look_are_read_once_each():
+    """The release's and the wait's holder_processes name the same pids (a lingering holder seen by both)."""
+    same = {"4242": {"pid": 4242, "name": "python3", "gpus": [0]}}
+    release = {"released": [], "survivors": [], "gpus_before": [BUSY], "gpus": [BUSY], "holder_processes": same}
+    out = gpu_idle_result(dict(WAIT_OK, holder_processes=dict(same)), release=release,
+                          fence={"holder_processes": dict(same)})
+    assert out["ready"] is True and out["error"] is None
