@@ -55,8 +55,7 @@ def controller_env(collection, tmp_path, base=None):
     """ansible-playbook's environment: this checkout's collection, its files in ``tmp_path``, no colours."""
     env = dict(os.environ if base is None else base, ANSIBLE_COLLECTIONS_PATH=collection, ANSIBLE_FORCE_COLOR="0",
                ANSIBLE_NOCOLOR="1", ANSIBLE_HOME=str(tmp_path / "ansible-home"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
-               ANSIBLE_REMOTE_TEMP=str(tmp_path / "remote-tmp"), ANSIBLE_RETRY_FILES_ENABLED="0",
-               ANSIBLE_HOST_KEY_CHECKING="0")
+               ANSIBLE_RETRY_FILES_ENABLED="0", ANSIBLE_HOST_KEY_CHECKING="0")
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
     return env
 

@@ -38,7 +38,7 @@ def run(host, collection, tmp_path, inv, *args, playbook="gpuops.gpu.predeploy",
     stats is the RUN line of CUSTOM STATS ({} when nothing was published), crashes the injection's log."""
     log = tmp_path / "crashes.log"
     env = dict(modrun.controller_env(collection, tmp_path, host.env()), ANSIBLE_SHOW_CUSTOM_STATS="1",
-               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")
+               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default", ANSIBLE_REMOTE_TEMP=str(tmp_path / "remote-tmp"))
     if crash:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (CRASH_DIR, env.get("PYTHONPATH")) if p)
         env.update(GPUOPS_TEST_CRASH=crash, GPUOPS_TEST_CRASH_LOG=str(log))
