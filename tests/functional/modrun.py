@@ -106,6 +106,28 @@ def gone(pid, timeout=10.0):
     return False
 
 
+def wait_for(predicate, timeout=10.0):
+    """Whether ``predicate()`` comes true within ``timeout`` seconds (polled every 0.05 s)."""
+    import time  # noqa: PLC0415
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def warnings(res):
+    """A module result's warnings as text (ansible-core 2.19+ returns WarningSummary dicts around an Event)."""
+    out = []
+    for w in res.get("warnings", []):
+        while isinstance(w, dict):
+            w = w.get("event") or w.get("msg") or w.get("message")
+        out.append(w or "")
+    return out
+
+
 def run_module_in_process(host, collection, name, args, check_mode=False):
     """Run one module in this process (as ansible-core's own testing helper does): patched
     arguments, the host's environment, stdout captured, SystemExit caught.

@@ -17,7 +17,7 @@ import subprocess
 import time
 
 import pytest
-from modrun import alive, gone, run_module
+from modrun import alive, gone, run_module, wait_for, warnings
 
 from gpusimkit import proctools
 
@@ -28,25 +28,6 @@ def release(host, collection, **args):
     args.setdefault("device_files", [host.dir + "/dev/nvidia*"])
     args.setdefault("grace_period", 5)
     return run_module(host, collection, "gpu_release", args)
-
-
-def warnings(res):
-    """Module warnings as text (ansible-core 2.19+ returns WarningSummary dicts around an Event)."""
-    out = []
-    for w in res.get("warnings", []):
-        while isinstance(w, dict):
-            w = w.get("event") or w.get("msg") or w.get("message")
-        out.append(w or "")
-    return out
-
-
-def wait_for(predicate, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def state(pid):

@@ -1,19 +1,9 @@
 """gpu_facts inside a Proxmox container, over both PID modes of the driver (issue: inside a container
 it says what it cannot see). The container is made of real namespaces; the module runs in it via pct exec."""
 
-from modrun import run_module
+from modrun import run_module, warnings
 
 VMID = 9300
-
-
-def warnings(res):
-    """Module warnings as text (ansible-core 2.19+ returns WarningSummary dicts around an Event)."""
-    out = []
-    for w in res.get("warnings", []):
-        while isinstance(w, dict):
-            w = w.get("event") or w.get("msg") or w.get("message")
-        out.append(w or "")
-    return out
 
 
 def facts_in_ct(host, collection):

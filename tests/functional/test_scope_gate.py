@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-from modrun import alive, run_module
+from modrun import alive, run_module, wait_for
 
 from gpusimkit import proctools
 
@@ -23,15 +23,6 @@ def release(host, collection, **args):
     args.setdefault("device_files", devices(host))
     args.setdefault("grace_period", 5)
     return run_module(host, collection, "gpu_release", args)
-
-
-def wait_for(predicate, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def pids_of(entries):
