@@ -130,13 +130,13 @@ class Fence:
         with ThreadPoolExecutor(max_workers=max(1, min(CONFIG_WORKERS, len(jobs)))) as pool:
             read_configs = dict(zip(jobs, pool.map(read, jobs)))
         configs = {}
-        for vmid, running in jobs:
-            if running or (vmid, True) not in read_configs:
-                config = read_configs[(vmid, running)]
-                if running:
-                    self._pending(vmid, config, read_configs[(vmid, False)])
-                if selected or config["passthrough"]:
-                    configs[vmid] = config
+        for vmid in wanted:
+            running = listed[vmid]["status"] == "running"
+            config = read_configs[(vmid, running)]
+            if running:
+                self._pending(vmid, config, read_configs[(vmid, False)])
+            if selected or config["passthrough"]:
+                configs[vmid] = config
         return self._rows(listed, configs)
 
     def _pending(self, vmid, current, pending) -> None:
