@@ -148,11 +148,13 @@ PLAYBOOK_C = """\
       gpuops.gpu.gpu_release:
         containers: [{vmid}]
         device_files: "{{{{ gpuops_device_files }}}}"
+      register: release
 
     - name: Wait until all {gpus} GPUs are free
       gpuops.gpu.gpu_wait_idle:
         expected_count: {gpus}
         device_files: "{{{{ gpuops_device_files }}}}"
+        quiet_since: "{{{{ release.quiet_since }}}}"
 """
 
 SEED_SCRIPT = """\

@@ -60,7 +60,8 @@ _value:
       containers runs, the GPUs of their configs; null for every GPU),
       C(services_stopped) (C({vmid, unit})), C(released), C(respawned) and C(stopped_units) (from
       M(gpuops.gpu.gpu_release)), C(shut_down) (vmids), C(gpus_before) (the GPUs before the release),
-      C(holder_processes) (their device-file holders' details, each once), C(changed),
+      C(holder_processes) (their device-file holders' details, each once), C(quiet_since) (the release's, for
+      O(gpuops.gpu.gpu_wait_idle#module:quiet_since) of the wait that follows on the node; null when none), C(changed),
       C(check_mode), C(error) (null, or what failed and, for a crash, what to do), C(failure) (null, or
       C({module, kind}), the kinds of P(gpuops.gpu.gpu_idle_result#filter)), C(summary) (one line) and C(stats) (for
       C(set_stats), with C(error) and C(failure)).
@@ -157,7 +158,8 @@ def proxmox_fence_result(containers, release=None, method="processes", check_mod
     return dict(method=method, containers=running, skipped=list(containers.get("skipped_containers") or []), gpus=per_ct,
                 container_gpus=union, services_stopped=services, released=released, respawned=respawned,
                 stopped_units=units, shut_down=shut_down, gpus_before=release.get("gpus_before"),
-                holder_processes=release.get("holder_processes") or {}, changed=changed,
+                holder_processes=release.get("holder_processes") or {}, quiet_since=release.get("quiet_since"),
+                changed=changed,
                 check_mode=in_check, error=error, failure=stats["failure"], summary=summary, stats=stats)
 
 

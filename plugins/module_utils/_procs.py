@@ -182,6 +182,13 @@ def _read(path: str, mode: str = "r"):
         return None
 
 
+def boot_id(proc: str = "/proc"):
+    """This boot's id (the kernel's, the same in its containers), or None: CLOCK_MONOTONIC (time.monotonic)
+    counts from this boot, so two readings of it compare only under the same boot id."""
+    text = _read(f"{proc}/sys/kernel/random/boot_id")
+    return text.strip() if text else None
+
+
 def read_identity(pid: int, proc: str = "/proc"):
     """(pid, starttime) of a live process, or None when it is gone or a zombie.
 

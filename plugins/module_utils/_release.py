@@ -408,6 +408,10 @@ class HostIO:
         return time.monotonic()
 
     @staticmethod
+    def boot_id():
+        return _procs.boot_id()
+
+    @staticmethod
     def ticks_now():
         """Now on the clock of /proc/<pid>/stat's start time (clock ticks since boot)."""
         return time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK")
@@ -433,6 +437,7 @@ class Release:
         self.plan_units = []
         self.failure = ""
         self.warnings = []
+        self.quiet_from = None  # io.now() when a holder of the selected GPUs was last seen (quiet_since)
 
     # --- before anything is signalled ---------------------------------------------------------------
     def plan(self, all_gpus: list, before: list) -> str:
@@ -509,6 +514,7 @@ class Release:
     def check_mode_result(self, diff: bool) -> dict:
         res = self.result
         res["gpus"] = res["gpus_before"]
+        res["quiet_since"] = None
         res["stopped_units"] = [dict(e, rc=None, seconds=None) for e in self.plan_units]
         res["released"] = [report(t, signals=[], seconds=None) for t in self.scope.targets]
         if diff:
@@ -559,6 +565,8 @@ class Release:
             alive = io.wait_gone(alive, p["kill_timeout"])
         for target in pinned:
             gone_at = target.gone_at
+            if gone_at is not None and target not in alive:
+                self.quiet_from = max(gone_at, self.quiet_from or gone_at)
             entry = report(target.info, signals=target.signals,
                            seconds=round(gone_at - self.t0, 3) if gone_at is not None else None)
             if target in alive:
@@ -634,6 +642,7 @@ class Release:
         after = self._watch(first_signal, groups, t0_ticks, supervised)
         res["changed"] = sent_any or bool(stopped)
         res["gpus"] = after
+        res["quiet_since"] = self._quiet_since(after)
         if after is not None and diff:
             res["diff"] = {"before": holder_lines(res["gpus_before"]), "after": holder_lines(after)}
         self._judge_outcome(first_signal)
@@ -661,6 +670,16 @@ class Release:
             return groups[(proc.get("session"), proc.get("pgrp"))], None
         return None, supervisor_text(first_old)
 
+    def _quiet_since(self, after):
+        """What gpu_wait_idle's ``quiet_since`` takes: since when (io.now(), CLOCK_MONOTONIC) this release saw no
+        holder of the selected GPUs - the last target gone, the last context or change of the device-node holders
+        its watch saw - on which GPUs, and the device-node holders (no context) there all along; None when the
+        watch ended with a context, a new holder, or no look at all."""
+        if after is None or self.result["respawned"] or any(g.get("processes") for g in after):
+            return None
+        return {"clock": round(max(self.t0, self.quiet_from or self.t0), 6), "boot_id": self.io.boot_id(),
+                "gpus": sorted(self.scope.selected), "device_holders": sorted(device_holders(after))}
+
     def _watch(self, first_signal: int, groups: dict, t0_ticks, supervised):
         """After the signals: children that appeared below a signalled target are released through the
         gate; every other new holder of a selected GPU is reported (respawned), never signalled."""
@@ -668,12 +687,17 @@ class Release:
         watch_until = io.now() + (RESPAWN_WATCH_S if supervised else NEWCOMER_WATCH_S)
         after = None
         selected = self.scope.selected
+        device = device_holders(res["gpus_before"])
         while True:
             try:
                 after_all = io.snapshot(p["include_device_holders"])
                 after = [g for g in after_all if g["index"] in selected]
             except _errors.GpuError:
                 return None
+            now_device = device_holders(after)
+            if now_device != device or any(g.get("processes") for g in after):
+                self.quiet_from = io.now()  # a context, or a device-node holder came or went: quiet from here
+            device = now_device
             new, _invisible = _holding.release_candidates(after_all, selected, p["include_device_holders"], p["pids"])
             contexts = _holding.context_gpus(after_all)
             forked = []
@@ -737,6 +761,15 @@ class Release:
                             " (not signalled: a supervisor restarted them or they are new): "
                             + "; ".join(r["advice"] for r in in_scope))
         self.failure = " ".join(problems)
+
+
+def device_holders(gpus) -> set:
+    """{(pid, start_time)} of the processes that hold a device node of ``gpus`` with no context there."""
+    out = set()
+    for g in gpus or ():
+        listed = {p["pid"] for p in g.get("processes") or ()}
+        out |= {(h["pid"], h.get("start_time")) for h in g.get("holders") or () if h["pid"] not in listed}
+    return out
 
 
 def supervisor_text(proc) -> str:

@@ -349,6 +349,14 @@ def wait(params: dict) -> None:
     if settle > timeout:
         _fail("settle", f"settle ({settle:g} s) must not be above timeout ({timeout:g} s)")
     expected_count(params)
+    quiet = params.get("quiet_since")
+    if quiet:
+        number("quiet_since.clock", quiet["clock"], high=float("inf"))
+        for holder in quiet.get("device_holders") or ():
+            if not (isinstance(holder, (list, tuple)) and len(holder) == 2 and all(
+                    (x is None and i) or (isinstance(x, int) and not isinstance(x, bool)) for i, x in enumerate(holder))):
+                _fail("quiet_since", f"quiet_since.device_holders: {holder!r} is not [pid, start time] (integers); pass"
+                                     " the quiet_since of a gpu_release result as it is")
     if params.get("leak_after") is not None:
         number("leak_after", params["leak_after"], above_low=True)
     if params.get("progress_slice") is not None:

@@ -39,7 +39,7 @@ def holders_of(gpu: dict) -> list:
 
 def new_state() -> dict:
     return {"polls": 0, "full_scans": 0, "last_holder_at": None, "samples": {}, "known_holders": {},
-            "last_full_scan_at": None, "first": True}
+            "last_full_scan_at": None, "first": True, "device_seen": {}, "credited": False, "last_poll_at": None}
 
 
 def record_sample(state: dict, t: float, gpu: dict, holders: int) -> None:
@@ -298,14 +298,30 @@ def _full_scan(state: dict, now: float, gpus: list) -> None:
                 entry[2].append(g["index"])
 
 
-def _still_blocking(entry: list, gpus: list, alive) -> bool:
-    """Between full scans: a device-node holder with no context blocks only while it lives and one of the
-    GPUs it blocked is still busy by what this poll reads (memory, the driver's list). Once the memory
+def _still_blocking(entry: list, gpus: list) -> bool:
+    """Between full scans: a device-node holder with no context (alive: step checks) blocks only while one of
+    the GPUs it blocked is still busy by what this poll reads (memory, the driver's list). Once the memory
     is back, it holds nothing the next server needs: it lingers, and the wait does not follow it."""
-    if not alive(entry[0], entry[1]):
-        return False
     on = set(entry[2]) if len(entry) > 2 else None
     return any(not g["idle"] for g in gpus if on is None or g["index"] in on)
+
+
+def _appeared(state: dict, gpus: list) -> bool:
+    """Whether this poll sees a holder that the settle clock counts from: a context (the driver lists it), or a
+    device-node holder with no context not seen before (by this wait, or by the release that handed it its quiet
+    time). One that has been there all along while the memory is freed is not new: were it the memory's owner,
+    the memory would not be freed while it lives; its leaving counts (step's ``left``)."""
+    seen = state.setdefault("device_seen", {})
+    found = False
+    for g in gpus:
+        listed = {p["pid"] for p in g.get("processes") or []}
+        for h in holders_of(g):
+            if h["pid"] in listed:
+                found = True
+            elif seen.get(str(h["pid"]), False) != h.get("start_time"):
+                seen[str(h["pid"])] = h.get("start_time")
+                found = True
+    return found
 
 
 def step(state: dict, now: float, snapshot, alive, settle: float, full_scan_every: float):
@@ -315,7 +331,11 @@ def step(state: dict, now: float, snapshot, alive, settle: float, full_scan_ever
     the device-file scan is skipped (holders empty), so the device-file holders found by the last
     full scan are followed with ``alive(pid, start_time) -> bool`` instead.
     The first poll counts as the moment a holder left: the wait never returns before ``settle``
-    seconds of watching, so a supervisor that restarts the server just after a release is caught.
+    seconds of watching, so a supervisor that restarts the server just after a release is caught -
+    unless the release that ran just before handed over its quiet time (``credit``: the state's
+    ``last_holder_at`` is then when that release last saw a holder, and ``credited`` is set).
+    The clock restarts at a poll that sees a context, a device-node holder not seen before, or a
+    device-node holder that was blocking and is gone.
     Raises GpuLost at once for a GPU that fell off the bus.
     """
     state["polls"] += 1
@@ -323,12 +343,19 @@ def step(state: dict, now: float, snapshot, alive, settle: float, full_scan_ever
     full = first or now - state["last_full_scan_at"] >= full_scan_every
     gpus = snapshot(full)
     _check_lost(gpus)
+    before = state["known_holders"]
     if full:
         _full_scan(state, now, gpus)
+        left = any(k not in state["known_holders"] and not alive(v[0], v[1]) for k, v in before.items())
     else:
-        state["known_holders"] = {k: v for k, v in state["known_holders"].items() if _still_blocking(v, gpus, alive)}
-    if first or state["known_holders"] or any(holders_of(g) for g in gpus):
+        living = {k: v for k, v in before.items() if alive(v[0], v[1])}
+        left = len(living) < len(before)
+        state["known_holders"] = {k: v for k, v in living.items() if _still_blocking(v, gpus)}
+    if left:  # last seen at the poll before this one, as a context holder's last poll counts
+        state["last_holder_at"] = now if state.get("last_poll_at") is None else state["last_poll_at"]
+    if (first and not state.get("credited")) or _appeared(state, gpus):
         state["last_holder_at"] = now
+    state["last_poll_at"] = now
     for g in gpus:
         record_sample(state, now, g, len(memory_holders(g)))
     idle = all(g["idle"] for g in gpus) and not state["known_holders"]
@@ -575,6 +602,10 @@ class HostIO:
         return time.monotonic()
 
     @staticmethod
+    def boot_id():
+        return _procs.boot_id()
+
+    @staticmethod
     def sleep(seconds: float) -> None:
         time.sleep(seconds)
 
@@ -643,12 +674,28 @@ class Wait:
         if not self.carried and self.p["delay"] and not self.check_mode:
             self.io.sleep(self.p["delay"])  # before the first look; not counted in timeout, as in wait_for
         self.t0 = self.io.now()
+        if not self.carried and not self.check_mode:
+            self._credit()
         try:
             return self._look() if self.check_mode else self._poll()
         except _errors.GpuError as exc:
             out = exc.result()
             out.update({k: v for k, v in self.result.items() if k != "changed"})
             return False, out
+
+    def _credit(self) -> None:
+        """Count the settle window from the moment the release that ran just before last saw a holder
+        (``quiet_since``, gpu_release's result), not from the first poll - not when there is none, it comes
+        from another boot (another clock) or from the future, or it did not watch every GPU this wait selects
+        (known after the first poll: _poll checks it)."""
+        quiet = self.p.get("quiet_since") or None
+        if not quiet or quiet.get("boot_id") != self.io.boot_id():
+            return
+        since = float(quiet["clock"])
+        if since > self.t0:
+            return
+        self.state.update(credited=True, last_holder_at=since - self.t0,
+                          device_seen={str(pid): start for pid, start in quiet.get("device_holders") or ()})
 
     # --- check mode: one look (with reset_leaked, memory held with no process watched until it is told apart) ---
     def _look(self):
@@ -689,6 +736,11 @@ class Wait:
         confirmed = {}
         while True:
             done, gpus = step(state, self.elapsed(), io.snapshot, io.alive, p["settle"], FULL_SCAN_EVERY)
+            if state["credited"] and state["polls"] == 1 and not {g["index"] for g in gpus} <= set(
+                    p["quiet_since"].get("gpus") or ()):
+                # The release did not watch every GPU this wait selects: its quiet time says nothing of the others.
+                state.update(credited=False, last_holder_at=self.elapsed())
+                done = False
             if p["reset_leaked"]:
                 if not done:
                     self.reset_leaked(gpus, self.elapsed())
@@ -702,7 +754,8 @@ class Wait:
             if not self.carried and "gpus_before" not in result:
                 result["gpus_before"] = gpus  # what the wait started from (later slices: the action plugin keeps it)
             result.update(polls=state["polls"], samples=state["samples"], gpus=gpus,
-                          idle_gpus=[g["index"] for g in gpus if g["idle"]])
+                          idle_gpus=[g["index"] for g in gpus if g["idle"]],
+                          settle_from="release" if state.get("credited") and state["last_holder_at"] < 0 else "wait")
             if done:
                 return self._confirmed(gpus, confirmed.get("job") if confirmed.get("at") == scan_at else None)
             elapsed = self.elapsed()

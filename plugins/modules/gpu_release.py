@@ -164,6 +164,17 @@ released:
     - {"pid": 8812, "name": "python3", "cmdline": "python3 -m sglang.launch_server", "user": "root",
        "container": {"kind": "lxc", "id": 129, "pid_in_container": 245}, "gpus": [0], "via": null,
        "signals": ["SIGTERM"], "seconds": 0.21}
+quiet_since:
+  description:
+    - Since when this release saw no holder of the selected GPUs - its last target gone, the last holder its watch for
+      newcomers saw - for O(gpuops.gpu.gpu_wait_idle#module:quiet_since) of the wait that follows on this host, so that
+      its settle window counts from then. C(clock) is in seconds of C(CLOCK_MONOTONIC), from the boot C(boot_id);
+      C(gpus) the GPUs watched; C(device_holders) the C([pid, start time]) of the processes that held a device node of
+      them with no context, all along.
+    - Null in check mode, and when the watch ended with a context on a selected GPU or a new holder.
+  returned: always
+  type: dict
+  sample: {"clock": 18254.031, "boot_id": "6f2b0c1e-0f4e-4d59-9d7b-3c1a2b4e5f60", "gpus": [0, 1], "device_holders": [[4711, 81234]]}
 survivors:
   description: Processes still alive after SIGKILL and O(kill_timeout) (or after O(grace_period) without O(escalate)).
   returned: always

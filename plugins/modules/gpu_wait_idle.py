@@ -20,7 +20,11 @@ description:
   - The settle clock starts when the last holder disappears, not when the memory is freed, so a driver that
     frees memory 1.5 s after the exit costs no extra time; a holder that appears within the window (a
     supervisor restarting the server) restarts the clock. The first look counts as a holder leaving, so the
-    wait always watches for at least O(settle) seconds.
+    wait always watches for at least O(settle) seconds - unless O(quiet_since) hands over the time the release
+    just before watched.
+  - A process that holds a GPU's device node with no context (a notebook kernel that imported torch) keeps the GPU
+    busy only while the GPU's memory is in use, and restarts the settle clock when it appears or leaves - not at
+    every look while it stays, since the memory could not be freed while it lives if it were the memory's owner.
   - A selected GPU lost from the bus, or a GPU count other than O(expected_count), fails the task at once. A GPU
     that is not selected never fails the wait - lost or failing; with O(backend=nvidia-smi), C(nvidia-smi) is
     asked about the selected GPUs only (from the first look when O(gpus) are indices and O(expected_count) is
@@ -93,6 +97,39 @@ options:
       - From 0 to 86400, and not above O(timeout).
     type: float
     default: 1.0
+  quiet_since:
+    description:
+      - The RV(gpuops.gpu.gpu_release#module:quiet_since) of the M(gpuops.gpu.gpu_release) that ran just before
+        on this host (register it and pass C(release.quiet_since)); M(gpuops.gpu.proxmox_gpu_containers) returns it
+        in C(release). The settle window then counts from the moment that release last saw a holder of its GPUs (its
+        last target gone, the last holder its watch saw), not from this wait's first look - the release watched
+        meanwhile, and any holder that came since is seen at the first look (a full device-file scan), which then
+        restarts the clock.
+      - Used only when it comes from this boot (its C(boot_id)), is not in the future, and its C(gpus) include every
+        GPU this wait selects; otherwise, and when it is null (a release in check mode, one that ended with a
+        holder), the first look counts as a holder leaving. RV(settle_from) says where the window counted from.
+    type: dict
+    suboptions:
+      clock:
+        description: When the release last saw a holder, in seconds of C(CLOCK_MONOTONIC) (Python's C(time.monotonic())).
+        type: float
+        required: true
+      boot_id:
+        description: The boot the clock counts from (C(/proc/sys/kernel/random/boot_id)).
+        type: str
+        required: true
+      gpus:
+        description: The indexes of the GPUs the release watched.
+        type: list
+        elements: int
+        required: true
+      device_holders:
+        description:
+          - The C([pid, start time]) of each process that the release saw holding a device node of those GPUs with
+            no context, all along its watch - not new to this wait.
+        type: list
+        elements: raw
+        default: []
   msg:
     description: A message to put before the diagnosis when the wait times out.
     type: str
@@ -181,6 +218,13 @@ elapsed:
   returned: always
   type: float
   sample: 1.52
+settle_from:
+  description:
+    - Where the settle window counted from - V(release), the moment the release of O(quiet_since) last saw a holder,
+      or V(wait), a look of this wait (the first, or the last that saw a holder).
+  returned: when not in check mode
+  type: str
+  sample: release
 polls:
   description: How many times the GPUs were looked at.
   returned: always
@@ -283,6 +327,12 @@ ARGUMENT_SPEC.update(
     delay=dict(type="float", default=0.0),
     sleep=dict(type="float", default=0.5),
     settle=dict(type="float", default=1.0),
+    quiet_since=dict(type="dict", options=dict(
+        clock=dict(type="float", required=True),
+        boot_id=dict(type="str", required=True),
+        gpus=dict(type="list", elements="int", required=True),
+        device_holders=dict(type="list", elements="raw", default=[]),
+    )),
     msg=dict(type="str"),
     confirm_with_nvidia_smi=dict(type="bool"),
     leak_after=dict(type="float", default=_wait.LEAK_AFTER),

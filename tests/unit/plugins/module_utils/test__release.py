@@ -41,6 +41,7 @@ class FakeTarget:
         self.host.signalled.append((self.pid, sig))
         if sig in self.host.dies_on.get(self.pid, (SIGTERM, SIGKILL)):
             self.host.exit(self.pid)
+            self.gone_at = self.host.now()
         return True
 
     def close(self):
@@ -115,6 +116,9 @@ class FakeHost:
 
     def ticks_now(self):
         return 5000
+
+    def boot_id(self):
+        return "boot-1"
 
     def ticks_per_s(self):
         return 100
@@ -469,3 +473,37 @@ def test_cgroup_frozen(tmp_path, name, cgroup, files, frozen):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     assert _release.cgroup_frozen(42, proc=str(tmp_path / "proc"), sys_cgroup=str(tmp_path / "sys")) is frozen
+
+
+def test_quiet_since_is_when_the_last_target_went_and_the_watch_saw_no_holder():
+    # gpu_wait_idle's settle window counts from it (quiet_since): the release watched the GPUs since then.
+    host = FakeHost([proc(100, session=100), proc(101, ppid=100, session=100)], {101: [0, 1]})
+    release, res = run(host, containers=[129])
+    gone = [r["seconds"] for r in res["released"]]
+    assert len(gone) == 2 and None not in gone
+    quiet = res["quiet_since"]
+    assert quiet["clock"] == pytest.approx(release.t0 + max(gone), abs=1e-3)
+    assert quiet["clock"] < host.clock  # the watch went on after it
+    assert quiet["boot_id"] == "boot-1" and quiet["gpus"] == list(range(8)) and quiet["device_holders"] == []
+
+
+@pytest.mark.parametrize("arrives, quiet", [
+    pytest.param(dict(proc(300, ct=130, start=5003), gpus_ctx=[2]), False,
+                 id="a context of another container in the watch: no quiet time to hand over"),
+    pytest.param(None, True, id="nothing new: quiet"),
+])
+def test_a_holder_seen_by_the_watch_leaves_no_quiet_time(arrives, quiet):
+    host = FakeHost([proc(100, session=100)], {100: [0]})
+    if arrives:
+        host.events[2] = [arrives]
+    _release_, res = run(host, containers=[129])
+    assert (res["quiet_since"] is not None) is quiet
+
+
+def test_check_mode_hands_over_no_quiet_time():
+    host = FakeHost([proc(100, session=100)], {100: [0]})
+    p = params(containers=[129])
+    release = _release.Release(p, _validate.release(p), host)
+    gpus = host.snapshot()
+    assert release.plan(gpus, gpus) == ""
+    assert release.check_mode_result(False)["quiet_since"] is None and host.signalled == []

@@ -151,3 +151,25 @@ def test_a_device_node_holder_is_judged_again_at_every_poll(gpu_idle, alive, kep
     poll = {"index": 0, "idle": gpu_idle, "blockers": [], "processes": [], "holders": []}
     _wait.step(state, 0.2, lambda full: [poll], lambda pid, st: alive, 1.0, 15.0)
     assert bool(state["known_holders"]) is kept
+
+
+@pytest.mark.parametrize("appears_at, leaves_at, done_at", [
+    pytest.param(0.0, None, 2.0, id="there from the first look while the memory drains: the clock runs from the first look"),
+    pytest.param(1.5, None, 2.5, id="appears at 1.5: the clock restarts there"),
+    pytest.param(0.0, 2.0, 2.5, id="was blocking and leaves at 2.0: counted from its last look alive (1.5)"),
+])
+def test_a_device_node_holder_restarts_the_clock_when_it_comes_or_goes_not_while_it_stays(appears_at, leaves_at, done_at):
+    # A CUDA process with no context (a notebook kernel) beside a released server whose memory the driver frees
+    # until 2.0: the GPU is busy (the list looks incomplete), so it blocks; but had it owned the memory, the memory
+    # would not have been freed while it lives - only its coming and going restart the settle clock.
+    now = {"t": 0.0}
+
+    def present(t):
+        return t >= appears_at and (leaves_at is None or t < leaves_at)
+
+    def host(t, full):
+        now["t"] = t
+        return make_gpu(used=40960 if t < 2.0 else 0, holders=[77] if full and present(t) else [])
+
+    got, _state, _scans = run(host, alive=lambda pid, st: present(now["t"]), full_every=0.5)
+    assert got == done_at

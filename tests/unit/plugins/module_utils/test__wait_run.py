@@ -393,3 +393,50 @@ def test_a_bystander_does_not_hide_the_leak_from_the_samples():
 def test_every_failure_of_the_wait_has_an_error_kind():
     for cls, kind in ((_errors.WaitTimeout, "wait_timeout"), (_errors.ConfirmationDisagrees, "confirmation_disagrees")):
         assert issubclass(cls, _errors.GpuError) and cls("x").result() == {"msg": "x", "error": kind}
+
+
+class BootedHost(FakeHost):
+    """A fake host with a boot id, and a clock that began 100 s before the wait (the release ran then)."""
+
+    def __init__(self, timeline, boot="boot-1"):
+        super().__init__(timeline)
+        self.t, self.boot = 100.0, boot
+
+    def boot_id(self):
+        return self.boot
+
+    @staticmethod
+    def alive(pid, start_time):
+        return pid == 55  # the notebook kernel lives on
+
+
+def draining_with_notebook(t, full):
+    # The released server's memory is freed 0.5 s after the wait began; a notebook kernel (a device node, no
+    # context, pid 55 start 7) is there all along: while the memory drains the list looks incomplete and it blocks.
+    return [gpu(0, used=40960 if t < 100.5 else 0, holders=[55] if full else ())]
+
+
+QUIET = {"clock": 99.0, "boot_id": "boot-1", "gpus": [0], "device_holders": [[55, 7]]}
+
+
+@pytest.mark.parametrize("quiet, elapsed, settle_from", [
+    pytest.param(QUIET, 0.5, "release", id="the release last saw a holder 1 s before: ready as the memory is freed"),
+    pytest.param(None, 1.0, "wait", id="no quiet_since: one settle after the first look (the notebook, there all"
+                                       " along, does not restart it)"),
+    pytest.param(dict(QUIET, boot_id="boot-0"), 1.0, "wait", id="another boot: another clock, no credit"),
+    pytest.param(dict(QUIET, clock=100.5), 1.0, "wait", id="from the future: no credit"),
+    pytest.param(dict(QUIET, gpus=[1]), 1.0, "wait", id="the release did not watch GPU 0: no credit"),
+    pytest.param(dict(QUIET, device_holders=[]), 1.0, "wait",
+                 id="the notebook is new to the release: the first look restarts the clock"),
+])
+def test_quiet_since_hands_the_release_s_watch_to_the_settle_window(quiet, elapsed, settle_from):
+    host = BootedHost(draining_with_notebook)
+    ok, result, _host = wait(None, host=host, quiet_since=quiet)
+    assert ok and result["ready"] and result["settle_from"] == settle_from
+    assert result["elapsed"] == pytest.approx(elapsed, abs=0.06)
+
+
+def test_a_context_at_the_first_look_restarts_the_clock_despite_quiet_since():
+    host = BootedHost(lambda t, full: [gpu(0, used=40960, procs=[88]) if t < 100.2 else gpu(0)])
+    ok, result, _host = wait(None, host=host, quiet_since=QUIET)
+    assert ok and result["settle_from"] == "wait" and result["elapsed"] == pytest.approx(1.0)
