@@ -100,7 +100,7 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _snapshot, _wait
+from ansible_collections.gpuops.gpu.plugins.module_utils import _holding, _snapshot
 
 MAX_HOLDERS = 3
 MAX_REASON = 72  # a table cuts a busy reason here; busy_reasons and gpu_blockers keep it whole
@@ -125,11 +125,11 @@ def _memory(gpu: dict):
 
 
 def holders(gpu: dict) -> list:
-    """What keeps a GPU busy, by the holding model: the snapshot's ``blockers`` (_wait.holders_of)."""
+    """What keeps a GPU busy, by the holding model: the snapshot's ``blockers`` (_holding.holders_of)."""
     gpu = _snapshot.expand_gpus([gpu])[0]  # compact holders with no details: pid and evidence
     entries = {key: [p for p in (gpu.get(key) or []) if isinstance(p, dict) and p.get("pid") is not None]
                for key in ("processes", "holders")}
-    return _wait.holders_of(dict(gpu, **entries))
+    return _holding.holders_of(dict(gpu, **entries))
 
 
 def _container(ct, containers=None) -> str:

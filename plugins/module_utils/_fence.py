@@ -94,41 +94,25 @@ class Fence:
         """The selected containers' rows (the result's ``containers``)."""
         deadline = self.io.now() + self.p["pct_timeout"]
         selected = self.p["containers"]
-        rc, out, err = self._pct(["list"], deadline, "pct list")
-        if rc != 0:
-            raise FenceFailed("pct_failed", f"pct list failed (rc {rc}): {_said(rc, out, err)}. Run the task on the"
-                                            " Proxmox VE node with become: true. Nothing was stopped.", rc=rc)
-        try:
-            listed = _pct.parse_list(out)
-        except ValueError as exc:
-            raise FenceFailed("pct_failed", f"{exc}. Nothing was stopped.") from None
-        missing = [v for v in selected if v not in listed]
-        if missing:
-            raise FenceFailed("no_such_container",
-                              f"containers: no container {describe(missing)} on this node (pct list shows"
-                              f" {describe(sorted(listed))}). Nothing was stopped.", missing=missing)
         # A running container runs with its current config (--current); `pct config` alone applies the pending
         # changes. Stopped containers are read only when named (their config says which GPUs they would get).
-        wanted = selected or [v for v in sorted(listed)
-                              if listed[v]["status"] == "running" or self.p["include_stopped"]]
-        jobs = []
-        for vmid in wanted:
-            running = listed[vmid]["status"] == "running"
-            jobs.append((vmid, running))
-            if running:
-                jobs.append((vmid, False))
-
-        def read(job):
-            vmid, current = job
-            what = f"pct config {vmid}" + (" --current 1" if current else "")
-            rc, out, err = self._pct(["config", str(vmid)] + (["--current", "1"] if current else []), deadline, what)
-            if rc != 0:
-                raise FenceFailed("pct_failed", f"{what} failed (rc {rc}): {_said(rc, out, err)}. Nothing was stopped.",
-                                  rc=rc)
-            return _pct.parse_config(out)
-
-        with ThreadPoolExecutor(max_workers=max(1, min(CONFIG_WORKERS, len(jobs)))) as pool:
-            read_configs = dict(zip(jobs, pool.map(read, jobs)))
+        # Named containers' configs are read beside `pct list` (both kinds: whether each runs is not known yet),
+        # the others' once the list says which run; at most CONFIG_WORKERS pct at a time, within pct_timeout.
+        with ThreadPoolExecutor(max_workers=CONFIG_WORKERS) as pool:
+            reads = {job: pool.submit(self._config, job, deadline) for vmid in selected for job in ((vmid, True), (vmid, False))}
+            listed = self._list(deadline)
+            wanted = selected or [v for v in sorted(listed)
+                                  if listed[v]["status"] == "running" or self.p["include_stopped"]]
+            jobs = []
+            for vmid in wanted:
+                running = listed[vmid]["status"] == "running"
+                jobs.append((vmid, running))
+                if running:
+                    jobs.append((vmid, False))
+            for job in jobs:
+                if job not in reads:
+                    reads[job] = pool.submit(self._config, job, deadline)
+            read_configs = {job: reads[job].result() for job in jobs}  # a read not needed: its error is not raised
         configs = {}
         for vmid in wanted:
             running = listed[vmid]["status"] == "running"
@@ -138,6 +122,33 @@ class Fence:
             if selected or config["passthrough"]:
                 configs[vmid] = config
         return self._rows(listed, configs)
+
+    def _list(self, deadline) -> dict:
+        """`pct list` parsed; FenceFailed when it fails or lacks a named container."""
+        rc, out, err = self._pct(["list"], deadline, "pct list")
+        if rc != 0:
+            raise FenceFailed("pct_failed", f"pct list failed (rc {rc}): {_said(rc, out, err)}. Run the task on the"
+                                            " Proxmox VE node with become: true. Nothing was stopped.", rc=rc)
+        try:
+            listed = _pct.parse_list(out)
+        except ValueError as exc:
+            raise FenceFailed("pct_failed", f"{exc}. Nothing was stopped.") from None
+        missing = [v for v in self.p["containers"] if v not in listed]
+        if missing:
+            raise FenceFailed("no_such_container",
+                              f"containers: no container {describe(missing)} on this node (pct list shows"
+                              f" {describe(sorted(listed))}). Nothing was stopped.", missing=missing)
+        return listed
+
+    def _config(self, job, deadline) -> dict:
+        """One container's config: ``job`` is (vmid, current)."""
+        vmid, current = job
+        what = f"pct config {vmid}" + (" --current 1" if current else "")
+        rc, out, err = self._pct(["config", str(vmid)] + (["--current", "1"] if current else []), deadline, what)
+        if rc != 0:
+            raise FenceFailed("pct_failed", f"{what} failed (rc {rc}): {_said(rc, out, err)}. Nothing was stopped.",
+                              rc=rc)
+        return _pct.parse_config(out)
 
     def _pending(self, vmid, current, pending) -> None:
         change = _pct.passthrough_changes(current, pending)

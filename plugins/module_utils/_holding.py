@@ -194,6 +194,17 @@ def verdict(gpu: dict, max_memory_used_mib: int, max_utilization_pct=None, inclu
     return (not reasons, reasons, blockers, lingering)
 
 
+def holders_of(gpu: dict) -> list:
+    """What keeps a GPU busy, by the holding model (verdict, in the snapshot's ``blockers``)."""
+    wanted = set(gpu.get("blockers") or ())
+    out, seen = [], set()
+    for p in list(gpu.get("processes") or []) + list(gpu.get("holders") or []):
+        if p["pid"] in wanted and p["pid"] not in seen:
+            seen.add(p["pid"])
+            out.append(p)
+    return out
+
+
 def context_gpus(gpus: list) -> dict:
     """{pid: set of GPU indexes on which the driver lists it} over a whole snapshot."""
     out = {}

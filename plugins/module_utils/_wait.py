@@ -26,15 +26,7 @@ import time
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _holding, _procs, _smi, _snapshot, _validate
 
 
-def holders_of(gpu: dict) -> list:
-    """What keeps a GPU busy, by the holding model (_holding.verdict, in the snapshot's ``blockers``)."""
-    wanted = set(gpu.get("blockers") or ())
-    out, seen = [], set()
-    for p in list(gpu.get("processes") or []) + list(gpu.get("holders") or []):
-        if p["pid"] in wanted and p["pid"] not in seen:
-            seen.add(p["pid"])
-            out.append(p)
-    return out
+holders_of = _holding.holders_of
 
 
 def new_state() -> dict:
