@@ -16,8 +16,8 @@ export PIP_CACHE_DIR := $(or $(PIP_CACHE_DIR),$(USER_HOME)/.cache/pip)
 export HOME := $(TOP)/build/home
 # The controller Python: ansible-core 2.21 needs 3.12 or later.
 CONTROLLER_PYTHON ?= $(firstword $(wildcard $(PYENV_ROOT)/versions/3.12*/bin/python3.12) $(shell command -v python3.12 2>/dev/null) $(wildcard $(PYENV_ROOT)/versions/3.13*/bin/python3.13) $(shell command -v python3.13 2>/dev/null))
-# Target Pythons for the modules' unit tests: every one of 3.9..3.13 this machine has.
-TARGET_PYTHON_VERSIONS := 3.9 3.10 3.11 3.12 3.13
+# Target Pythons for the modules' unit tests: every one of 3.9..3.15 (ansible-core 2.22's targets) this machine has.
+TARGET_PYTHON_VERSIONS := 3.9 3.10 3.11 3.12 3.13 3.14 3.15
 TARGET_PYTHON_DIRS := $(foreach v,$(TARGET_PYTHON_VERSIONS),$(firstword $(wildcard $(PYENV_ROOT)/versions/$(v).*/bin)))
 HAVE_TARGET_PYTHONS := $(foreach v,$(TARGET_PYTHON_VERSIONS),$(if $(wildcard $(PYENV_ROOT)/versions/$(v).*/bin/python$(v)),$(v),$(if $(shell command -v python$(v) 2>/dev/null),$(v))))
 
@@ -100,7 +100,7 @@ lint: layout
 	cd $(COLL) && ansible-lint --offline --profile production
 
 units: layout
-	@test -n "$(HAVE_TARGET_PYTHONS)" || { echo "no target Python 3.9..3.13 found"; exit 1; }
+	@test -n "$(HAVE_TARGET_PYTHONS)" || { echo "no target Python 3.9..3.15 found"; exit 1; }
 	cd $(COLL) && for v in $(HAVE_TARGET_PYTHONS); do \
 	  echo "--- units on Python $$v"; \
 	  ansible-test units --venv --python $$v --color no --requirements || exit 1; \

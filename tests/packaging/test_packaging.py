@@ -241,7 +241,7 @@ def test_ansible_builder_create_writes_a_context_with_the_collection(tarball, tm
         "version": 3,
         "images": {"base_image": {"name": "quay.io/ansible/awx-ee:24.6.1"}},
         "dependencies": {
-            "ansible_core": {"package_pip": "ansible-core>=2.17"},
+            "ansible_core": {"package_pip": "ansible-core>=2.20"},
             "ansible_runner": {"package_pip": "ansible-runner"},
             "galaxy": {"collections": [{"name": f"collections/{tarball.name}", "type": "file"}]},
         },
@@ -542,16 +542,43 @@ def _core_version():
     return ansible.release.__version__
 
 
-# (controller Python, ansible-core requirement): the newest ansible-core that installs on each
-# Python (pip download --python-version X.Y), at or above meta/runtime.yml's requires_ansible.
-# None: this virtual environment (requirements.txt's ansible-core on Python 3.12).
+# (controller Python, ansible-core requirement): each maintained ansible-core release (meta/runtime.yml's
+# requires_ansible is the oldest of them) on a controller Python it accepts. ansible-core's published
+# support dates: 2.17 ended Nov 2025, 2.18 May 2026, 2.19 Nov 2026; maintained: 2.20, 2.21, 2.22
+# (controller Python 3.12+ for 2.20/2.21, 3.13-3.15 for 2.22). None: this virtual environment
+# (requirements.txt's ansible-core on Python 3.12).
 CONTROLLERS = [
-    ("3.10", "ansible-core>=2.17,<2.18"),
-    ("3.11", "ansible-core>=2.19,<2.20"),
+    ("3.12", "ansible-core>=2.20,<2.21"),
     ("3.12", None),
     ("3.13", f"ansible-core=={_core_version()}"),
+    ("3.13", "ansible-core>=2.22,<2.23"),
 ]
-TARGETS = ["3.9", "3.10", "3.11", "3.12", "3.13"]
+TARGETS = ["3.9", "3.10", "3.11", "3.12", "3.13", "3.14", "3.15"]
+
+
+def _key(version, requirement):
+    return f"{version}/{requirement or 'venv'}"
+
+
+class Unpublished(Exception):
+    """The ansible-core release is not on the package index this machine installs from."""
+
+
+def _not_on_index(python, requirement):
+    """The release's newest version on the package index, or a sentence saying there is none (pip index)."""
+    name, sep, spec = requirement.partition(">=")
+    if not sep:
+        return ""
+    proc = subprocess.run([python, "-m", "pip", "index", "versions", "--disable-pip-version-check", name.strip()],
+                          capture_output=True, text=True, timeout=120, check=False)
+    floor = spec.split(",")[0].strip()
+    listed = re.findall(r"Available versions: (.*)", proc.stdout)
+    versions = [v.strip() for v in listed[0].split(",")] if listed else []
+    major_minor = ".".join(floor.split(".")[:2])
+    if proc.returncode == 0 and not any(v == major_minor or v.startswith(major_minor + ".") for v in versions):
+        return (f"ansible-core {major_minor} is not on the package index this machine reaches"
+                f" (newest there: {versions[0] if versions else 'none'})")
+    return ""
 
 
 def _install_controller(python, requirement, dest):
@@ -571,26 +598,35 @@ def controllers(tmp_path_factory):
     jobs = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
         for version, requirement in CONTROLLERS:
+            key = _key(version, requirement)
             if requirement is None:
-                result[version] = BIN
+                result[key] = BIN
                 continue
             python = pyenv_python(version)
             if python is None:
-                result[version] = None
+                result[key] = None
                 continue
-            jobs[version] = pool.submit(_install_controller, python, requirement, str(base / f"py{version}"))
-        for version, job in jobs.items():
+            absent = _not_on_index(python, requirement)
+            if absent:
+                result[key] = Unpublished(absent)
+                continue
+            jobs[key] = pool.submit(_install_controller, python, requirement,
+                                    str(base / f"py{version}-{len(jobs)}"))
+        for key, job in jobs.items():
             try:
-                result[version] = job.result()
+                result[key] = job.result()
             except Exception as exc:  # noqa: BLE001 (reported by the test that needs it)
-                result[version] = exc
+                result[key] = exc
     return result
 
 
 def _controller(controllers, version, requirement):
-    found = controllers[version]
+    found = controllers[_key(version, requirement)]
     if found is None:
         pytest.skip(f"no Python {version} on this machine (pyenv or PATH)")
+    if isinstance(found, Unpublished):
+        # Not a failure of the collection: the release is not published where this machine installs from.
+        pytest.skip(str(found))
     if isinstance(found, Exception):
         pytest.fail(str(found), pytrace=False)
     if requirement is None and sys.version_info[:2] != tuple(int(x) for x in version.split(".")):
@@ -633,7 +669,7 @@ FACTS_PLAY = """\
 """
 
 
-@pytest.mark.parametrize("version,requirement", CONTROLLERS, ids=[f"controller-py{v}" for v, _r in CONTROLLERS])
+@pytest.mark.parametrize("version,requirement", CONTROLLERS, ids=[f"controller-py{v}-{r or 'venv'}" for v, r in CONTROLLERS])
 def test_controller_runs_gpu_facts_on_the_oldest_target(controllers, version, requirement, installed, gpusim, tmp_path):
     bindir = _controller(controllers, version, requirement)
     target_version, target = _oldest_target()
@@ -654,6 +690,8 @@ def test_controller_runs_gpu_facts_on_the_oldest_target(controllers, version, re
     assert warnings_in(proc.stdout + proc.stderr) == [], proc.stdout[-3000:]
     version_out = run([os.path.join(bindir, "ansible-playbook"), "--version"], env=env).stdout
     assert f"python version = {version}." in version_out, version_out
+    release = requirement.split(">=")[-1].split(",")[0].split("==")[-1] if requirement else _core_version()
+    assert f"[core {'.'.join(release.split('.')[:2])}." in version_out, version_out
 
     facts = json.loads(out.read_text())
     assert facts["python"]["major"] == 3 and f"{facts['python']['major']}.{facts['python']['minor']}" == target_version
@@ -669,7 +707,7 @@ def test_controller_runs_gpu_facts_on_the_oldest_target(controllers, version, re
 
 
 @pytest.mark.parametrize("version,requirement", [c for c in CONTROLLERS if c[1] is not None],
-                         ids=[f"controller-py{v}" for v, r in CONTROLLERS if r is not None])
+                         ids=[f"controller-py{v}-{r}" for v, r in CONTROLLERS if r is not None])
 def test_controller_reads_the_docs_and_the_playbooks(controllers, version, requirement, installed, tmp_path):
     bindir = _controller(controllers, version, requirement)
     home = tmp_path / "home"
