@@ -60,6 +60,7 @@ FORBIDDEN = [
     "tests/output", "tests/output/*", "benchmarks/results", "benchmarks/results/*", ".git", ".git/*", "*/.git", "*/.git/*",
     ".gitignore", ".ci", ".ci/*", ".cache", ".cache/*", "*.pytest_cache*", "*.tar.gz",
     "tests/integration/integration_config.yml", "changelogs/.plugin-cache.yaml", "Makefile", "requirements.txt", "constraints.txt",
+    ".ansible-lint",
 ]
 
 
