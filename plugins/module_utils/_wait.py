@@ -322,10 +322,12 @@ def step(state: dict, now: float, snapshot, alive, settle: float, full_scan_ever
     ``snapshot(full) -> gpus``: the selected GPUs with their idle verdicts; with ``full`` false
     the device-file scan is skipped (holders empty), so the device-file holders found by the last
     full scan are followed with ``alive(pid, start_time) -> bool`` instead.
-    The first poll counts as the moment a holder left: the wait never returns before ``settle``
+    The first poll counts as the moment a holder left: the wait does not return before ``settle``
     seconds of watching, so a supervisor that restarts the server just after a release is caught -
     unless the release that ran just before handed over its quiet time (``credit``: the state's
-    ``last_holder_at`` is then when that release last saw a holder, and ``credited`` is set).
+    ``last_holder_at`` is then when that release last saw a holder, and ``credited`` is set), or the
+    first look (a full one) finds nothing at all on an idle node and no release is in progress: then it is
+    ready at once (``idle_at_first_look``).
     The clock restarts at a poll that sees a context, a device-node holder not seen before, or a
     device-node holder that was blocking and is gone.
     Raises GpuLost at once for a GPU that fell off the bus.
@@ -345,7 +347,16 @@ def step(state: dict, now: float, snapshot, alive, settle: float, full_scan_ever
         state["known_holders"] = {k: v for k, v in living.items() if _still_blocking(v, gpus)}
     if left:  # last seen at the poll before this one, as a context holder's last poll counts
         state["last_holder_at"] = now if state.get("last_poll_at") is None else state["last_poll_at"]
-    if (first and not state.get("credited")) or _appeared(state, gpus):
+    appeared = _appeared(state, gpus)
+    if first and not state.get("credited"):
+        # An idle node answers in one look: when this first full look finds nothing at all on the selected GPUs
+        # (no context, no device-node holder, each GPU idle by its memory and utilization) and no release handed
+        # over its quiet time, nothing is being released: the settle window guards an asynchronous release (a
+        # driver still freeing memory, a supervisor about to restart what was stopped), and none is in progress.
+        nothing = not appeared and not state["known_holders"] and all(g["idle"] for g in gpus)
+        state["idle_at_first_look"] = nothing
+        state["last_holder_at"] = now - settle if nothing else now
+    elif appeared:
         state["last_holder_at"] = now
     state["last_poll_at"] = now
     for g in gpus:
@@ -370,6 +381,14 @@ def step(state: dict, now: float, snapshot, alive, settle: float, full_scan_ever
     elif full:
         state["idle_scan_at"] = now
     return idle and settled, gpus
+
+
+def settle_origin(state: dict) -> str:
+    """Where the settle window counted from: ``release`` (its quiet time), ``idle`` (the first look found an idle
+    node with nothing on it: no window), else ``wait`` (this wait's own polls)."""
+    if state.get("credited") and state["last_holder_at"] < 0:
+        return "release"
+    return "idle" if state.get("idle_at_first_look") else "wait"
 
 
 # After the last holder of a GPU has gone, the driver frees its memory within a second or two
@@ -544,6 +563,16 @@ class Background:
         if "error" in self._out:
             raise self._out["error"]
         return self._out["value"]
+
+
+class Answered:
+    """An answer already in hand, read as a Background job's is (``result()``)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
 
 
 class HostIO:
@@ -738,6 +767,14 @@ class Wait:
                     self.reset_leaked(gpus, self.elapsed())
                 self._resets_into(result)
             scan_at = state.get("idle_scan_at")
+            if done and state.get("idle_at_first_look") and state["polls"] == 1:
+                # Idle in one look: nvidia-smi is asked now. Where it still sees something, the node is not idle
+                # after all: the settle window opens from this look and nvidia-smi is asked again as it closes.
+                early = self.confirm(gpus)
+                if early[1]:
+                    state.update(idle_at_first_look=False, last_holder_at=state["last_poll_at"])
+                    done = False
+                confirmed = {"at": scan_at, "job": Answered(early)}
             if scan_at is not None and not done and confirmed.get("at") != scan_at:
                 # The GPUs look idle and the settle window opens: nvidia-smi is asked now, beside the polls of
                 # the window, so that the wait returns as the window closes; a holder within the window starts
@@ -747,7 +784,7 @@ class Wait:
                 result["gpus_before"] = gpus  # what the wait started from (later slices: the action plugin keeps it)
             result.update(polls=state["polls"], samples=state["samples"], gpus=gpus,
                           idle_gpus=[g["index"] for g in gpus if g["idle"]],
-                          settle_from="release" if state.get("credited") and state["last_holder_at"] < 0 else "wait")
+                          settle_from=settle_origin(state))
             if done:
                 return self._confirmed(gpus, confirmed.get("job") if confirmed.get("at") == scan_at else None)
             elapsed = self.elapsed()

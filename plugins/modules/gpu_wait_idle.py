@@ -94,6 +94,12 @@ options:
   settle:
     description:
       - Seconds that every selected GPU must have had no holder before the module returns.
+      - An idle node answers in one look - when the first look (a full device-file scan) finds no process holding
+        any selected GPU (no context, no device-node holder) and every selected GPU idle, and no release handed
+        over its O(quiet_since), the module is ready at once, with no window of its own (RV(settle_from) V(idle)).
+        That is safe because the window guards an asynchronous release - memory the driver is still freeing, a
+        supervisor about to restart what was stopped - and none is in progress; a release that ran just before
+        passes its O(quiet_since), and then the window counts from it.
       - From 0 to 86400, and not above O(timeout).
     type: float
     default: 1.0
@@ -221,7 +227,8 @@ elapsed:
 settle_from:
   description:
     - Where the settle window counted from - V(release), the moment the release of O(quiet_since) last saw a holder,
-      or V(wait), a look of this wait (the first, or the last that saw a holder).
+      V(wait), a look of this wait (the first, or the last that saw a holder), or V(idle), no window - the first
+      look found nothing on an idle node and no release was in progress (O(settle)).
   returned: when not in check mode
   type: str
   sample: release

@@ -47,3 +47,23 @@ def test_a_holder_that_came_after_the_release_is_waited_on(gpusim, collection):
     finally:
         os.kill(job, signal.SIGKILL)
         assert gone(job)
+
+
+def test_an_idle_node_answers_in_one_look_and_a_busy_one_does_not(gpusim, collection):
+    # Nothing to release (the second run of a deploy): no context, no memory, a monitor with the device nodes
+    # open (no holder by the holding model). No release is in progress, so no settle window is watched.
+    monitor = gpusim.hold(gpus="none", mib=0, name="python3 -m ipykernel_launcher")
+    try:
+        wait = run_module(gpusim, collection, "gpu_wait_idle", args(gpusim, settle=5, timeout=30))
+        assert wait.get("ready") and not wait.get("failed"), wait.get("msg")
+        assert wait["settle_from"] == "idle" and wait["polls"] == 1 and wait["elapsed"] < 5, wait
+        # A job on GPU 1: not idle in one look - the wait watches it and times out naming it.
+        job = gpusim.hold(gpus=[1], mib=2048, name="python3 train.py")
+        busy = run_module(gpusim, collection, "gpu_wait_idle", args(gpusim, settle=1, timeout=2))
+        assert busy.get("failed") and busy["error"] == "wait_timeout" and f"pid {job}" in busy["msg"], busy
+        os.kill(job, signal.SIGKILL)
+        assert gone(job)
+        after = run_module(gpusim, collection, "gpu_wait_idle", args(gpusim, settle=1, timeout=30))
+        assert after.get("ready") and alive(monitor), after.get("msg")
+    finally:
+        os.kill(monitor, signal.SIGKILL)

@@ -35,12 +35,38 @@ def run(timeline, settle=1.0, sleep=0.5, until=10.0, alive=lambda pid, st: False
     return None, state, scans
 
 
-def test_idle_from_the_start_still_watches_for_settle():
+def test_an_idle_node_answers_in_one_look():
+    # Nothing on the GPU at the first (full) look and no release in progress: no settle window of its own.
     done_at, state, scans = run(lambda t, full: make_gpu())
-    assert done_at == 1.0
+    assert done_at == 0.0 and state["idle_at_first_look"]
+    assert scans == [(0.0, True)]
+
+
+def test_a_device_node_bystander_does_not_open_the_window():
+    # A process with /dev/nvidia0 open, no context, the GPU idle (a monitor, a persistence daemon): no holder by
+    # the holding model, so the node is still idle in one look - the window is not paid for what is always there.
+    done_at, state, _scans = run(lambda t, full: make_gpu(holders=[7]))
+    assert done_at == 0.0 and state["idle_at_first_look"]
+
+
+@pytest.mark.parametrize("first_look", [
+    pytest.param(make_gpu(used=20480, holders=[7]), id="a device-node holder with no context"),
+    pytest.param(make_gpu(used=20480), id="memory in use, no process"),
+    pytest.param(make_gpu(used=20480, procs=[8812]), id="a context"),
+])
+def test_anything_at_the_first_look_opens_the_settle_window(first_look):
+    done_at, state, scans = run(lambda t, full: first_look if t == 0.0 else make_gpu())
+    assert done_at == 1.0 and not state["idle_at_first_look"]
     # One full scan, the first look's, which opened the settle window; the window's polls are cheap and it
-    # returns as the window closes (no scan then: that cost came after the memory was back).
-    assert scans == [(0.0, True), (0.5, False), (1.0, False)]
+    # returns as the window closes (the idle look at 0.5 is scanned in full once).
+    assert scans[0] == (0.0, True) and scans[-1] == (1.0, False)
+
+
+def test_a_credited_release_keeps_its_window_even_on_an_idle_first_look():
+    state = _wait.new_state()
+    state.update(credited=True, last_holder_at=-0.2)  # the release last saw a holder 0.2 s before this wait
+    done, _gpus = _wait.step(state, 0.0, lambda full: [make_gpu()], lambda pid, st: False, 1.0, 15.0)
+    assert not done and not state.get("idle_at_first_look") and _wait.settle_origin(state) == "release"
 
 
 def test_returns_when_memory_is_freed_after_the_lag_not_before():
@@ -64,7 +90,7 @@ def test_a_respawn_within_settle_restarts_the_clock():
 
 
 def test_respawning_forever_never_returns():
-    done_at, _state, _scans = run(lambda t, full: make_gpu(used=1000, procs=[int(t * 10)]) if int(t * 2) % 2 else make_gpu(), until=6)
+    done_at, _state, _scans = run(lambda t, full: make_gpu() if int(t * 2) % 2 else make_gpu(used=1000, procs=[int(t * 10)]), until=6)
     assert done_at is None
 
 
@@ -84,7 +110,10 @@ def test_device_file_holder_is_followed_between_full_scans():
 
 def test_a_holder_found_by_the_idle_scan_restarts_the_clock():
     def host(t, full):
-        # memory held from 0.5 to 1.6 by a process only the full scan sees (a device node, the list incomplete)
+        # a context at the first look (the window opens), then memory held from 0.5 to 1.6 by a process only
+        # the full scan sees (a device node, the list incomplete)
+        if t == 0.0:
+            return make_gpu(used=500, procs=[9])
         busy = 0.5 < t < 1.6
         return make_gpu(used=500 if busy else 0, holders=[55] if full and busy else [])
     done_at, state, scans = run(host, sleep=0.5, settle=1.0)
@@ -92,7 +121,10 @@ def test_a_holder_found_by_the_idle_scan_restarts_the_clock():
     assert (2.0, True) in scans and done_at == 2.0
 
     def host_with_holder_at_idle(t, full):
-        # idle by the cheap polls at 0.5, but the idle scan finds a blocker: the clock restarts from there
+        # a context at the first look; idle by the cheap polls at 0.5, but the idle scan finds a blocker: the
+        # clock restarts from there
+        if t == 0.0:
+            return make_gpu(used=500, procs=[9])
         return make_gpu(used=500 if full and 0.4 < t < 0.6 else 0, holders=[55] if full and 0.4 < t < 0.6 else [])
     done_at, _state, scans = run(host_with_holder_at_idle, sleep=0.5, settle=1.0, full_every=0.5)
     assert done_at == 1.5

@@ -126,17 +126,19 @@ def busy_until(t_free):
 
 # --- the polls: (id, timeline, params, ok, what the result says) -------------------------------------------
 RUNS = [
-    ("idle from the start: watched for settle, then ready", idle, {}, True,
-     {"ready": True, "elapsed": 1.0, "msg": "1 GPU(s) idle after 1.00 s", "confirmation": {"0": {"used_mib": 0, "pids": []}}}),
+    ("idle from the start, no release: ready in one look", idle, {}, True,
+     {"ready": True, "elapsed": 0.0, "polls": 1, "settle_from": "idle", "msg": "1 GPU(s) idle after 0.00 s",
+      "confirmation": {"0": {"used_mib": 0, "pids": []}}}),
     ("freed at 2 s: ready one settle after the last look at a holder (1.5 s)", busy_until(2.0), {}, True,
-     {"ready": True, "elapsed": 2.5, "idle_gpus": [0]}),
+     {"ready": True, "elapsed": 2.5, "idle_gpus": [0], "settle_from": "wait"}),
     ("busy past the timeout: wait_timeout with the holder", busy_until(99.0), {"timeout": 3.0}, False,
      {"error": "wait_timeout", "elapsed": 3.0, "msg": "timed out after 3 s: GPU 0 is used by pid 77 (python3)",
       "blockers": {"0": [{"pid": 77, "name": "python3", "container": None, "visible": True, "files": None}]},
       "memory": {"0": None}, "idle_gpus": [], "confirmation": None}),
     ("the task's msg comes first", busy_until(99.0), {"timeout": 1.0, "msg": "the old server is up"}, False,
      {"error": "wait_timeout", "msg": "the old server is up: timed out after 1 s: GPU 0 is used by pid 77 (python3)"}),
-    ("confirmation off: none asked", idle, {"confirm_with_nvidia_smi": False}, True, {"ready": True, "confirmation": None}),
+    ("confirmation off: none asked", idle, {"confirm_with_nvidia_smi": False}, True,
+     {"ready": True, "confirmation": None, "polls": 1}),
 ]
 
 
@@ -146,14 +148,14 @@ def test_the_wait(name, timeline, params, ok, expect):
     assert got_ok is ok, result
     for key, value in expect.items():
         assert result[key] == value, (key, result[key])
-    assert result["gpus_before"][0]["index"] == 0 and result["polls"] >= 2
+    assert result["gpus_before"][0]["index"] == 0 and result["polls"] >= expect.get("polls", 2)
     assert ("ready" in result) is ok and result["changed"] is False
 
 
 def test_delay_is_slept_before_the_first_look_and_not_counted():
     ok, result, host = wait(idle, delay=5.0)
     assert ok and host.slept[0] == 5.0 and host.looks[0][0] == 5.0
-    assert result["elapsed"] == 1.0
+    assert result["elapsed"] == 0.0
 
 
 def test_the_full_scan_runs_at_the_first_look_and_when_the_gpus_first_look_idle():
@@ -169,12 +171,20 @@ def test_a_lost_gpu_fails_at_once_with_its_kind_and_what_was_seen():
     assert result["polls"] >= 2 and "changed" not in result and host.t < 2.0
 
 
+def test_a_disagreeing_first_look_is_not_idle_in_one_look():
+    # NVML sees nothing at the first look, nvidia-smi still sees a pid: the settle window opens from that look
+    # (not one look, settle_from "wait") and nvidia-smi is asked once more as it closes.
+    host = FakeHost(idle, smi=[{"gpus": [smi_row(0, pids=[9])]}, {"gpus": [smi_row(0)]}])
+    ok, result, _host = wait(idle, host=host)
+    assert ok and result["settle_from"] == "wait" and result["elapsed"] == 1.0 and result["polls"] >= 2
+
+
 # --- nvidia-smi's confirmation: asked as the settle window opens, the final word when the GPUs are settled ---
 CONFIRMATIONS = [
     # (id, nvidia-smi's answers, ok, error, words of msg, queries)
     ("agrees at once", [{"gpus": [smi_row(0)]}], True, None, ["1 GPU(s) idle"], 1),
     ("early answer disagrees, asked again, agrees", [{"gpus": [smi_row(0, pids=[9])]}, {"gpus": [smi_row(0)]}],
-     True, None, ["1 GPU(s) idle"], 2),
+     True, None, ["1 GPU(s) idle after 1.00 s"], 2),
     ("disagrees: a pid", [{"gpus": [smi_row(0, pids=[4242])]}] * 2, False, "confirmation_disagrees",
      ["NVML says the GPUs are idle but nvidia-smi disagrees: nvidia-smi shows GPU 0 used by pid(s) 4242"], 2),
     ("disagrees: memory", [{"gpus": [smi_row(0, used=2048)]}] * 2, False, "confirmation_disagrees",
