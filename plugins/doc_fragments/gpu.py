@@ -218,4 +218,27 @@ options:
         (with a warning) and only the targets in it are signalled.
     type: bool
     default: true
+  pct:
+    description:
+      - The C(pct) program - a path, or a name looked up in C(/usr/sbin), C(/usr/bin) and C(PATH). Every C(pct) the
+        module runs is this one (the unit stop of O(stop_units) in a container, C(pct exec <vmid> -- systemctl stop
+        <unit>); in M(gpuops.gpu.proxmox_gpu_containers) also the discovery and O(gpuops.gpu.proxmox_gpu_containers#module:state=shutdown)).
+      - Where the default V(pct) is not there (a host that is not a Proxmox VE node, or inside a container), a unit in a
+        container cannot be stopped - its processes are signalled, with a warning; any other value that is not there
+        fails the task before anything runs.
+    type: str
+    default: pct
+  lock_timeout:
+    description:
+      - One release at a time per container and per node. A run that signals (not in check mode) holds a lock file
+        under C(/run/gpuops.gpu) - C(ct-<vmid>.lock) for each container it is narrowed to, and C(node.lock), shared
+        when it is narrowed to containers, exclusive when it may reach any process of the node - for as long as it
+        runs; the lock goes with the process, so a run that was killed leaves none behind.
+      - Seconds to wait for a lock another run holds. Then the task fails with C(error=locked) before anything is
+        signalled, naming the other run (C(another release of CT 129 is running (pid 4242, proxmox_gpu_containers,
+        for 35 s))).
+      - The default V(0) fails at once - a second pre-deploy run that waited for the first would then release what
+        the first one's deploy starts. From 0 to 86400.
+    type: float
+    default: 0
 """

@@ -55,11 +55,37 @@ RELEASE_ARGS = dict(
     kill_timeout=dict(type="float", default=45.0),
     fail_on_survivors=dict(type="bool", default=True),
     stop_units=dict(type="bool", default=True),
+    pct=dict(type="str", default="pct"),
+    lock_timeout=dict(type="float", default=0.0),
 )
 # Where the simulator (tests/gpusim) points the modules at its kernel log; an unset kernel_log reads it.
 KERNEL_LOG_ENV = "GPUOPS_KERNEL_LOG"
 
 SBIN_DIRS = ["/usr/bin", "/usr/sbin", "/sbin", "/usr/local/bin"]
+# Where Proxmox VE installs pct (pve-container: /usr/sbin/pct); then PATH.
+PCT_DIRS = ["/usr/sbin", "/usr/bin"]
+
+
+def programs(module, pct=None):
+    """``name -> path or None``: the programs a release runs (systemctl, pct). ``pct`` is the configured one
+    (the ``pct`` option, resolved by ``find_pct``): every ``pct`` the module runs is that one, never another on PATH."""
+    def find(name):
+        if name == "pct":
+            return pct
+        return module.get_bin_path(name, opt_dirs=SBIN_DIRS)
+    return find
+
+
+def find_pct(module, required: bool):
+    """The path of the ``pct`` option's program (a path, or a name looked up in PCT_DIRS and PATH), or None where
+    there is none and it is the default ``pct`` and not ``required`` (a host or a container: no unit is stopped
+    through it). A ``pct`` set to something else that is not there is an error, before anything runs."""
+    name = module.params["pct"]
+    path = module.get_bin_path(name, opt_dirs=PCT_DIRS)
+    if path or (not required and name == "pct"):
+        return path
+    raise _errors.PctNotFound(f"pct: {name!r} not found (in {', '.join(PCT_DIRS)} and PATH): run this module on a"
+                              " Proxmox VE node (delegate_to the node), or set pct to the program's path.")
 
 
 def validate_snapshot_params(params: dict, module=None) -> None:

@@ -48,6 +48,12 @@ class GpuLost(GpuError):
     kind = "gpu_lost"
 
 
+class PctNotFound(GpuError):
+    """The ``pct`` option names no program here (a Proxmox VE node has /usr/sbin/pct)."""
+
+    kind = "pct_not_found"
+
+
 class QueryTimeout(GpuError):
     kind = "timeout"
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _pct, _release, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _lock, _pct, _release, _snapshot, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import run_in_group
 
 STATES = ("present", "released", "shutdown")
@@ -279,6 +279,10 @@ class Fence:
         res.update(containers=containers, running=[c["vmid"] for c in running],
                    skipped_containers=[{"vmid": c["vmid"], "reason": c["status"]} for c in containers if not c["running"]],
                    gpus=None if union is None else sorted(union))
+        if running and (self.p["state"] != "present" or self.p["units"]) and not self.check_mode:
+            # One release at a time per container (and node): taken before the services' states are read, so a
+            # second fence that waited sees what the first left, not what it stopped.
+            self.io.take_locks([c["vmid"] for c in running])
         states = self._service_states(running)
         units = self.p["units"]
         self.before = {str(c["vmid"]): dict(status=c["status"], services={u: states[(c["vmid"], u)][0] for u in units}
@@ -341,6 +345,10 @@ class NodeIO:
 
     def pct(self, argv, timeout, what):
         return run_in_group([self.pct_path] + list(argv), timeout, what, C_LOCALE)
+
+    def take_locks(self, vmids) -> None:
+        """The release locks of these containers (and the node's, shared), held until the module exits."""
+        _lock.Locks("proxmox_gpu_containers", vmids, self.params["lock_timeout"], self.warn).acquire()
 
     def gpus(self):
         """The GPUs (index, uuid, minor_number, memory, processes), read once; None with a warning when the driver

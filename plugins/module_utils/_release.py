@@ -140,11 +140,13 @@ def stop_unit(run_command, pct, vmid, unit, timeout, systemctl="systemctl", now=
     return out
 
 
-def respawn_advice(proc: dict, after_s, supervisor=None, stop_units=True, in_scope=True) -> str:
+def respawn_advice(proc: dict, after_s, supervisor=None, stop_units=True, in_scope=True, unit_stopped=True) -> str:
     """'pid 812 started 1.1 s after the release in sglang.service in CT 129: ...what to do'.
 
     ``in_scope``: whether it would be in the release's scope (a respawn of what was released, or a
     new job in the same place); one that is not is another tenant's newcomer, reported only.
+    ``unit_stopped``: whether its unit was stopped by this release (with ``stop_units``, one may not be: no pct,
+    or the stop failed - said in a warning).
     """
     where = ""
     if proc.get("unit"):
@@ -157,8 +159,13 @@ def respawn_advice(proc: dict, after_s, supervisor=None, stop_units=True, in_sco
     if not in_scope:
         todo = "outside the scope of this release (another job that started meanwhile): not signalled"
     elif proc.get("unit"):
-        todo = ("its supervisor restarted it; stop the unit (stop_units: true)" if not stop_units else
-                "its supervisor restarted it although the unit was stopped; check what starts it")
+        if not stop_units:
+            todo = "its supervisor restarted it; stop the unit (stop_units: true)"
+        elif unit_stopped:
+            todo = "its supervisor restarted it although the unit was stopped; check what starts it"
+        else:
+            todo = ("its supervisor restarted it: the unit could not be stopped (see the warnings); stop it, then"
+                    " release again")
         todo += " or name it in proxmox_fence_services"
     elif supervisor:
         todo = ("started by a process outside the release's targets (a supervisor outside a systemd unit, or a new"
@@ -435,6 +442,7 @@ class Release:
         self.result = dict(changed=False, released=[], survivors=[], respawned=[], stopped_units=[])
         self.scope = None
         self.plan_units = []
+        self.units_stopped = set()  # (container, unit) that this release stopped
         self.failure = ""
         self.warnings = []
         self.quiet_from = None  # io.now() when a holder of the selected GPUs was last seen (quiet_since)
@@ -608,8 +616,8 @@ class Release:
         budget = self.p["grace_period"] + self.p["kill_timeout"] + 10
         for entry in self.plan_units:
             if not entry["command"]:
-                self.warnings.append(f"cannot stop {unit_text(entry)}: no pct here; its processes are signalled,"
-                                     " and its supervisor may restart them")
+                self.warnings.append(f"cannot stop {unit_text(entry)}: no pct here (the pct option); its processes are"
+                                     " signalled, and its supervisor may restart them")
                 continue
             done = stop_unit(self.io.run_command, self.io.bins("pct"), entry["container"], entry["unit"], budget,
                              systemctl=self.io.bins("systemctl") or "systemctl", now=self.io.now,
@@ -636,6 +644,7 @@ class Release:
                 groups[(now.get("session"), now.get("pgrp"))] = t
         pinned = self._pin(targets)
         sent_any, stopped = self._stop_units()
+        self.units_stopped = stopped
         sent_any |= self._stop(pinned, first_signal)
         supervised = {(_scope.container_id(t), t.get("unit")) for t in targets
                       if (t.get("unit") or "").endswith(".service")} - stopped
@@ -727,8 +736,9 @@ class Release:
                 if x.get("start_time") is not None:
                     after_s = max(0.0, (x["start_time"] - t0_ticks) / io.ticks_per_s())
                 res["respawned"].append(report(x, supervisor=supervisor, in_scope=in_scope,
-                                               advice=respawn_advice(x, after_s, supervisor, p["stop_units"],
-                                                                     in_scope)))
+                                               advice=respawn_advice(
+                                                   x, after_s, supervisor, p["stop_units"], in_scope,
+                                                   (_scope.container_id(x), x.get("unit")) in self.units_stopped)))
             if forked:
                 # SIGKILL at once: they had their graceful signal through their parent, and a child that
                 # forked in a SIGTERM handler would fork again on its own SIGTERM.

@@ -327,7 +327,7 @@ def expected_count(params: dict) -> None:
 def release(params: dict) -> dict:
     """gpu_release's own options; returns the filters (containers, users, match, pids, exclude)."""
     expected_count(params)
-    for name in ("grace_period", "kill_timeout"):
+    for name in ("grace_period", "kill_timeout", "lock_timeout"):
         number(name, params[name])
     for pid in params.get("pids") or []:
         integer("pids", pid, 1, MAX_PID)

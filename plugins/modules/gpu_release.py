@@ -261,14 +261,15 @@ unreadable_gpus:
   sample: [3]
 """
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _release, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _lock, _release, _snapshot, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     RELEASE_ARGS,
-    SBIN_DIRS,
     SNAPSHOT_ARGS,
     SnapshotTaker,
     fail,
+    find_pct,
     new_module,
+    programs,
     validate_snapshot_params,
 )
 from ansible_collections.gpuops.gpu.plugins.module_utils._signals import signal_number
@@ -297,8 +298,9 @@ def main() -> None:
         validate_snapshot_params(p, module)
         first_signal = signal_number(p["signal"])
         filters = _validate.release(p)
-        io = _release.HostIO(SnapshotTaker(module), run_in_group, module.warn,
-                             lambda name: module.get_bin_path(name, opt_dirs=SBIN_DIRS))
+        io = _release.HostIO(SnapshotTaker(module), run_in_group, module.warn, programs(module, find_pct(module, False)))
+        if not module.check_mode:  # one release at a time per container and node (held until the module exits)
+            _lock.Locks("gpu_release", filters["containers"], p["lock_timeout"], module.warn).acquire()
         result = _release.run_release(p, filters, io, first_signal, module.check_mode, module._diff)
     except _release.ReleaseFailed as exc:
         # Each holder once (_snapshot.compact_result): gpus_before and gpus name pids, holder_processes has the details.

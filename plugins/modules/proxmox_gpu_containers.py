@@ -97,11 +97,6 @@ options:
         (C(pct shutdown --forceStop 1)) - its processes are killed.
     type: bool
     default: false
-  pct:
-    description:
-      - The C(pct) program, a path or a name looked up in C(/usr/sbin), C(/usr/bin) and C(PATH).
-    type: str
-    default: pct
   include_stopped:
     description:
       - With no O(containers), read the configs of the stopped containers too (they are never started nor stopped).
@@ -272,16 +267,15 @@ release:
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _fence, _release
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     RELEASE_ARGS,
-    SBIN_DIRS,
     SNAPSHOT_ARGS,
     SnapshotTaker,
     fail,
+    find_pct,
     new_module,
+    programs,
 )
 from ansible_collections.gpuops.gpu.plugins.module_utils._signals import signal_number
 from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import run_in_group
-
-PCT_DIRS = ["/usr/sbin", "/usr/bin"]
 
 ARGUMENT_SPEC = dict(
     SNAPSHOT_ARGS,
@@ -293,7 +287,6 @@ ARGUMENT_SPEC = dict(
     pct_timeout=dict(type="float", default=_fence.PCT_TIMEOUT),
     shutdown_timeout=dict(type="int", default=60),
     force=dict(type="bool", default=False),
-    pct=dict(type="str", default="pct"),
 )
 
 
@@ -305,13 +298,9 @@ def main() -> None:
         # Everything is validated before anything runs (_pct and _validate have the rules and bounds).
         params = _fence.validate(p)
         first_signal = signal_number(p["signal"])
-        pct = module.get_bin_path(p["pct"], opt_dirs=PCT_DIRS)
-        if not pct:
-            raise _fence.FenceFailed("pct_not_found", f"pct: {p['pct']!r} not found (in {', '.join(PCT_DIRS)} and PATH):"
-                                                      " run this module on a Proxmox VE node (delegate_to the node), or"
-                                                      " set pct to the program's path.")
+        pct = find_pct(module, required=True)
         taker = SnapshotTaker(module)
-        host = _release.HostIO(taker, run_in_group, module.warn, lambda name: module.get_bin_path(name, opt_dirs=SBIN_DIRS))
+        host = _release.HostIO(taker, run_in_group, module.warn, programs(module, pct))
         io = _fence.NodeIO(pct, taker, host, p, first_signal, module.check_mode, module._diff)
         fence = _fence.Fence(params, io, module.check_mode, module._diff)
         result = fence.run()

@@ -14,15 +14,16 @@ import sys
 from unittest import mock
 
 
-def run_module(host, collection, name, args, prefix=(), check_mode=False):
+def run_module(host, collection, name, args, prefix=(), check_mode=False, env=None):
     """Run one module as Ansible would (a fresh interpreter with its args file); returns its JSON result."""
-    return run_module_text(host, collection, name, args, prefix, check_mode)[0]
+    return run_module_text(host, collection, name, args, prefix, check_mode, env=env)[0]
 
 
-def run_module_text(host, collection, name, args, prefix=(), check_mode=False, diff=False, tag=""):
+def run_module_text(host, collection, name, args, prefix=(), check_mode=False, diff=False, tag="", env=None):
     """Like run_module; returns (result, everything the module printed on stdout and stderr).
 
-    ``tag`` names the args file apart, for runs of one module at the same time."""
+    ``tag`` names the args file apart, for runs of one module at the same time; ``env``: variables set over the
+    host's environment (host.env())."""
     payload = dict(args)
     if check_mode:
         payload["_ansible_check_mode"] = True
@@ -31,7 +32,7 @@ def run_module_text(host, collection, name, args, prefix=(), check_mode=False, d
     argsfile = os.path.join(host.dir, f"args-{name}{tag}.json")
     with open(argsfile, "w", encoding="utf-8") as f:
         json.dump({"ANSIBLE_MODULE_ARGS": payload}, f)
-    env = dict(host.env(), PYTHONPATH=collection)
+    env = dict(host.env(), **(env or {}), PYTHONPATH=collection)
     argv = list(prefix) + [sys.executable, "-m", f"ansible_collections.gpuops.gpu.plugins.modules.{name}", argsfile]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
     try:

@@ -296,6 +296,8 @@ class SimHost:
             "GPUSIM_DIR": self.dir,
             # The modules read Xid events from this file, never from the real kernel log (README "Health").
             "GPUOPS_KERNEL_LOG": self.path(KMSG),
+            # Each simulated node has its own /run for the release locks (plugins/module_utils/_lock.py).
+            "GPUOPS_LOCK_DIR": self.path("run", "gpuops.gpu"),
         }
 
     def env(self) -> Dict[str, str]:

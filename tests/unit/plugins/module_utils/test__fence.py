@@ -44,8 +44,12 @@ class FakeNode:
         self.release_failure = release_failure
         self._gpus = gpus
         self.released = []
+        self.locked = []                  # the vmids of each take_locks call
         self.warnings = []
         self.t = 0.0
+
+    def take_locks(self, vmids):
+        self.locked.append(list(vmids))
 
     def now(self):
         return self.t
@@ -137,6 +141,7 @@ def test_states(state, check_mode, released, shut_down, stops):
     node = FakeNode(active={(129, "sglang")})
     res = fence(node, check_mode=check_mode, containers=[129, 130], units=["sglang"], state=state).run()
     assert node.released == released
+    assert node.locked == ([] if check_mode else [[129, 130]])  # the release locks: before anything is stopped
     assert res["shut_down"] == shut_down
     assert [(s["vmid"], s["unit"]) for s in res["services_stopped"]] == [(129, "sglang")]
     assert len([c for c in node.calls if c[-2:] == ("stop", "sglang")]) == stops

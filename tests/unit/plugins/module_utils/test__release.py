@@ -141,7 +141,7 @@ class FakeHost:
 def params(**over):
     p = dict(gpus=None, containers=None, users=None, match=None, pids=None, exclude=None, tree=True, signal="SIGTERM",
              grace_period=1.0, escalate=True, kill_timeout=1.0, fail_on_survivors=True, stop_units=True, all=False,
-             include_device_holders=True, protect=[], max_memory_used_mib=64)
+             pct="pct", lock_timeout=0.0, include_device_holders=True, protect=[], max_memory_used_mib=64)
     p.update(over)
     return p
 

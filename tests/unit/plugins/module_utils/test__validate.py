@@ -29,7 +29,8 @@ def snapshot_params(**over):
 
 def release_params(**over):
     p = dict(snapshot_params(), containers=None, users=None, match=None, pids=None, exclude=None, tree=True,
-             signal="SIGTERM", grace_period=10.0, escalate=True, kill_timeout=10.0, fail_on_survivors=True)
+             signal="SIGTERM", grace_period=10.0, escalate=True, kill_timeout=10.0, fail_on_survivors=True,
+             lock_timeout=0.0)
     p.update(over)
     return p
 
@@ -83,7 +84,8 @@ def test_good_snapshot_options(option, value):
 BAD_RELEASE = [
     ("grace_period", 1e18), ("grace_period", INF), ("grace_period", NAN), ("grace_period", -1.0),
     ("grace_period", 86400.5), ("kill_timeout", NAN), ("kill_timeout", INF), ("kill_timeout", -0.1),
-    ("kill_timeout", 1e18), ("pids", [0]), ("pids", [-5]), ("pids", [2 ** 63]), ("pids", [4194305]),
+    ("kill_timeout", 1e18), ("lock_timeout", -1.0), ("lock_timeout", NAN), ("lock_timeout", 86401.0),
+    ("pids", [0]), ("pids", [-5]), ("pids", [2 ** 63]), ("pids", [4194305]),
     ("containers", [42]), ("containers", [10 ** 12]), ("containers", ["١٢٩"]), ("containers", [True]),
     ("match", "(a+)+b"), ("match", "("), ("exclude", "(x*)*"), ("exclude", "(a|ab)*c"),
 ]

@@ -1,0 +1,165 @@
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""One release at a time per container and per node: lock files under ``/run`` held by the module run.
+
+Two pre-deploy runs at once on one container (two AWX jobs, a hook run twice) must not both release it: the
+second would report the first's stopped unit and released pids as its own, or signal the server the first is
+about to start. A release takes the lock of each container it is narrowed to (``ct-<vmid>.lock``, exclusive) and
+the node's (``node.lock``): shared when it is narrowed to containers, exclusive when it may reach any process of
+the node. ``flock(2)`` locks go with the process: a module killed mid-run leaves no stale lock.
+
+The holder writes who it is into each exclusive lock file (pid, what, since), so that the one that waits can say
+"another release of CT 129 is running (pid 4242, proxmox_gpu_containers, for 35 s)". The directory is
+``/run/gpuops.gpu`` (tmpfs: gone at reboot), or ``GPUOPS_LOCK_DIR`` (the simulator points each simulated node at
+its own).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import time
+
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
+
+LOCK_DIR_ENV = "GPUOPS_LOCK_DIR"
+LOCK_DIR = "/run/gpuops.gpu"
+POLL_S = 0.1
+
+
+class Locked(_errors.GpuError):
+    """Another release holds a lock this one needs, for longer than ``lock_timeout``."""
+
+    kind = "locked"
+
+
+def lock_dir() -> str:
+    return os.environ.get(LOCK_DIR_ENV) or LOCK_DIR
+
+
+def plan(containers) -> list:
+    """[(file name, exclusive, what it guards)] in the order they are taken (the node's first, then the
+    containers' by vmid: two releases never wait on each other in a circle)."""
+    vmids = sorted({int(v) for v in containers or ()})
+    out = [("node.lock", not vmids, "the node")]
+    out += [(f"ct-{v}.lock", True, f"CT {v}") for v in vmids]
+    return out
+
+
+def holder_text(record: dict, now: float) -> str:
+    """'pid 4242, proxmox_gpu_containers, for 35 s' from a lock file's record (what can be told)."""
+    parts = []
+    if record.get("pid"):
+        parts.append(f"pid {record['pid']}")
+    if record.get("module"):
+        parts.append(str(record["module"]))
+    if isinstance(record.get("since"), (int, float)):
+        parts.append(f"for {max(0.0, now - record['since']):.0f} s")
+    return ", ".join(parts) or "its holder did not say who it is"
+
+
+def busy_text(what: str, record: dict, now: float, waited: float) -> str:
+    who = holder_text(record, now)
+    pid = record.get("pid")
+    see = f" (see it: ps -o pid,etime,args -p {pid})" if pid else ""
+    return (f"another release of {what} is running ({who}); waited {waited:g} s (lock_timeout). Run again when it"
+            f" has finished{see}, or raise lock_timeout. Nothing was signalled.")
+
+
+class Locks:
+    """The locks of one release run, taken by ``acquire()`` and let go by ``release()`` (or the process's end)."""
+
+    def __init__(self, module_name: str, containers, timeout: float, warn, clock=time.time, sleep=time.sleep):
+        self.module_name = module_name
+        self.plan = plan(containers)
+        self.timeout = timeout
+        self.warn = warn
+        self.clock = clock
+        self.sleep = sleep
+        self.files = []
+
+    def acquire(self) -> None:
+        """Take every lock of the plan, waiting up to ``timeout`` seconds in all; raise Locked naming the holder.
+
+        Where the directory cannot be made (not root, a read-only /run), the release runs unlocked, with a warning."""
+        where = lock_dir()
+        try:
+            os.makedirs(where, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            self.warn(f"no lock against another release at once: cannot create {where} ({exc.strerror})")
+            return
+        start = self.clock()
+        for name, exclusive, what in self.plan:
+            path = os.path.join(where, name)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except OSError as exc:
+                self.warn(f"no lock against another release at once: cannot open {path} ({exc.strerror})")
+                continue
+            self.files.append(fd)
+            mode = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
+            while True:
+                try:
+                    fcntl.flock(fd, mode)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                        raise
+                now = self.clock()
+                if now - start >= self.timeout:
+                    record = self._record(where, name, exclusive)
+                    self.release()
+                    raise Locked(busy_text(what if record.get("what") is None else record["what"], record, now,
+                                           self.timeout), lock=os.path.join(where, name), holder=record or None)
+                self.sleep(min(POLL_S, max(0.0, self.timeout - (now - start))))
+            if exclusive:
+                self._write(fd, what)
+
+    def _record(self, where: str, name: str, exclusive: bool) -> dict:
+        """Who holds the lock that could not be taken: the record in its file, by a living holder; for the node's
+        lock taken exclusive, which releases of containers may hold shared, else the first container lock file
+        with a living holder."""
+        names = [name]
+        if name == "node.lock" and exclusive:
+            try:
+                names += sorted(n for n in os.listdir(where) if n.startswith("ct-") and n.endswith(".lock"))
+            except OSError:
+                pass
+        for n in names:
+            try:
+                with open(os.path.join(where, n), encoding="utf-8") as f:
+                    record = json.loads(f.read() or "{}")
+            except (OSError, ValueError):
+                continue
+            if isinstance(record, dict) and _alive(record.get("pid")):
+                return record
+        return {}
+
+    def _write(self, fd: int, what: str) -> None:
+        record = {"pid": os.getpid(), "module": self.module_name, "what": what, "since": round(self.clock(), 3)}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode(), 0)
+
+    def release(self) -> None:
+        for fd in self.files:
+            try:
+                os.close(fd)  # closing the last descriptor lets the flock go
+            except OSError:
+                pass
+        self.files = []
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+
+def _alive(pid) -> bool:
+    return isinstance(pid, int) and pid > 0 and os.path.exists(f"/proc/{pid}")

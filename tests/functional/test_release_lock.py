@@ -1,0 +1,61 @@
+"""One release at a time per container and node (issue 29, item 7), with real module processes on real LXC.
+
+Before the lock, two pre-deploy runs at once on one container both returned rc 0 and reported the same stopped
+unit and released pids. Now the second fails at once (lock_timeout 0, the default) naming the first - its pid,
+its module, how long it has run - before anything is signalled, or, with a lock_timeout, waits for it and then
+finds what the first left: nothing to release.
+"""
+
+import json
+import os
+import time
+
+from modrun import alive, run_module, start_module
+
+VMID = 7136
+
+
+def lock_record(host, name):
+    path = host.path("run", "gpuops.gpu", name)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.loads(f.read() or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
+def test_a_second_release_of_the_container_fails_naming_the_first_or_waits_for_it(gpusim, collection):
+    gpusim.ct_create(VMID, hostname="gpu-ct", gpus="all")
+    gpusim.ct_start(VMID)
+    server = gpusim.hold(gpus=[0], mib=4096, ct=VMID, ignore_term=True)  # SIGTERM ignored: the first run lasts 3 s
+    devices = [gpusim.dir + "/dev/nvidia*"]
+    first = start_module(gpusim, collection, "gpu_release", {"device_files": devices, "containers": [VMID],
+                                                             "grace_period": 3}, tag="-first")
+    try:
+        deadline = time.monotonic() + 20
+        while lock_record(gpusim, f"ct-{VMID}.lock").get("pid") != first.pid and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lock_record(gpusim, f"ct-{VMID}.lock")["pid"] == first.pid
+        # The fence of a second pre-deploy run on the same container: fails at once, nothing signalled.
+        second = run_module(gpusim, collection, "proxmox_gpu_containers",
+                            {"device_files": devices, "containers": [VMID], "state": "released"})
+        assert second.get("failed") and second["error"] == "locked", second
+        assert second["msg"].startswith(f"another release of CT {VMID} is running (pid {first.pid}, gpu_release, for ")
+        assert "Nothing was signalled" in second["msg"] and "release" not in second
+        # A release of the whole node waits for the container's too.
+        node = run_module(gpusim, collection, "gpu_release", {"device_files": devices, "lock_timeout": 0.3})
+        assert node.get("failed") and node["error"] == "locked" and f"CT {VMID}" in node["msg"], node
+        # A third that may wait: it runs when the first has finished, and finds nothing left to release.
+        third = run_module(gpusim, collection, "gpu_release", {"device_files": devices, "containers": [VMID],
+                                                               "lock_timeout": 60})
+        out, err = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        if alive(server):
+            os.kill(server, 9)
+    result = json.loads(out)
+    assert not result.get("failed"), (result.get("msg"), err)
+    assert [r["pid"] for r in result["released"]] == [server] and not alive(server)
+    assert not third.get("failed") and third["released"] == [] and third["changed"] is False, third

@@ -1,0 +1,106 @@
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The release locks (_lock): which locks a release takes, and real flock(2) contention in a temporary directory
+(two Locks in one process conflict as two processes do: a flock belongs to the open file description). The clock
+is a fake, so that a wait of seconds runs in none."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from ansible_collections.gpuops.gpu.plugins.module_utils import _lock
+
+
+@pytest.mark.parametrize("containers, expected", [
+    (None, [("node.lock", True, "the node")]),
+    ([], [("node.lock", True, "the node")]),
+    ([130, 129, 129], [("node.lock", False, "the node"), ("ct-129.lock", True, "CT 129"), ("ct-130.lock", True, "CT 130")]),
+])
+def test_the_plan(containers, expected):
+    assert _lock.plan(containers) == expected
+
+
+@pytest.mark.parametrize("record, text", [
+    ({"pid": 4242, "module": "proxmox_gpu_containers", "since": 65.0}, "pid 4242, proxmox_gpu_containers, for 35 s"),
+    ({"pid": 4242}, "pid 4242"),
+    ({}, "its holder did not say who it is"),
+])
+def test_holder_text(record, text):
+    assert _lock.holder_text(record, 100.0) == text
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+        self.slept = []
+
+    def now(self):
+        return self.t
+
+    def sleep(self, s):
+        self.slept.append(s)
+        self.t += s
+
+
+@pytest.fixture
+def lockdir(tmp_path, monkeypatch):
+    monkeypatch.setenv(_lock.LOCK_DIR_ENV, str(tmp_path / "run"))
+    return tmp_path / "run"
+
+
+def locks(containers, timeout, clock, warnings=None):
+    return _lock.Locks("gpu_release", containers, timeout, (warnings if warnings is not None else []).append,
+                       clock=clock.now, sleep=clock.sleep)
+
+
+@pytest.mark.parametrize("first, second, conflict, what", [
+    ([129], [129], True, "CT 129"),      # the same container
+    ([129], [130], False, None),         # other containers: side by side
+    ([129], None, True, "CT 129"),       # a release of the node waits for every container's
+    (None, [129], True, "the node"),     # and a container's for the node's
+    (None, None, True, "the node"),
+])
+def test_who_waits_for_whom(lockdir, first, second, conflict, what):
+    clock = Clock()
+    held = locks(first, 0, clock)
+    held.acquire()
+    try:
+        other = locks(second, 2.0, clock)
+        if not conflict:
+            other.acquire()
+            other.release()
+            assert clock.slept == []
+            return
+        with pytest.raises(_lock.Locked) as exc:
+            other.acquire()
+        assert exc.value.kind == "locked" and sum(clock.slept) == pytest.approx(2.0)
+        assert exc.value.msg.startswith(f"another release of {what} is running (pid {os.getpid()}, gpu_release, for 2 s);")
+        assert "waited 2 s (lock_timeout)" in exc.value.msg and "Nothing was signalled" in exc.value.msg
+        assert f"ps -o pid,etime,args -p {os.getpid()}" in exc.value.msg
+        assert other.files == []  # what it had taken is let go
+    finally:
+        held.release()
+    again = locks(second, 0, clock)
+    again.acquire()  # free once the first is done
+    again.release()
+
+
+def test_the_holder_writes_who_it_is(lockdir):
+    clock = Clock()
+    with locks([129], 0, clock):
+        with open(lockdir / "ct-129.lock", encoding="utf-8") as f:
+            assert json.load(f) == {"pid": os.getpid(), "module": "gpu_release", "what": "CT 129", "since": 1000.0}
+
+
+def test_no_lock_directory_is_a_warning_not_a_failure(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(_lock.LOCK_DIR_ENV, str(tmp_path / "file" / "run"))
+    warnings = []
+    with locks([129], 0, Clock(), warnings) as held:
+        assert held.files == []
+    assert len(warnings) == 1 and warnings[0].startswith("no lock against another release at once: cannot create")
