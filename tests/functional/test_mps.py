@@ -80,3 +80,15 @@ def test_in_a_container_the_server_shared_with_a_job_on_another_gpu_is_left(gpus
         assert alive(pid), (pid, res["released"])
     kept = by_pid(res["skipped_processes"])[server]["reason"]
     assert "MPS server" in kept and f"pid {b} on GPU 1" in kept, kept
+
+
+def test_with_nvidia_smi_no_client_is_listed_and_a_server_on_an_unselected_gpu_stays(gpusim, collection):
+    # nvidia-smi --query-compute-apps has no MPS list: the server shows, its clients look like any CUDA process.
+    control, server, a, b = mps_node(gpusim)
+    res = release(gpusim, collection, gpus=["0"], backend="nvidia-smi")
+    assert not res.get("failed"), res.get("msg")
+    assert set(by_pid(res["released"])) == {a}, res["released"]
+    for pid in (server, control, b):
+        assert alive(pid), (pid, res["released"])
+    kept = by_pid(res["skipped_processes"])[server]["reason"]
+    assert "also serves GPU 1, not selected, and no MPS client is listed" in kept, kept
