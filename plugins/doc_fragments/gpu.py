@@ -76,7 +76,8 @@ options:
       - Process names or regular expressions (matched against the name and the command line) to add
         to the protected list. Protected processes are never signalled and do not keep a GPU busy.
       - Always protected, whatever this says - PID 1, kernel threads, the module's own process and its
-        ancestors, C(nvidia-persistenced), C(nv-fabricmanager), C(nv-hostengine), C(dcgm-exporter), C(nvidia-smi).
+        ancestors, C(nvidia-persistenced), C(nv-fabricmanager), C(nv-hostengine), C(dcgm-exporter), C(nvidia-smi),
+        C(nvidia-cuda-mps-control) (the MPS control daemon).
       - The expressions see the real command line (not the redacted one the results show), its first 4096
         characters. An expression that repeats a group which itself repeats or alternates (V((a+\)+), V((a*\)*),
         V((a|aa\)+)) is refused before anything is read; a search that takes more than 0.5 s on one command line

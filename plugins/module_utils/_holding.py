@@ -30,6 +30,13 @@ check of those asked for (_health.CHECKS), and enough free memory for the next s
 Release targets for the selected GPUs: the processes with a context on one of them; the
 ``device`` holders of one of them, unless the driver shows that process with contexts only on
 GPUs that are not selected; never a ``control``-only holder unless it is named in ``pids``.
+
+MPS (docs.nvidia.com/deploy/mps): the control daemon (``nvidia-cuda-mps-control -d``) starts an
+``nvidia-cuda-mps-server`` that owns the CUDA context on each GPU it serves; its clients' contexts run
+inside it, and the driver lists the server on each of those GPUs and each client (``M+C``: compute and
+MPS lists) on the GPU it uses. Releasing a job stops its clients; the server is signalled only when every
+client it carries is a target of the release (mps_server_problem), and the control daemon never
+(_snapshot.PROTECTED_NAMES). The server exits by itself once its last client has exited.
 """
 
 from __future__ import annotations
@@ -86,6 +93,106 @@ def evidence_on(gpu_index: int, pid: int, context_pids, placed) -> str:
     if placed["unplaced"] or gpu_index in placed["gpus"]:
         return DEVICE
     return CONTROL
+
+
+MPS_SERVER = "nvidia-cuda-mps-server"
+MPS_CONTROL = "nvidia-cuda-mps-control"
+MPS_COMM = "nvidia-cuda-mps"  # both names, cut to the 15 bytes of comm (/proc/<pid>/comm)
+MPS_QUIT = "echo quit | nvidia-cuda-mps-control"
+
+
+def is_mps_client(proc: dict) -> bool:
+    """Whether the driver lists the process in its MPS list (type C(compute+mps)): an MPS client."""
+    return "mps" in (proc.get("type") or "").split("+")
+
+
+def is_mps_server(proc: dict) -> bool:
+    """Whether a process that the driver lists with a context is an MPS server: named nvidia-cuda-mps-server
+    (argv[0], or comm when the command line is not known: the control daemon, whose comm is the same, has no
+    context), and not itself an MPS client. ``cmdline``: the raw one (_snapshot.build)."""
+    if is_mps_client(proc):
+        return False
+    argv0 = ((proc.get("cmdline") or "").split(" ", 1)[0]).rsplit("/", 1)[-1]
+    name = proc.get("name") or ""
+    return MPS_SERVER in (argv0, name) or (name == MPS_COMM and argv0 in ("", MPS_COMM))
+
+
+def mps_servers(gpus: list) -> dict:
+    """{server pid: {"gpus": [indexes it is listed on], "clients": [{pid, start_time, gpus, visible}]}} over a
+    whole snapshot (every GPU, not only the selected ones).
+
+    A client is an MPS client the driver lists on a GPU the server is listed on: one control daemon runs one
+    server (per user) for the GPUs it serves, and the clients on them connect to it (nvidia-cuda-mps-control(1)).
+    Two servers listed on one GPU both count its clients (neither is signalled for the other's).
+    """
+    servers = {}
+    for g in gpus:
+        for p in g.get("processes") or []:
+            if p.get("visible") is not False and is_mps_server(p):
+                entry = servers.setdefault(p["pid"], {"gpus": [], "clients": []})
+                if g["index"] not in entry["gpus"]:
+                    entry["gpus"].append(g["index"])
+    for pid, entry in servers.items():
+        clients = {}
+        for g in gpus:
+            if g["index"] not in entry["gpus"]:
+                continue
+            for p in g.get("processes") or []:
+                if p["pid"] != pid and is_mps_client(p):
+                    c = clients.setdefault(p["pid"], {"pid": p["pid"], "start_time": p.get("start_time"), "gpus": [],
+                                                      "visible": p.get("visible")})
+                    c["gpus"].append(g["index"])
+        entry["gpus"].sort()
+        entry["clients"] = [clients[k] for k in sorted(clients)]
+    return servers
+
+
+def _gpu_text(indexes) -> str:
+    indexes = sorted(indexes)
+    return ("GPU " if len(indexes) == 1 else "GPUs ") + ", ".join(map(str, indexes))
+
+
+def mps_server_problem(server: dict, selected, is_target) -> str:
+    """Why a release must not signal an MPS server ('' when it may): the contexts of its clients run inside
+    it, so its end is theirs. ``server``: its mps_servers() entry; ``selected``: the release's GPU indexes;
+    ``is_target((pid, start_time))``: whether a client is a target of this release.
+
+    It may be signalled only when every client it carries is a target; with no client listed at all, only
+    when it serves no GPU outside the release (a driver without the MPS list shows the server, not its
+    clients: there may be clients on those GPUs)."""
+    selected = set(selected)
+    outside = []
+    for c in server.get("clients") or []:
+        if is_target((c["pid"], c.get("start_time"))):
+            continue
+        if c.get("visible") is False:
+            why = "not visible from here"
+        elif not set(c["gpus"]) & selected:
+            why = "not selected"
+        else:
+            why = "outside the scope of this release"
+        outside.append(f"pid {c['pid']} on {_gpu_text(c['gpus'])} ({why})")
+    todo = (f"Left running: it exits by itself once its last client has exited; stop those clients first, or stop"
+            f" MPS with `{MPS_QUIT}` (as the user that started it)")
+    if outside:
+        return ("an MPS server (" + MPS_SERVER + "): the CUDA contexts of its clients run inside it, so signalling it"
+                " would end the work of client " + "; ".join(outside) + " too. " + todo)
+    unserved = sorted(set(server.get("gpus") or ()) - selected)
+    if not server.get("clients") and unserved:
+        return (f"an MPS server ({MPS_SERVER}) that also serves {_gpu_text(unserved)}, not selected, and no MPS client"
+                " is listed: it may carry clients there that the driver does not list (without the MPS list a driver"
+                " shows the server instead of its clients). " + todo)
+    return ""
+
+
+def mps_server_text(server: dict) -> str:
+    """What a wait says of an MPS server that keeps a GPU busy (its mps_servers() entry, with its clients)."""
+    clients = server.get("clients") or []
+    carried = ("it carries client " + "; ".join(f"pid {c['pid']} on {_gpu_text(c['gpus'])}" for c in clients)
+               if clients else "no MPS client is listed")
+    return (f"an MPS server ({MPS_SERVER}) on {_gpu_text(server.get('gpus') or ())}: {carried}. Its context stays on"
+            " every GPU it serves until it exits, by itself once its last client has exited; gpu_release leaves it"
+            f" running while it carries a client outside the release. Stop those clients, or stop MPS with `{MPS_QUIT}`")
 
 
 def describe(proc: dict) -> str:
@@ -161,7 +268,8 @@ def verdict(gpu: dict, max_memory_used_mib: int, max_utilization_pct=None, inclu
     for p in procs:
         blockers.append(p)
         if p.get("visible", True):
-            reasons.append(f"used by {describe(p)}" + (f", {mib_text(p.get('used_mib'))}" if p.get("used_mib") is not None else ""))
+            reasons.append(f"used by {describe(p)}" + (f", {mib_text(p.get('used_mib'))}" if p.get("used_mib") is not None else "")
+                           + (f": {mps_server_text(p['mps_server'])}" if p.get("mps_server") else ""))
         else:
             reasons.append(f"used by pid {p['pid']}, which does not exist from here (a process in another PID"
                            " namespace: the host or another container)")

@@ -277,7 +277,8 @@ def choose(scope, candidates: list, contexts: dict, holder_ids: set, tree: bool,
     descendants of the targets.
     """
     roots = {}
-    for cand in candidates:
+    # An MPS server last: whether it may be signalled depends on whether its clients are targets.
+    for cand in sorted(candidates, key=lambda c: bool(c.get("mps_server"))):
         proc = dict(cand, context_gpus=sorted(contexts.get(cand["pid"], ())))
         chain = []
         if read:  # (match sees the workload root's texts even when only the holders are signalled)
@@ -463,7 +464,8 @@ class Release:
             untrusted.pop(index, None)
         self.scope = _scope.Scope(selected, self.filters, protected_pids, protect=p["protect"], text_of=io.text,
                                   exe_of=io.exe, untrusted=untrusted,
-                                  unverified=unverified_pids(before, io.host_namespace()))
+                                  unverified=unverified_pids(before, io.host_namespace()),
+                                  mps=_scope.mps_of(all_gpus))
         found, invisible = _holding.release_candidates(all_gpus, selected, p["include_device_holders"], p["pids"])
         holding = {c["pid"] for c in found} | {s["pid"] for s in invisible}
         for pid in sorted(set(p["pids"] or []) - holding):
@@ -707,6 +709,7 @@ class Release:
             if now_device != device or any(g.get("processes") for g in after):
                 self.quiet_from = io.now()  # a context, or a device-node holder came or went: quiet from here
             device = now_device
+            self.scope.mps.update(_scope.mps_of(after_all))
             new, _invisible = _holding.release_candidates(after_all, selected, p["include_device_holders"], p["pids"])
             contexts = _holding.context_gpus(after_all)
             forked = []

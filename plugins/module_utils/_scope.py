@@ -18,6 +18,8 @@ a descendant, a child that appeared during the release) is judged here, at that 
 - its place (host, container, unit) and protection (PID 1, a container's init, kernel threads,
   NVIDIA daemons, the module and its ancestors, ``protect``),
 - the user's filters (containers, users, match, pids, exclude),
+- MPS: a server is signalled only when every client whose context runs inside it is a target
+  (_holding.mps_server_problem), whatever the filters and ``pids`` say; the control daemon never,
 - and its relation to what is already in the scope (a root joins only when every GPU holder below
   it is a target; a descendant only below a target; a process that appeared during the release only
   when it descends from a target that was signalled, or was orphaned by one).
@@ -28,6 +30,7 @@ both, and nothing outside the gate can add a target. Pure: no I/O (the caller re
 
 from __future__ import annotations
 
+from ansible_collections.gpuops.gpu.plugins.module_utils import _holding
 from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import daemon_impostor, is_protected
 
 CONTEXT = "context"
@@ -48,6 +51,11 @@ def container_id(proc: dict):
     return (proc.get("container") or {}).get("id")
 
 
+def mps_of(gpus: list) -> dict:
+    """{identity: mps_server entry} of the MPS servers of a snapshot's GPUs (_snapshot.build marks them)."""
+    return {identity(p): p["mps_server"] for g in gpus for p in g.get("processes") or [] if p.get("mps_server")}
+
+
 def place_text(proc: dict) -> str:
     ct = container_id(proc)
     where = f"CT {ct}" if ct is not None else "the host"
@@ -64,11 +72,13 @@ class Scope:
     reason} (the module and its ancestors). ``protect``: the protect patterns. ``text_of(proc)``:
     the raw command line the regexes see; ``exe_of(pid)``: the executable. ``untrusted``: {GPU index:
     why its process list cannot be trusted to be complete}. ``verify``: {pid: reason} for driver
-    pids that could not be verified to be the process the driver means (never targets).
+    pids that could not be verified to be the process the driver means (never targets). ``mps``:
+    {identity: the ``mps_server`` entry of an MPS server} of the snapshot (mps_of), for the processes
+    judged from /proc rather than from a GPU's list.
     """
 
     def __init__(self, selected, filters=None, protected_pids=None, protect=(), text_of=None, exe_of=None,
-                 untrusted=None, unverified=None):
+                 untrusted=None, unverified=None, mps=None):
         self.selected = set(selected)
         self.filters = dict(filters or {})
         self.named = set(self.filters.get("pids") or ())
@@ -78,6 +88,7 @@ class Scope:
         self.exe_of = exe_of
         self.untrusted = dict(untrusted or {})
         self.unverified = dict(unverified or {})
+        self.mps = dict(mps or {})
         self._targets = {}      # identity -> entry
         self._skipped = {}      # identity -> entry (with reason)
         self._protected = {}    # identity -> entry (with reason)
@@ -157,6 +168,11 @@ class Scope:
         reason = self._outside_place(proc)
         if reason:
             return reason
+        server = proc.get("mps_server") or self.mps.get(identity(proc))
+        if server:
+            reason = _holding.mps_server_problem(server, self.selected, lambda key: key in self._targets)
+            if reason:
+                return reason
         if role == HOLDER:
             return self._holder_problem(proc, root)
         if via is None or identity(via) not in self._targets:

@@ -22,8 +22,10 @@ from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
 from ansible_collections.gpuops.gpu.plugins.module_utils import _health, _holding
 
 # Never signalled, and never counted as keeping a GPU busy: the NVIDIA daemons hold nvidiactl
-# (or a device) on an idle GPU by design.
-PROTECTED_NAMES = ("nvidia-persistenced", "nv-fabricmanager", "nv-hostengine", "dcgm-exporter", "nvidia-smi")
+# (or a device) on an idle GPU by design. The MPS control daemon holds no context (its servers do, and
+# _holding decides when one may be signalled): it is never the root of a workload.
+PROTECTED_NAMES = ("nvidia-persistenced", "nv-fabricmanager", "nv-hostengine", "dcgm-exporter", "nvidia-smi",
+                   _holding.MPS_CONTROL)
 # Where the NVIDIA packages (and DCGM) install those daemons.
 DAEMON_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin")
 # Memory an idle GPU reports in use with no process: 0 to a few MiB on current drivers (some
@@ -224,6 +226,15 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
         gpu["health"]["checks"] = _health.failed_checks(gpu, health_checks)
         gpu["fit"] = _health.fit(gpu, min_free_mib, min_free_pct, backend)
         gpu["fits"] = None if gpu["fit"] is None else gpu["fit"]["fits"]
+    # An MPS server's entries carry what it serves and whom (_holding.mps_servers; the raw command lines are
+    # here): the release's gate and the wait's reasons read it from there.
+    servers = _holding.mps_servers(gpus)
+    for gpu in gpus:
+        for proc in gpu["processes"]:
+            server = servers.get(proc["pid"])
+            if server is not None:
+                proc["mps_server"] = {"gpus": list(server["gpus"]), "clients": [dict(c, gpus=list(c["gpus"]))
+                                                                               for c in server["clients"]]}
     contexts = _holding.context_gpus(gpus)
     for gpu in gpus:
         gpu["idle"], gpu["busy_reasons"], blockers, lingering = _holding.verdict(

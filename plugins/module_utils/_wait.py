@@ -203,7 +203,8 @@ def diagnosis(gpus: list, max_memory_used_mib: int, memory=None, leak_after: flo
             add(":", g["processes_error"], i)
         elif hs:
             add("is", "used by " + ", ".join(
-                _holding.describe(h) if h.get("visible", True) else f"pid {h['pid']} (not visible from here)" for h in hs), i)
+                (_holding.describe(h) + (f", {_holding.mps_server_text(h['mps_server'])}" if h.get("mps_server") else ""))
+                if h.get("visible", True) else f"pid {h['pid']} (not visible from here)" for h in hs), i)
         elif trend and used is not None:
             {"draining": draining, "leaked": leaked}.get(trend["kind"], hidden if unseen else unchanged).append((i, trend))
             others = [r for r in reasons if not r.startswith(f"{used} MiB used")]
@@ -422,6 +423,7 @@ DAEMON_STOP = {
     "nv-fabricmanager": "systemctl stop nvidia-fabricmanager",
     "nv-hostengine": "systemctl stop nvidia-dcgm (DCGM's nv-hostengine)",
     "dcgm-exporter": "stop the dcgm-exporter service or pod",
+    "nvidia-cuda-mps-control": "echo quit | nvidia-cuda-mps-control (stops MPS)",
 }
 
 

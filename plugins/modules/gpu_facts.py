@@ -280,6 +280,12 @@ ansible_facts:
               C(/lxc/129/ns/system.slice/sglang.service)), inside a container or on the host; null for a login
               session or none.
             - C(cmdline) has its secrets hidden (see O(redact)) and is cut at 1000 characters; null with O(cmdline=false).
+            - C(type) is V(compute), V(graphics), V(mps) or their combination (V(compute+mps) is an MPS client, which the
+              driver lists in its compute and MPS lists).
+            - C(mps_server), only on the entries of an MPS server (C(nvidia-cuda-mps-server)) - C(gpus), the GPUs it
+              is listed on (every GPU it serves, of all the host's GPUs), and C(clients), the MPS clients listed on
+              them (C(pid), C(start_time), C(gpus), C(visible)). Their contexts run inside the server; the
+              C(busy_reasons) of its GPUs name them.
           type: list
           elements: dict
           returned: always

@@ -25,7 +25,13 @@ description:
     workers of an inference server go with its API process.
   - Never signalled, whatever the filters say - PID 1, kernel threads, the module's own process and all
     its ancestors (the SSH session, Ansible), the NVIDIA daemons (C(nvidia-persistenced),
-    C(nv-fabricmanager), C(nv-hostengine), C(dcgm-exporter), C(nvidia-smi)) and whatever O(protect) adds.
+    C(nv-fabricmanager), C(nv-hostengine), C(dcgm-exporter), C(nvidia-smi), the MPS control daemon
+    C(nvidia-cuda-mps-control)) and whatever O(protect) adds.
+  - An MPS server (C(nvidia-cuda-mps-server)) runs the CUDA contexts of its clients. Releasing a job stops its
+    clients; the server is signalled only when every MPS client the driver lists on the GPUs it serves is a target
+    of this release (and, when no client is listed, only when it serves no GPU outside the release), even when
+    O(pids) names it. Otherwise it is in RV(skipped_processes) with the clients it carries, and it exits by itself
+    once its last client has exited (or C(echo quit | nvidia-cuda-mps-control) stops MPS).
   - Never signals a recycled PID - each process is pinned by (pid, start time) and a pidfd where the kernel
     and Python allow, and its identity is checked again before each signal.
   - Returns when the processes are gone. It does not wait for the GPU memory to be freed; chain
@@ -188,6 +194,8 @@ protected:
 skipped_processes:
   description:
     - Holders outside the filters (or not reachable from here), with C(reason). Never signalled.
+    - An MPS server that carries a client outside the release is here, its C(reason) naming each such client and
+      its GPUs (V(pid 4242 on GPU 1 (not selected\))).
     - Named so, not C(skipped), because Ansible reserves C(skipped) in task results.
   returned: always
   type: list

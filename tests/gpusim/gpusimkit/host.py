@@ -139,6 +139,14 @@ def _mounts_under(path: str) -> List[str]:
     return out
 
 
+def _ppid(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _kill(pid: int, start: int, sig: int) -> bool:
     """Signal `pid` only if it is still the process with this starttime."""
     if not proctools.alive(pid, start):
@@ -326,14 +334,16 @@ class SimHost:
              respawn: bool = False, service: Optional[str] = None, name: Optional[str] = None,
              type: str = "C", device_only: bool = False,  # noqa: A002 (the CLI's --type)
              restart_delay: Optional[float] = None, stop_timeout: Optional[float] = None,
-             only_own_devices: bool = False, control_only: bool = False, fork_child: bool = False) -> int:
+             only_own_devices: bool = False, control_only: bool = False, fork_child: bool = False,
+             mps_control: bool = False) -> int:
         """Start a workload; returns its host pid once it holds its memory and device files.
 
         Like CUDA, it opens the device node of every GPU it can see (the host's GPUs; in a
         container the config's), its context and memory only on ``gpus``; only_own_devices: only
         the nodes of ``gpus``.  control_only: an NVML client (nvidiactl, nvidia-uvm; no memory,
         nothing registered; gpus and mib ignored).  fork_child: it forks a child that leaves its
-        process group and keeps the device files.
+        process group and keeps the device files.  mps_control: an MPS control daemon whose child is an
+        MPS server with a context on ``gpus`` (see mps_daemon).
         respawn/service: run it under a supervisor (service NAME; respawned unless stopped when
         respawn is true), in the cgroup <base>/system.slice/NAME.service; the pid returned is the
         first workload's.  ct: start it inside that container (through gpusimkit.container.spawn,
@@ -362,6 +372,8 @@ class SimHost:
             wargs.append("--control-only")
         if fork_child:
             wargs.append("--fork-child")
+        if mps_control:
+            wargs.append("--mps-control")
         workload.validate(workload.parse_args(wargs), self.scenario())
         vmid = None if ct is None else str(_as_int(ct, "ct"))
         env = proctools.kit_env(self.env())
@@ -384,6 +396,19 @@ class SimHost:
             if vmid is None:
                 cgroup = cgroups.session_path(self.dir)
         return self._start_ready(argv, env, vmid, cgroup)
+
+    def mps_daemon(self, gpus: Union[str, int, Iterable[int], None], mib: int = 28,
+                   ct: Optional[Union[int, str]] = None) -> Tuple[int, int]:
+        """An MPS control daemon (``nvidia-cuda-mps-control -d``, in a session of its own, no device file) and
+        the MPS server it started as its child (``nvidia-cuda-mps-server``, a compute context of ``mib`` on
+        each of ``gpus``): (control pid, server pid), host pids.  Its clients are workloads of type ``CM``
+        on the GPUs they use (hold(gpus=[0], type="CM")): the driver lists them in both the compute and the
+        MPS list, as nvidia-smi's ``M+C`` shows (tests/gpusim/README.md, "MPS")."""
+        control = self.hold(gpus, mib=mib, ct=ct, name="nvidia-cuda-mps-control -d", mps_control=True)
+        for pid, start in proctools.read_owned(self.dir):
+            if pid != control and proctools.alive(pid, start) and _ppid(pid) == control:
+                return control, pid
+        raise SimError(f"the MPS control daemon (pid {control}) has no server child")
 
     def _service_argv(self, scope: str, service: str, wargs: List[str], respawn: bool,
                       restart_delay: Optional[float], stop_timeout: Optional[float]) -> List[str]:

@@ -2,7 +2,7 @@
 
     python -m gpusimkit.workload --dir DIR --gpus 0,1 --mib 40960 [--type C|G|M|CG]
         [--name NAME] [--ignore-term] [--exit-delay S] [--tree] [--device-only]
-        [--only-own-devices] [--control-only] [--fork-child]
+        [--only-own-devices] [--control-only] [--fork-child] [--mps-control]
         [--record-signals FILE | --log-signals FILE] [--worker-name NAME] [--worker-setsid]
         [--ready-fd N | --ready-file PATH]
 
@@ -27,6 +27,14 @@ nvidia-uvm), like nvidia-persistenced (``--gpus none --device-only --name nvidia
 
 --control-only: an NVML client such as a monitoring agent: only nvidiactl and nvidia-uvm, no
 GPU node, no memory, nothing registered with the driver (--gpus and --mib are ignored).
+
+--mps-control: an MPS control daemon (``nvidia-cuda-mps-control -d``; give it that --name): it holds no
+device file and no memory and runs in a session of its own (it daemonizes), and it starts one MPS server
+as its child: a workload named ``nvidia-cuda-mps-server`` with a compute context (``C``) and --mib on each
+of --gpus (the server creates its context on every device it serves; its clients are other workloads,
+``--type CM``, on the GPUs they use).  Ready once the server is.  SIGTERM ends the daemon alone (assumed;
+``echo quit | nvidia-cuda-mps-control`` is the documented way to stop MPS).  The server does not exit by
+itself when its last client goes, as a real one does: a test that needs it gone kills it.
 
 --fork-child: once ready, fork one child that leaves the process group (setsid) and keeps the
 inherited device files open, holding no context (a daemonized helper, a forked data loader):
@@ -83,6 +91,7 @@ from gpusimkit.workload import main
 sys.exit(main(argv, named=True))
 """
 READY_TIMEOUT_S = 30.0
+MPS_SERVER = "nvidia-cuda-mps-server"
 
 
 def parse_args(argv: List[str]) -> argparse.Namespace:
@@ -102,6 +111,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                     help="hold only nvidiactl and nvidia-uvm, no memory, register nothing")
     ap.add_argument("--fork-child", action="store_true",
                     help="fork a child that leaves the process group and keeps the device files")
+    ap.add_argument("--mps-control", action="store_true",
+                    help="an MPS control daemon that starts one nvidia-cuda-mps-server child on --gpus")
     ap.add_argument("--record-signals", default=os.environ.get("GPUSIM_RECORD_SIGNALS") or None,
                     help="catch every catchable signal, note it in this file and keep running")
     ap.add_argument("--log-signals", default=os.environ.get("GPUSIM_LOG_SIGNALS") or None,
@@ -134,6 +145,10 @@ def validate(args: argparse.Namespace, sc: scn.Scenario) -> List[int]:
         raise scn.ScenarioError("invalid control_only=True: cannot be combined with tree or device_only")
     if args.fork_child and (args.tree or args.control_only):
         raise scn.ScenarioError("invalid fork_child=True: cannot be combined with tree or control_only")
+    if args.mps_control and (args.tree or args.device_only or args.control_only or args.fork_child):
+        raise scn.ScenarioError("invalid mps_control=True: cannot be combined with tree, device_only, control_only or fork_child")
+    if args.mps_control and not gpus:
+        raise scn.ScenarioError("invalid gpus='none': an MPS control daemon's server needs at least one GPU")
     if args.tree and not gpus:
         raise scn.ScenarioError("invalid gpus='none': a tree needs at least one GPU")
     if args.record_signals and args.log_signals:
@@ -208,6 +223,8 @@ class Workload:
         a = self.args
         if a.control_only:
             return ["nvidiactl", "nvidia-uvm"]
+        if a.mps_control:
+            return []
         if a.tree:
             return ["nvidiactl"]
         own = [self.sc.gpus[g].minor for g in self.gpus]
@@ -223,22 +240,30 @@ class Workload:
 
     # --- registration -----------------------------------------------------------------------
     def register(self) -> int:
-        if self.gpus and not self.args.tree and not self.args.device_only and not self.args.control_only:
+        a = self.args
+        if self.gpus and not (a.tree or a.device_only or a.control_only or a.mps_control):
             spec = ",".join(f"{g}:{self.args.mib}" for g in self.gpus)
             return int(proctools.driver_request(self.simdir, f"alloc {self.args.type} {spec}"))
         return int(proctools.driver_request(self.simdir, "whoami"))
 
     # --- tree -------------------------------------------------------------------------------
+    def worker_specs(self) -> List[Dict[str, str]]:
+        """[{gpus, type, name}] of the children: a tree's one worker per GPU; an MPS control daemon's one server."""
+        if self.args.mps_control:
+            return [{"gpus": ",".join(str(g) for g in self.gpus), "type": "C", "name": MPS_SERVER}]
+        return [{"gpus": str(g), "type": self.args.type, "name": self.args.worker_name or self.args.name}
+                for g in self.gpus]
+
     def start_workers(self) -> None:
         env = proctools.kit_env()
         for key in ("GPUSIM_WORKLOAD_ARGV", "GPUSIM_WORKER_NAME", "GPUSIM_WORKER_SETSID"):
             env.pop(key, None)
         logpath = os.path.join(self.simdir, "run", "workloads.log")
         pending = []
-        for g in self.gpus:
-            wargs = [f"--dir={self.simdir}", f"--gpus={g}", f"--mib={self.args.mib}", f"--type={self.args.type}",
+        for spec in self.worker_specs():
+            wargs = [f"--dir={self.simdir}", f"--gpus={spec['gpus']}", f"--mib={self.args.mib}", f"--type={spec['type']}",
                      "--ready-fd=3"]
-            name = self.args.worker_name or self.args.name
+            name = spec["name"]
             if name:
                 wargs.append(f"--name={name}")
             if self.args.record_signals:
@@ -311,7 +336,7 @@ class Workload:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        if self.args.tree or self.args.fork_child:
+        if self.args.tree or self.args.fork_child or self.args.mps_control:
             signal.signal(signal.SIGCHLD, self.on_child)
         if self.args.record_signals or self.args.log_signals:
             self.install_recorder()
@@ -346,7 +371,12 @@ class Workload:
     def run(self) -> None:
         self.install_signals()
         self.open_devices()
-        if self.args.tree:
+        if self.args.mps_control:
+            try:
+                os.setsid()  # -d: the daemon leaves the caller's session
+            except OSError:
+                pass  # already a session leader
+        if self.args.tree or self.args.mps_control:
             self.start_workers()
         self.hostpid = self.register()
         proctools.append_owned(self.simdir, self.hostpid, proctools.starttime())

@@ -157,6 +157,39 @@ def test_a_workload_on_gpu_7_holds_every_node_and_its_context_only_on_7(gpusim):
     assert [(p["gpu"], p["used_mib"]) for p in gpusim.procs()[0]] == [(7, 8192)]
 
 
+MPS_APPS = """
+import json, pynvml as N
+N.nvmlInit()
+out = {}
+for i in range(N.nvmlDeviceGetCount()):
+    h = N.nvmlDeviceGetHandleByIndex(i)
+    out[i] = {"compute": sorted(p.pid for p in N.nvmlDeviceGetComputeRunningProcesses(h)),
+              "mps": sorted(p.pid for p in N.nvmlDeviceGetMPSComputeRunningProcesses(h))}
+print(json.dumps(out))
+"""
+
+
+def test_an_mps_daemon_starts_a_server_that_holds_every_gpu_it_serves(gpusim):
+    # README "Workloads", MPS: the control daemon (no node, a session of its own) and its server child.
+    control, server = gpusim.mps_daemon(gpus=[0, 1], mib=28)
+    client = gpusim.hold(gpus=[1], mib=500, type="CM", name="python3 client.py")
+    assert stat_fields(server)[1] == str(control)                      # the server is the daemon's child
+    assert stat_fields(control)[3] == str(control)                     # -d: the leader of its own session
+    assert dev_files(gpusim, control) == []
+    with open(f"/proc/{server}/cmdline", "rb") as f:
+        assert f.read().split(b"\0")[0] == b"nvidia-cuda-mps-server"
+    with open(f"/proc/{server}/comm", encoding="utf-8") as f:
+        assert f.read().strip() == "nvidia-cuda-mps"                   # 15 bytes, as on a real host
+    env = dict(os.environ, LD_LIBRARY_PATH=gpusim.path("lib"))
+    env.pop("GPUSIM_DIR", None)
+    p = subprocess.run([sys.executable, "-c", MPS_APPS], env=env, capture_output=True, text=True, timeout=60,
+                       check=False)
+    assert p.returncode == 0, p.stderr
+    lists = {int(k): v for k, v in json.loads(p.stdout).items()}
+    assert lists[0] == {"compute": [server], "mps": []}
+    assert lists[1] == {"compute": sorted([server, client]), "mps": [client]}   # the client is M+C
+
+
 def test_only_own_devices_keeps_the_old_behaviour(gpusim):
     own = gpusim.hold([7], mib=100, only_own_devices=True)
     assert dev_files(gpusim, own) == nodes(7)

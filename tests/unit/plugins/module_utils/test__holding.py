@@ -13,7 +13,10 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._holding import (
     DEVICE,
     evidence_on,
     is_control_node,
+    is_mps_server,
     list_incomplete,
+    mps_server_problem,
+    mps_servers,
     node_of,
     placement,
     release_candidates,
@@ -249,3 +252,72 @@ def test_verdict_device_holder_listed_elsewhere(name, g, contexts, blockers, lin
     assert ([b["pid"] for b in got_blockers], [h["pid"] for h in got_lingering]) == (blockers, lingering), name
     if not blockers:
         assert any("no process holds it" in r for r in reasons), reasons
+
+
+# --- MPS -----------------------------------------------------------------------------------------
+
+def _p(pid, name, cmdline, kind="compute", visible=True):
+    return {"pid": pid, "name": name, "cmdline": cmdline, "type": kind, "start_time": pid * 10, "visible": visible}
+
+
+SERVER = _p(50, "nvidia-cuda-mps", "nvidia-cuda-mps-server")
+CLIENT_A = _p(60, "python3", "python3 a.py", "compute+mps")
+CLIENT_B = _p(70, "python3", "python3 b.py", "compute+mps")
+
+
+@pytest.mark.parametrize("proc, server", [
+    (SERVER, True),
+    (_p(1, "nvidia-cuda-mps", "/usr/bin/nvidia-cuda-mps-server"), True),
+    (_p(1, "nvidia-cuda-mps", None), True),                       # cmdline not known: comm, on a context holder
+    (_p(1, "nvidia-cuda-mps", "nvidia-cuda-mps-control -d"), False),
+    (_p(1, "python3", "python3 nvidia-cuda-mps-server"), False),  # an argument, not argv[0]
+    (_p(1, "nvidia-cuda-mps", "nvidia-cuda-mps-server", "compute+mps"), False),  # an MPS client is a client
+    (CLIENT_A, False),
+])
+def test_is_mps_server(proc, server):
+    assert is_mps_server(proc) is server
+
+
+def test_mps_servers_carry_the_clients_listed_on_the_gpus_they_serve():
+    gpus = [{"index": 0, "processes": [SERVER, CLIENT_A]}, {"index": 1, "processes": [SERVER, CLIENT_B]},
+            {"index": 2, "processes": [_p(80, "python3", "python3 c.py", "compute+mps")]}]
+    assert mps_servers(gpus) == {50: {"gpus": [0, 1], "clients": [
+        {"pid": 60, "start_time": 600, "gpus": [0], "visible": True},
+        {"pid": 70, "start_time": 700, "gpus": [1], "visible": True}]}}
+
+
+def _server(*clients, gpus=(0, 1)):
+    return {"gpus": list(gpus), "clients": [{"pid": pid, "start_time": pid * 10, "gpus": list(on), "visible": vis}
+                                            for pid, on, vis in clients]}
+
+
+@pytest.mark.parametrize("server, selected, targets, kept_for", [
+    # A client on a GPU that is not selected: the server stays.
+    (_server((60, [0], True), (70, [1], True)), {0}, {60}, ["pid 70 on GPU 1 (not selected)"]),
+    # A client on a selected GPU that the scope does not take (another container, a filter).
+    (_server((60, [0], True), (61, [0], True)), {0}, {60}, ["pid 61 on GPU 0 (outside the scope of this release)"]),
+    # A client this PID namespace cannot see.
+    (_server((60, [0], None), (62, [0], False)), {0}, {60}, ["pid 62 on GPU 0 (not visible from here)"]),
+    # Every client is a target: it may go with them.
+    (_server((60, [0], True), (70, [1], True)), {0, 1}, {60, 70}, []),
+    # No client listed, and it serves a GPU outside the release: clients there may not be listed.
+    (_server(), {0}, set(), ["also serves GPU 1, not selected, and no MPS client is listed"]),
+    # No client listed, every GPU it serves is released.
+    (_server(), {0, 1}, set(), []),
+])
+def test_mps_server_problem(server, selected, targets, kept_for):
+    reason = mps_server_problem(server, selected, lambda key: key[0] in targets and key[1] == key[0] * 10)
+    if not kept_for:
+        assert reason == ""
+        return
+    for text in kept_for:
+        assert text in reason, reason
+    assert "echo quit | nvidia-cuda-mps-control" in reason and "exits by itself" in reason
+
+
+def test_a_busy_reason_names_the_mps_server_and_its_clients():
+    server = dict(SERVER, used_mib=28, mps_server=_server((70, [1], True)))
+    _idle, reasons, blockers, _l = verdict({"index": 0, "processes": [server], "memory": {"used": 28}}, 64)
+    assert [b["pid"] for b in blockers] == [50]
+    assert "an MPS server (nvidia-cuda-mps-server) on GPUs 0, 1: it carries client pid 70 on GPU 1" in reasons[0]
+    assert "echo quit | nvidia-cuda-mps-control" in reasons[0]

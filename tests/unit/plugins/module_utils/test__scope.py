@@ -211,3 +211,53 @@ def test_a_unit_running_another_gpu_job_is_not_stopped():
 
 def test_identity_is_pid_and_start_time():
     assert _scope.identity(proc(10)) == (10, 100)
+
+
+# --- MPS: the server carries its clients' contexts; the control daemon is never a workload's root ----------
+def mps_host():
+    """The control daemon (40, a session leader) started the server (50, GPUs 0 and 1); clients 60 (GPU 0) and
+    70 (GPU 1) connect to it; all in one cgroup."""
+    server_of = {"gpus": [0, 1], "clients": [{"pid": 60, "start_time": 600, "gpus": [0], "visible": True},
+                                             {"pid": 70, "start_time": 700, "gpus": [1], "visible": True}]}
+    procs = {40: proc(40, name="nvidia-cuda-mps", cmdline="nvidia-cuda-mps-control -d", gpus=(), evidence=None),
+             50: proc(50, name="nvidia-cuda-mps", cmdline="nvidia-cuda-mps-server", ppid=40, gpus=(0, 1),
+                      mps_server=server_of, session=40),
+             60: proc(60, gpus=(0,)), 70: proc(70, gpus=(1,))}
+    children = {40: [50]}
+    contexts = {50: {0, 1}, 60: {0}, 70: {1}}
+    return procs, children, contexts, {(50, 500), (60, 600), (70, 700)}
+
+
+MPS_CASES = [
+    # (case, selected, filters, candidates, targets, why the server stays: '' = it is a target)
+    ("GPU 0: the server also carries 70 on GPU 1", {0}, {}, [50, 60], [60], "pid 70 on GPU 1 (not selected)"),
+    ("GPU 0, the server named in pids", {0}, {"pids": {50, 60}}, [50, 60], [60], "pid 70 on GPU 1 (not selected)"),
+    ("GPUs 0 and 1, every client released", {0, 1}, {}, [50, 60, 70], [50, 60, 70], ""),
+    ("GPUs 0 and 1, match takes 60 only", {0, 1}, {"match": rx("^python3$|nvidia-cuda-mps-server")}, [50, 60], [60],
+     "pid 70 on GPU 1 (outside the scope of this release)"),
+]
+
+
+@pytest.mark.parametrize("name, selected, filters, cands, expected, kept", MPS_CASES, ids=[c[0] for c in MPS_CASES])
+def test_an_mps_server_goes_only_with_every_client_it_carries(name, selected, filters, cands, expected, kept):
+    procs, children, contexts, holder_ids = mps_host()
+    scope = Scope(selected, filters)
+    # The server first, as the driver lists it (lower pid): the gate judges it after its clients all the same.
+    _release.choose(scope, [procs[c] for c in cands], contexts, holder_ids, True, procs.get, children)
+    assert [t["pid"] for t in scope.targets] == expected
+    assert 40 not in {t["pid"] for t in scope.targets}   # the control daemon is never the root of a workload
+    skipped = {s["pid"]: s["reason"] for s in scope.skipped}
+    if kept:
+        assert skipped[50].startswith("an MPS server") and kept in skipped[50], skipped
+    else:
+        assert 50 not in skipped
+
+
+def test_the_mps_control_daemon_is_protected_and_a_server_read_from_proc_is_still_known():
+    procs, _children, _contexts, _ids = mps_host()
+    scope = Scope({0}, mps={(50, 500): procs[50]["mps_server"]})
+    assert scope.protection(procs[40]) == "NVIDIA daemon (nvidia-cuda-mps-control)"
+    target = dict(procs[60])
+    assert scope.admit(target, HOLDER)
+    from_proc = {k: v for k, v in procs[50].items() if k != "mps_server"}  # as /proc gives it: no driver entry
+    assert "an MPS server" in scope.judge(from_proc, DESCENDANT, via=target)
