@@ -432,10 +432,12 @@ class Release:
         self.p = params
         self.filters = filters
         self.io = io
-        self.result = dict(changed=False, released=[], survivors=[], respawned=[], stopped_units=[])
+        self.result = dict(changed=False, released=[], survivors=[], respawned=[], stopped_units=[], unstopped_units=[])
         self.scope = None
         self.plan_units = []
         self.failure = ""
+        self.problem_kind = "scope"  # what plan()'s problem is (ReleaseFailed.kind)
+        self.problems = []           # why the release did not finish, found while it ran (before _judge_outcome's)
         self.warnings = []
         self.quiet_from = None  # io.now() when a holder of the selected GPUs was last seen (quiet_since)
 
@@ -478,6 +480,13 @@ class Release:
         if problem:
             self.result["places"] = places(targets)
             return problem
+        # A frozen holder (pct suspend, a suspend-mode backup) runs no handler and its container answers no systemctl
+        # stop; its supervisor restarts the work after the thaw. Refused before anything is stopped (check mode too).
+        frozen = frozen_targets(targets, getattr(io, "frozen", None))
+        if frozen:
+            self.problem_kind = "container_frozen"
+            self.result["frozen"] = [{"container": ct, "pids": pids} for ct, pids in frozen.items()]
+            return frozen_message(frozen)
         if not targets:
             self._nothing_selected_warning(before)
         if p["stop_units"]:
@@ -608,15 +617,19 @@ class Release:
         budget = self.p["grace_period"] + self.p["kill_timeout"] + 10
         for entry in self.plan_units:
             if not entry["command"]:
-                self.warnings.append(f"cannot stop {unit_text(entry)}: no pct here; its processes are signalled,"
-                                     " and its supervisor may restart them")
+                # Not stopped: the release fails (_judge_outcome), its processes are signalled all the same.
+                self.result["unstopped_units"].append(dict(
+                    unit=entry["unit"], container=entry["container"],
+                    error=f"cannot stop {unit_text(entry)}: no pct here (run the task on the Proxmox VE node)"))
                 continue
             done = stop_unit(self.io.run_command, self.io.bins("pct"), entry["container"], entry["unit"], budget,
                              systemctl=self.io.bins("systemctl") or "systemctl", now=self.io.now,
                              command=entry["command"])
             if done["error"]:
-                # Not stopped: not in stopped_units (what the summaries list as stopped); said in a warning.
-                self.warnings.append(done["error"] + "; its processes are signalled instead")
+                # Not stopped: not in stopped_units (what the summaries list as stopped); the release fails
+                # (_judge_outcome: its supervisor can restart the work), its processes are signalled all the same.
+                self.result["unstopped_units"].append(dict(unit=entry["unit"], container=entry["container"],
+                                                           error=done["error"]))
                 continue
             self.result["stopped_units"].append(dict(entry, rc=done["rc"], seconds=done["seconds"]))
             sent = True
@@ -636,6 +649,16 @@ class Release:
                 groups[(now.get("session"), now.get("pgrp"))] = t
         pinned = self._pin(targets)
         sent_any, stopped = self._stop_units()
+        frozen = frozen_targets([t.info for t in pinned], getattr(io, "frozen", None))
+        if frozen:
+            # Frozen since the plan (a backup started): no signal - after the thaw its supervisor would restart it.
+            for target in pinned:
+                target.close()
+            pinned = []
+            res["frozen"] = [{"container": ct, "pids": pids} for ct, pids in frozen.items()]
+            res["unstopped_units"] = [u for u in res["unstopped_units"] if u["container"] not in frozen]
+            self.problems.append(frozen_message(frozen, "Nothing was signalled" + (
+                " (the units in stopped_units were stopped before)" if stopped else "")))
         sent_any |= self._stop(pinned, first_signal)
         supervised = {(_scope.container_id(t), t.get("unit")) for t in targets
                       if (t.get("unit") or "").endswith(".service")} - stopped
@@ -753,7 +776,9 @@ class Release:
         if res["respawned"]:
             self.warnings.append("new holders appeared after the release: "
                                  + "; ".join(r["advice"] for r in res["respawned"]))
-        problems = []
+        problems = list(self.problems)
+        if res["unstopped_units"]:
+            problems.append(unstopped_message(res["unstopped_units"]))
         if res["survivors"] and p["fail_on_survivors"]:
             problems.append(survivor_message(res["survivors"], p, first_signal))
         if in_scope:
@@ -811,6 +836,46 @@ def frozen_text(proc) -> str:
             + (f" (pct resume {ct})" if ct is not None else ""))
 
 
+def frozen_targets(targets, frozen) -> dict:
+    """{container id (None: the host): [pids]} of the targets whose cgroup is frozen (``frozen(pid)``: cgroup_frozen)."""
+    out = {}
+    for t in targets if frozen is not None else ():
+        if frozen(t["pid"]):
+            out.setdefault(_scope.container_id(t), []).append(t["pid"])
+    return {ct: sorted(pids) for ct, pids in sorted(out.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))}
+
+
+def frozen_message(frozen: dict, done: str = "Nothing was signalled") -> str:
+    """Why a release with frozen targets does not proceed: the reason first, what to do, then what was done."""
+    parts = []
+    for ct, pids in frozen.items():
+        held = f"pid {', '.join(map(str, pids))}"
+        if ct is not None:
+            parts.append(f"CT {ct} is frozen (pct suspend / a suspend-mode backup; its GPU holders: {held}): resume it with"
+                         f" `pct resume {ct}` or wait for the backup, then run again")
+        else:
+            parts.append(f"the cgroup of {held} on the host is frozen (systemctl freeze, cgroup.freeze): thaw it"
+                         " (systemctl thaw <unit>, or 0 into its cgroup.freeze), then run again")
+    return ("; ".join(parts) + ". A frozen container answers no systemctl stop and runs no signal handler, and its"
+            " supervisor (systemd's Restart=) starts the work again after the thaw: the GPUs cannot be released"
+            f" while it is frozen. {done}.")
+
+
+def unstopped_message(unstopped: list) -> str:
+    """Why a release whose units could not all be stopped is not a success."""
+    return (f"{len(unstopped)} unit(s) could not be stopped (" + "; ".join(u["error"].rstrip(".") for u in unstopped)
+            + "): their processes were signalled instead, but systemd (Restart=) or another supervisor can start the"
+              " work again, so the GPUs are not proved free. Stop " + ", ".join(unit_text(u) for u in unstopped)
+            + " yourself (" + "; ".join(_stop_hint(u) for u in unstopped) + ") or find why it did not stop, then run"
+              " again.")
+
+
+def _stop_hint(entry) -> str:
+    if entry["container"] is not None:
+        return f"pct exec {entry['container']} -- systemctl stop {entry['unit']}"
+    return f"systemctl stop {entry['unit']}"
+
+
 def survivor_message(survivors: list, p: dict, first_signal: int) -> str:
     """One sentence per state: D is stuck in the kernel; T is stopped; S and the rest are still exiting.
 
@@ -850,8 +915,9 @@ def survivor_message(survivors: list, p: dict, first_signal: int) -> str:
 
 
 class ReleaseFailed(_errors.GpuError):
-    """A release that did not proceed or did not finish: ``kind`` is process_list_unreadable, scope or
-    release_incomplete; ``partial`` is the result so far (what fail_json returns beside msg)."""
+    """A release that did not proceed or did not finish: ``kind`` is process_list_unreadable, scope,
+    container_frozen (nothing was signalled) or release_incomplete; ``partial`` is the result so far (what
+    fail_json returns beside msg)."""
 
     def __init__(self, kind: str, msg: str, partial: dict):
         super().__init__(msg)
@@ -881,8 +947,8 @@ def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False,
         io.warn(warning)
     release.warnings = []
     if problem:
-        raise ReleaseFailed("scope", problem, dict({k: v for k, v in release.result.items() if k != "changed"},
-                                                   changed=False))
+        raise ReleaseFailed(release.problem_kind, problem, dict(
+            {k: v for k, v in release.result.items() if k != "changed"}, changed=False))
     if check_mode:
         result = release.check_mode_result(diff)
     else:

@@ -244,17 +244,21 @@ def test_survivors_are_described_by_their_state(state, phrase):
 # --- issue 20, item 5: the operator cases -------------------------------------------------------------------
 class SlowHost(FakeHost):
     """A FakeHost whose processes take time to exit: ``exit_after`` {pid: {signal: seconds}} (absent: never);
-    ``states`` {pid: state letter}; ``frozen_pids``: in a frozen cgroup. wait_gone follows the clock."""
+    ``states`` {pid: state letter}; ``frozen_pids``: in a frozen cgroup; ``freeze_on_signal``: frozen when a
+    signal reaches it (a backup that freezes the container meanwhile). wait_gone follows the clock."""
 
-    def __init__(self, procs, contexts, exit_after=None, states=None, frozen_pids=()):
+    def __init__(self, procs, contexts, exit_after=None, states=None, frozen_pids=(), freeze_on_signal=()):
         super().__init__(procs, contexts, dies_on={p["pid"]: () for p in procs})
         self.exit_after = exit_after or {}
         self.states = dict(states or {})
         self.frozen_pids = set(frozen_pids)
+        self.freeze_on_signal = set(freeze_on_signal)
         self.deadlines = {}
 
     def deliver(self, pid, sig):
         """A stopped process keeps its signals pending until SIGCONT (SIGKILL excepted), as the kernel does."""
+        if pid in self.freeze_on_signal:
+            self.frozen_pids.add(pid)
         pending = self.__dict__.setdefault("pending", {}).setdefault(pid, [])
         if sig == 18 and self.states.get(pid) == "T":
             self.states[pid] = "S"
@@ -389,10 +393,48 @@ def test_a_container_init_is_not_taken_for_a_nested_namespace():
     assert not _release.nested_init(proc(101))
 
 
-def test_a_frozen_holder_that_needed_sigkill_is_named():
-    host = SlowHost([proc(101)], {101: [0]}, exit_after={101: {SIGKILL: 0.0}}, frozen_pids={101})
+def test_a_holder_frozen_by_the_signal_that_needed_sigkill_is_named():
+    # frozen after the last look before the signals (a suspend-mode backup that started just then)
+    host = SlowHost([proc(101)], {101: [0]}, exit_after={101: {SIGKILL: 0.0}}, freeze_on_signal={101})
     release, res = run(host, containers=[129])
     assert "CT 129 is frozen" in warnings_of(release) and res["released"][0]["signals"] == ["SIGTERM", "SIGKILL"]
+
+
+# --- issue 29, item 2: a frozen container, a unit that could not be stopped ----------------------------------
+@pytest.mark.parametrize("check_mode", [False, True], ids=["run", "check mode"])
+def test_a_frozen_container_is_refused_before_anything_is_stopped_or_signalled(check_mode):
+    host = SlowHost([proc(101, unit="sglang.service"), proc(102, ppid=101)], {101: [0], 102: [1]}, frozen_pids={101, 102})
+    p = params(containers=[129])
+    with pytest.raises(_release.ReleaseFailed) as exc:
+        _release.run_release(p, _validate.release(p), host, SIGTERM, check_mode=check_mode)
+    assert exc.value.kind == "container_frozen"
+    assert exc.value.msg.startswith("CT 129 is frozen (pct suspend / a suspend-mode backup; its GPU holders: pid 101, 102):"
+                                    " resume it with `pct resume 129` or wait for the backup, then run again."), exc.value.msg
+    assert exc.value.msg.endswith("Nothing was signalled."), exc.value.msg
+    assert host.signalled == [] and host.commands == []
+    assert exc.value.partial["frozen"] == [{"container": 129, "pids": [101, 102]}] and not exc.value.partial["changed"]
+
+
+def test_a_container_frozen_after_the_plan_is_not_signalled_and_the_release_fails():
+    host = SlowHost([proc(101)], {101: [0]}, exit_after={101: {SIGTERM: 0.0}})
+    p = params(containers=[129])
+    release = _release.Release(p, _validate.release(p), host)
+    gpus = host.snapshot()
+    assert release.plan(gpus, gpus) == ""
+    host.frozen_pids.add(101)
+    res = release.run(SIGTERM, False)
+    assert host.signalled == [] and res["released"] == [] and res["frozen"] == [{"container": 129, "pids": [101]}]
+    assert release.failure.startswith("CT 129 is frozen") and "Nothing was signalled" in release.failure
+
+
+def test_a_frozen_host_cgroup_is_refused_too():
+    host = SlowHost([proc(101, ct=None)], {101: [0]}, frozen_pids={101})
+    p = params(pids=[101])
+    release = _release.Release(p, _validate.release(p), host)
+    gpus = host.snapshot()
+    problem = release.plan(gpus, gpus)
+    assert problem.startswith("the cgroup of pid 101 on the host is frozen (systemctl freeze, cgroup.freeze)"), problem
+    assert release.problem_kind == "container_frozen" and host.signalled == []
 
 
 def timeout_run(argv, timeout, what):
@@ -440,14 +482,24 @@ def test_stop_unit(name, runner, pct, vmid, rc, phrases, absent):
         assert calls == []
 
 
-def test_a_unit_stop_that_times_out_is_not_reported_stopped_and_its_processes_are_signalled():
+@pytest.mark.parametrize("runner, said", [
+    (timeout_run, "stopping sglang.service in CT 129 did not finish within 12 s: CT 129 did not answer"),
+    (lambda argv, t, w: (1, "", "Job for sglang.service canceled.\n"),
+     "stopping sglang.service in CT 129 failed (rc 1): Job for sglang.service canceled"),
+], ids=["timeout", "systemctl failed"])
+def test_a_unit_that_could_not_be_stopped_fails_the_release_and_its_processes_are_signalled(runner, said):
+    # Its supervisor (systemd's Restart=) can start the work again: signalled, but never a success.
     host = FakeHost([proc(101, unit="sglang.service")], {101: [0]})
-    host.run_command = timeout_run
+    host.run_command = runner
     release, res = run(host, containers=[129], grace_period=1.0, kill_timeout=1.0)
     assert res["stopped_units"] == [] and [r["pid"] for r in res["released"]] == [101]
     assert host.signalled == [(101, SIGTERM)]
-    text = warnings_of(release)
-    assert "CT 129 did not answer" in text and "the unit was not stopped" in text and "driver" not in text, text
+    (entry,) = res["unstopped_units"]
+    assert (entry["unit"], entry["container"]) == ("sglang.service", 129) and entry["error"].startswith(said), entry
+    text = release.failure
+    assert text.startswith(f"1 unit(s) could not be stopped ({said}"), text
+    assert "its processes" not in text and "the GPUs are not proved free" in text, text
+    assert "pct exec 129 -- systemctl stop sglang.service" in text and "driver" not in text, text
 
 
 FROZEN = [
