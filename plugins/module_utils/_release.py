@@ -346,6 +346,69 @@ def cgroup_frozen(pid: int, proc: str = "/proc", sys_cgroup: str = "/sys/fs/cgro
     return False
 
 
+def container_init(proc: dict, read, procs_of=None):
+    """(pid, start_time) of the init (PID 1) of the container ``proc`` runs in, or None when it cannot be told: up its
+    ancestors (a unit's process is systemd's child), else among the processes of the container's payload cgroup
+    (``procs_of(cgroup) -> [pids]``: a process started by pct exec descends from no process of the container)."""
+    ct = _scope.container_id(proc)
+    if ct is None:
+        return None
+    x, seen = proc, set()
+    while x is not None and x["pid"] not in seen and _scope.container_id(x) == ct:
+        if (x.get("container") or {}).get("pid_in_container") == 1:
+            return x["pid"], x.get("start_time")
+        seen.add(x["pid"])
+        x = read(x["ppid"]) if x.get("ppid") else None
+    root = _procs.payload_cgroup(proc.get("cgroup") or "")
+    for pid in (procs_of(root) if procs_of and root else ()):
+        x = read(pid)
+        if x is not None and _scope.container_id(x) == ct and (x.get("container") or {}).get("pid_in_container") == 1:
+            return x["pid"], x.get("start_time")
+    return None
+
+
+def cgroup_procs(path: str, sys_cgroup: str = "/sys/fs/cgroup") -> list:
+    """The pids in cgroup ``path`` and in its init.scope (systemd's PID 1 there), cgroup2 (hybrid or not)."""
+    out = []
+    for base in (f"{sys_cgroup}/unified", sys_cgroup):
+        for leaf in ("", "/init.scope"):
+            try:
+                with open(f"{base}{path}{leaf}/cgroup.procs", encoding="utf-8") as f:
+                    out += [int(x) for x in f.read().split()]
+            except (OSError, ValueError):
+                continue
+        if out:
+            break
+    return out
+
+
+def container_changes(inits: dict, read, init_of) -> list:
+    """[{container, init, now, what}] for each container whose init (``inits`` {vmid: ((pid, start_time), proc)})
+    is no longer the same process: ``what`` restarted (another init runs: ``init_of(proc)``) or stopped."""
+    out = []
+    for ct, ((pid, start), proc) in sorted(inits.items()):
+        now = read(pid)
+        if now is not None and now.get("start_time") == start:
+            continue
+        new = init_of(proc)
+        if new == (pid, start):
+            continue
+        out.append(dict(container=ct, init={"pid": pid, "start_time": start},
+                        now={"pid": new[0], "start_time": new[1]} if new else None,
+                        what="restarted" if new else "stopped"))
+    return out
+
+
+def changed_text(change: dict) -> str:
+    ct, init = change["container"], change["init"]["pid"]
+    if change["what"] == "restarted":
+        return (f"CT {ct} was restarted while the release ran (its init, pid {init}, is gone; pid {change['now']['pid']}"
+                " is its init now): what starts at its boot may hold the GPUs again. See why it restarted (an HA"
+                " manager, a user, a crash), then run again")
+    return (f"CT {ct} was stopped while the release ran (its init, pid {init}, is gone): its processes ended with it,"
+            " not (only) by this release's signals")
+
+
 # --- the sequence --------------------------------------------------------------------------------
 class HostIO:
     """The real host: /proc, pidfd signals, the clock. gpu_release adds the snapshot and commands."""
@@ -403,6 +466,9 @@ class HostIO:
     def frozen(pid):
         return cgroup_frozen(pid)
 
+    def container_init(self, proc):
+        return container_init(proc, self.read, cgroup_procs)
+
     @staticmethod
     def now():
         return time.monotonic()
@@ -438,6 +504,7 @@ class Release:
         self.failure = ""
         self.problem_kind = "scope"  # what plan()'s problem is (ReleaseFailed.kind)
         self.problems = []           # why the release did not finish, found while it ran (before _judge_outcome's)
+        self.inits = {}
         self.warnings = []
         self.quiet_from = None  # io.now() when a holder of the selected GPUs was last seen (quiet_since)
 
@@ -487,6 +554,14 @@ class Release:
             self.problem_kind = "container_frozen"
             self.result["frozen"] = [{"container": ct, "pids": pids} for ct, pids in frozen.items()]
             return frozen_message(frozen)
+        init_of = getattr(io, "container_init", None)
+        self.inits = {}  # {vmid: ((pid, start_time) of its init, a target in it)}: a container stopped or restarted meanwhile
+        for t in targets if init_of else ():
+            ct = _scope.container_id(t)
+            if ct is not None and ct not in self.inits:
+                init = init_of(t)
+                if init is not None:
+                    self.inits[ct] = (init, t)
         if not targets:
             self._nothing_selected_warning(before)
         if p["stop_units"]:
@@ -663,6 +738,7 @@ class Release:
         supervised = {(_scope.container_id(t), t.get("unit")) for t in targets
                       if (t.get("unit") or "").endswith(".service")} - stopped
         after = self._watch(first_signal, groups, t0_ticks, supervised)
+        res["containers_changed"] = container_changes(self.inits, io.read, io.container_init) if self.inits else []
         res["changed"] = sent_any or bool(stopped)
         res["gpus"] = after
         res["quiet_since"] = self._quiet_since(after)
@@ -777,6 +853,8 @@ class Release:
             self.warnings.append("new holders appeared after the release: "
                                  + "; ".join(r["advice"] for r in res["respawned"]))
         problems = list(self.problems)
+        for change in res.get("containers_changed") or ():
+            (problems if change["what"] == "restarted" else self.warnings).append(changed_text(change))
         if res["unstopped_units"]:
             problems.append(unstopped_message(res["unstopped_units"]))
         if res["survivors"] and p["fail_on_survivors"]:

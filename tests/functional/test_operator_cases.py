@@ -14,6 +14,7 @@ simulator with real processes, a real nested PID namespace and a real frozen LXC
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -222,3 +223,24 @@ def test_a_frozen_container_is_refused_and_nothing_is_signalled(gpusim, collecti
     assert alive(pid) and start_time(pid) == born
     assert gpusim.systemctl("is-active", "sglang", ct=VMID).stdout.strip() == "active"
     assert gpusim.systemctl("stop", "sglang", ct=VMID).returncode == 0
+
+
+def test_a_container_stopped_while_the_release_runs_is_named_as_such(gpusim, collection):
+    """Issue 29, item 2: the container is stopped (pct stop) while its holder takes its time over SIGTERM: the result
+    says so (containers_changed, a warning), rather than count the holder as released by the signal alone."""
+    gpusim.ct_create(VMID, hostname="stopped-ct", gpus="all")
+    gpusim.ct_start(VMID)
+    pid = gpusim.hold(gpus=[0], mib=4096, ct=VMID, exit_delay=4)
+    stopper = threading.Timer(1.0, lambda: subprocess.run(["pct", "stop", str(VMID)], env=gpusim.env(),
+                                                          capture_output=True, timeout=60, check=False))
+    stopper.start()
+    try:
+        res = release(gpusim, collection, containers=[VMID], grace_period=8)
+    finally:
+        stopper.join()
+    assert not res.get("failed"), res.get("msg")
+    assert [r["pid"] for r in res["released"]] == [pid] and gone(pid)
+    (change,) = res["containers_changed"]
+    assert change["container"] == VMID and change["what"] == "stopped" and change["now"] is None, change
+    assert f"CT {VMID} was stopped while the release ran (its init, pid {change['init']['pid']}, is gone)" \
+        in " ".join(warnings(res)), warnings(res)

@@ -559,3 +559,71 @@ def test_check_mode_hands_over_no_quiet_time():
     gpus = host.snapshot()
     assert release.plan(gpus, gpus) == ""
     assert release.check_mode_result(False)["quiet_since"] is None and host.signalled == []
+
+
+class InitHost(FakeHost):
+    """A FakeHost whose containers have an init (``init`` {vmid: pid}): ``events_on_signal`` replaces it when a
+    target is signalled - {vmid: new init pid (restarted) or None (stopped)}."""
+
+    def __init__(self, procs, contexts, init, on_signal=None, **kw):
+        super().__init__(procs, contexts, **kw)
+        self.init = dict(init)
+        self.on_signal = dict(on_signal or {})
+
+    def container_init(self, proc):
+        pid = self.init.get((proc.get("container") or {}).get("id"))
+        return (pid, self.procs[pid]["start_time"]) if pid in self.procs else None
+
+    def pin(self, info):
+        target, ok = super().pin(info)
+        host, send = self, target.send
+
+        def send_and_change(sig):
+            for ct, new in host.on_signal.items():
+                host.exit(host.init[ct])
+                if new is not None:
+                    host.procs[new] = proc(new, ct=ct, ct_pid=1, start=9000, name="systemd")
+                host.init[ct] = new
+            host.on_signal = {}
+            return send(sig)
+        target.send = send_and_change
+        return target, ok
+
+
+@pytest.mark.parametrize("new, failed, said", [
+    ("same", False, None),
+    (None, False, "CT 129 was stopped while the release ran (its init, pid 4012, is gone)"),
+    (4700, True, "CT 129 was restarted while the release ran (its init, pid 4012, is gone; pid 4700 is its init now)"),
+], ids=["unchanged", "stopped", "restarted"])
+def test_a_container_stopped_or_restarted_during_the_release_is_named(new, failed, said):
+    init = proc(4012, ct=129, ct_pid=1, name="systemd")
+    host = InitHost([init, proc(101, ppid=4012)], {101: [0]}, {129: 4012},
+                    on_signal={} if new == "same" else {129: new})
+    release, res = run(host, containers=[129])
+    assert [r["pid"] for r in res["released"]] == [101]
+    changed = res["containers_changed"]
+    if said is None:
+        assert changed == [] and release.failure == "" and not release.warnings
+        return
+    (entry,) = changed
+    assert entry["container"] == 129 and entry["init"] == {"pid": 4012, "start_time": 40120}
+    assert entry["what"] == ("restarted" if failed else "stopped")
+    assert (said in release.failure) is failed and (said in warnings_of(release)) is not failed
+
+
+CONTAINER_INIT = [
+    # (case, target's cgroup, its ancestors {pid: proc}, the payload cgroup's pids, the init found)
+    ("a unit's process: up its ancestors", "/lxc/129/ns/system.slice/x.service",
+     {50: proc(50, ppid=1, ct=129, ct_pid=1, name="systemd")}, {}, (50, 500)),
+    ("pct exec's process: in the payload cgroup", "/lxc/129/ns",
+     {60: proc(60, ct=None), 70: proc(70, ct=129, ct_pid=1, name="init")}, {"/lxc/129/ns": [70]}, (70, 700)),
+    ("plain LXC's payload", "/lxc.payload.129/x",
+     {60: proc(60, ct=None), 70: proc(70, ct=129, ct_pid=1)}, {"/lxc.payload.129": [70]}, (70, 700)),
+    ("no init to be found", "/lxc/129/ns", {60: proc(60, ct=None)}, {}, None),
+]
+
+
+@pytest.mark.parametrize("name, cgroup, procs, payload, init", CONTAINER_INIT, ids=[c[0] for c in CONTAINER_INIT])
+def test_container_init(name, cgroup, procs, payload, init):
+    target = dict(proc(101, ppid=min(procs), ct=129), cgroup=cgroup)
+    assert _release.container_init(target, procs.get, lambda path: payload.get(path, [])) == init
