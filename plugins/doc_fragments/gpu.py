@@ -217,6 +217,10 @@ options:
         and the supervisor, and the module fails (the GPUs are held again).
       - A unit is stopped only when every GPU job in it is a target; one that also runs other GPU jobs is left running
         (with a warning) and only the targets in it are signalled.
+      - A unit that could not be stopped (its container did not answer, C(systemctl) failed) fails the release after
+        its processes are signalled (RV(gpuops.gpu.gpu_release#module:unstopped_units)) - its supervisor can restart
+        them. A target in a frozen container (a suspend-mode backup, C(lxc-freeze)) fails it before anything is
+        stopped or signalled (C(error=container_frozen)).
     type: bool
     default: true
   pct:

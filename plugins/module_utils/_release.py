@@ -126,8 +126,8 @@ def stop_unit(run_command, pct, vmid, unit, timeout, systemctl="systemctl", now=
         who = f"CT {vmid}" if vmid is not None else "systemd on the host"
         out["error"] = (f"stopping {where} did not finish within {timeout:g} s: {who} did not answer ("
                         + " ".join([os.path.basename(argv[0])] + argv[1:]) + " was killed), so the unit was not"
-                        " stopped. " + ("Is the container frozen (pct suspend, lxc-freeze: pct resume or lxc-unfreeze"
-                                        " it) or its systemd hung (pct enter, systemctl status)?" if vmid is not None
+                        " stopped. " + ("Is the container frozen (a suspend-mode backup, lxc-freeze: lxc-unfreeze -n"
+                                        f" {vmid}) or its systemd hung (pct enter, systemctl status)?" if vmid is not None
                                         else "Is systemd hung (systemctl status)?"))
         return out
     except (OSError, _errors.GpuError) as exc:
@@ -321,7 +321,8 @@ def unit_problem(entry: dict, holders: list, scope) -> str:
 
 
 def cgroup_frozen(pid: int, proc: str = "/proc", sys_cgroup: str = "/sys/fs/cgroup") -> bool:
-    """Whether the cgroup of ``pid`` is frozen (``pct suspend``, ``lxc-freeze``): cgroup2's cgroup.events
+    """Whether the cgroup of ``pid`` is frozen (``lxc-freeze``: a suspend-mode backup, vzdump's
+    ``lxc-freeze``; not ``pct suspend``, a CRIU checkpoint that stops the container): cgroup2's cgroup.events
     ``frozen 1`` (an ancestor's freeze included), or the v1 freezer's FROZEN/FREEZING. A frozen process runs
     none of its signal handlers until it is thawed (cgroup2 lets a fatal signal end it; the v1 freezer not even
     that)."""
@@ -352,6 +353,69 @@ def cgroup_frozen(pid: int, proc: str = "/proc", sys_cgroup: str = "/sys/fs/cgro
                 return True
             break
     return False
+
+
+def container_init(proc: dict, read, procs_of=None):
+    """(pid, start_time) of the init (PID 1) of the container ``proc`` runs in, or None when it cannot be told: up its
+    ancestors (a unit's process is systemd's child), else among the processes of the container's payload cgroup
+    (``procs_of(cgroup) -> [pids]``: a process started by pct exec descends from no process of the container)."""
+    ct = _scope.container_id(proc)
+    if ct is None:
+        return None
+    x, seen = proc, set()
+    while x is not None and x["pid"] not in seen and _scope.container_id(x) == ct:
+        if (x.get("container") or {}).get("pid_in_container") == 1:
+            return x["pid"], x.get("start_time")
+        seen.add(x["pid"])
+        x = read(x["ppid"]) if x.get("ppid") else None
+    root = _procs.payload_cgroup(proc.get("cgroup") or "")
+    for pid in (procs_of(root) if procs_of and root else ()):
+        x = read(pid)
+        if x is not None and _scope.container_id(x) == ct and (x.get("container") or {}).get("pid_in_container") == 1:
+            return x["pid"], x.get("start_time")
+    return None
+
+
+def cgroup_procs(path: str, sys_cgroup: str = "/sys/fs/cgroup") -> list:
+    """The pids in cgroup ``path`` and in its init.scope (systemd's PID 1 there), cgroup2 (hybrid or not)."""
+    out = []
+    for base in (f"{sys_cgroup}/unified", sys_cgroup):
+        for leaf in ("", "/init.scope"):
+            try:
+                with open(f"{base}{path}{leaf}/cgroup.procs", encoding="utf-8") as f:
+                    out += [int(x) for x in f.read().split()]
+            except (OSError, ValueError):
+                continue
+        if out:
+            break
+    return out
+
+
+def container_changes(inits: dict, read, init_of) -> list:
+    """[{container, init, now, what}] for each container whose init (``inits`` {vmid: ((pid, start_time), proc)})
+    is no longer the same process: ``what`` restarted (another init runs: ``init_of(proc)``) or stopped."""
+    out = []
+    for ct, ((pid, start), proc) in sorted(inits.items()):
+        now = read(pid)
+        if now is not None and now.get("start_time") == start:
+            continue
+        new = init_of(proc)
+        if new == (pid, start):
+            continue
+        out.append(dict(container=ct, init={"pid": pid, "start_time": start},
+                        now={"pid": new[0], "start_time": new[1]} if new else None,
+                        what="restarted" if new else "stopped"))
+    return out
+
+
+def changed_text(change: dict) -> str:
+    ct, init = change["container"], change["init"]["pid"]
+    if change["what"] == "restarted":
+        return (f"CT {ct} was restarted while the release ran (its init, pid {init}, is gone; pid {change['now']['pid']}"
+                " is its init now): what starts at its boot may hold the GPUs again. See why it restarted (an HA"
+                " manager, a user, a crash), then run again")
+    return (f"CT {ct} was stopped while the release ran (its init, pid {init}, is gone): its processes ended with it,"
+            " not (only) by this release's signals")
 
 
 # --- the sequence --------------------------------------------------------------------------------
@@ -411,6 +475,9 @@ class HostIO:
     def frozen(pid):
         return cgroup_frozen(pid)
 
+    def container_init(self, proc):
+        return container_init(proc, self.read, cgroup_procs)
+
     @staticmethod
     def now():
         return time.monotonic()
@@ -440,11 +507,14 @@ class Release:
         self.p = params
         self.filters = filters
         self.io = io
-        self.result = dict(changed=False, released=[], survivors=[], respawned=[], stopped_units=[])
+        self.result = dict(changed=False, released=[], survivors=[], respawned=[], stopped_units=[], unstopped_units=[])
         self.scope = None
         self.plan_units = []
         self.units_stopped = set()  # (container, unit) that this release stopped
         self.failure = ""
+        self.problem_kind = "scope"  # what plan()'s problem is (ReleaseFailed.kind)
+        self.problems = []           # why the release did not finish, found while it ran (before _judge_outcome's)
+        self.inits = {}
         self.warnings = []
         self.quiet_from = None  # io.now() when a holder of the selected GPUs was last seen (quiet_since)
 
@@ -488,6 +558,21 @@ class Release:
         if problem:
             self.result["places"] = places(targets)
             return problem
+        # A frozen holder (a suspend-mode backup, lxc-freeze) runs no handler and its container answers no systemctl
+        # stop; its supervisor restarts the work after the thaw. Refused before anything is stopped (check mode too).
+        frozen = frozen_targets(targets, getattr(io, "frozen", None))
+        if frozen:
+            self.problem_kind = "container_frozen"
+            self.result["frozen"] = [{"container": ct, "pids": pids} for ct, pids in frozen.items()]
+            return frozen_message(frozen)
+        init_of = getattr(io, "container_init", None)
+        self.inits = {}  # {vmid: ((pid, start_time) of its init, a target in it)}: a container stopped or restarted meanwhile
+        for t in targets if init_of else ():
+            ct = _scope.container_id(t)
+            if ct is not None and ct not in self.inits:
+                init = init_of(t)
+                if init is not None:
+                    self.inits[ct] = (init, t)
         if not targets:
             self._nothing_selected_warning(before)
         if p["stop_units"]:
@@ -618,15 +703,20 @@ class Release:
         budget = self.p["grace_period"] + self.p["kill_timeout"] + 10
         for entry in self.plan_units:
             if not entry["command"]:
-                self.warnings.append(f"cannot stop {unit_text(entry)}: no pct here (the pct option); its processes are"
-                                     " signalled, and its supervisor may restart them")
+                # Not stopped: the release fails (_judge_outcome), its processes are signalled all the same.
+                self.result["unstopped_units"].append(dict(
+                    unit=entry["unit"], container=entry["container"],
+                    error=f"cannot stop {unit_text(entry)}: no pct here (the pct option; run the task on the Proxmox VE"
+                          " node)"))
                 continue
             done = stop_unit(self.io.run_command, self.io.bins("pct"), entry["container"], entry["unit"], budget,
                              systemctl=self.io.bins("systemctl") or "systemctl", now=self.io.now,
                              command=entry["command"])
             if done["error"]:
-                # Not stopped: not in stopped_units (what the summaries list as stopped); said in a warning.
-                self.warnings.append(done["error"] + "; its processes are signalled instead")
+                # Not stopped: not in stopped_units (what the summaries list as stopped); the release fails
+                # (_judge_outcome: its supervisor can restart the work), its processes are signalled all the same.
+                self.result["unstopped_units"].append(dict(unit=entry["unit"], container=entry["container"],
+                                                           error=done["error"]))
                 continue
             self.result["stopped_units"].append(dict(entry, rc=done["rc"], seconds=done["seconds"]))
             sent = True
@@ -647,10 +737,21 @@ class Release:
         pinned = self._pin(targets)
         sent_any, stopped = self._stop_units()
         self.units_stopped = stopped
+        frozen = frozen_targets([t.info for t in pinned], getattr(io, "frozen", None))
+        if frozen:
+            # Frozen since the plan (a backup started): no signal - after the thaw its supervisor would restart it.
+            for target in pinned:
+                target.close()
+            pinned = []
+            res["frozen"] = [{"container": ct, "pids": pids} for ct, pids in frozen.items()]
+            res["unstopped_units"] = [u for u in res["unstopped_units"] if u["container"] not in frozen]
+            self.problems.append(frozen_message(frozen, "Nothing was signalled" + (
+                " (the units in stopped_units were stopped before)" if stopped else "")))
         sent_any |= self._stop(pinned, first_signal)
         supervised = {(_scope.container_id(t), t.get("unit")) for t in targets
                       if (t.get("unit") or "").endswith(".service")} - stopped
         after = self._watch(first_signal, groups, t0_ticks, supervised)
+        res["containers_changed"] = container_changes(self.inits, io.read, io.container_init) if self.inits else []
         res["changed"] = sent_any or bool(stopped)
         res["gpus"] = after
         res["quiet_since"] = self._quiet_since(after)
@@ -766,7 +867,11 @@ class Release:
         if res["respawned"]:
             self.warnings.append("new holders appeared after the release: "
                                  + "; ".join(r["advice"] for r in res["respawned"]))
-        problems = []
+        problems = list(self.problems)
+        for change in res.get("containers_changed") or ():
+            (problems if change["what"] == "restarted" else self.warnings).append(changed_text(change))
+        if res["unstopped_units"]:
+            problems.append(unstopped_message(res["unstopped_units"]))
         if res["survivors"] and p["fail_on_survivors"]:
             problems.append(survivor_message(res["survivors"], p, first_signal))
         if in_scope:
@@ -819,9 +924,49 @@ def nested_init_text(first: str = "SIGTERM") -> str:
 
 def frozen_text(proc) -> str:
     ct = (proc.get("container") or {}).get("id")
-    where = f"CT {ct} is frozen (pct suspend, lxc-freeze)" if ct is not None else "its cgroup is frozen"
+    where = f"CT {ct} is frozen (a suspend-mode backup, lxc-freeze)" if ct is not None else "its cgroup is frozen"
     return (f"in a frozen cgroup: {where}, and a frozen process runs none of its signal handlers until it is thawed"
-            + (f" (pct resume {ct})" if ct is not None else ""))
+            + (f" (lxc-unfreeze -n {ct})" if ct is not None else ""))
+
+
+def frozen_targets(targets, frozen) -> dict:
+    """{container id (None: the host): [pids]} of the targets whose cgroup is frozen (``frozen(pid)``: cgroup_frozen)."""
+    out = {}
+    for t in targets if frozen is not None else ():
+        if frozen(t["pid"]):
+            out.setdefault(_scope.container_id(t), []).append(t["pid"])
+    return {ct: sorted(pids) for ct, pids in sorted(out.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))}
+
+
+def frozen_message(frozen: dict, done: str = "Nothing was signalled") -> str:
+    """Why a release with frozen targets does not proceed: the reason first, what to do, then what was done."""
+    parts = []
+    for ct, pids in frozen.items():
+        held = f"pid {', '.join(map(str, pids))}"
+        if ct is not None:
+            parts.append(f"CT {ct} is frozen (a suspend-mode backup, or lxc-freeze; its GPU holders: {held}): wait for the"
+                         f" backup to finish, or thaw it with `lxc-unfreeze -n {ct}`, then run again")
+        else:
+            parts.append(f"the cgroup of {held} on the host is frozen (systemctl freeze, cgroup.freeze): thaw it"
+                         " (systemctl thaw <unit>, or 0 into its cgroup.freeze), then run again")
+    return ("; ".join(parts) + ". A frozen container answers no systemctl stop and runs no signal handler, and its"
+            " supervisor (systemd's Restart=) starts the work again after the thaw: the GPUs cannot be released"
+            f" while it is frozen. {done}.")
+
+
+def unstopped_message(unstopped: list) -> str:
+    """Why a release whose units could not all be stopped is not a success."""
+    return (f"{len(unstopped)} unit(s) could not be stopped (" + "; ".join(u["error"].rstrip(".") for u in unstopped)
+            + "): their processes were signalled instead, but systemd (Restart=) or another supervisor can start the"
+              " work again, so the GPUs are not proved free. Stop " + ", ".join(unit_text(u) for u in unstopped)
+            + " yourself (" + "; ".join(_stop_hint(u) for u in unstopped) + ") or find why it did not stop, then run"
+              " again.")
+
+
+def _stop_hint(entry) -> str:
+    if entry["container"] is not None:
+        return f"pct exec {entry['container']} -- systemctl stop {entry['unit']}"
+    return f"systemctl stop {entry['unit']}"
 
 
 def survivor_message(survivors: list, p: dict, first_signal: int) -> str:
@@ -863,8 +1008,9 @@ def survivor_message(survivors: list, p: dict, first_signal: int) -> str:
 
 
 class ReleaseFailed(_errors.GpuError):
-    """A release that did not proceed or did not finish: ``kind`` is process_list_unreadable, scope or
-    release_incomplete; ``partial`` is the result so far (what fail_json returns beside msg)."""
+    """A release that did not proceed or did not finish: ``kind`` is process_list_unreadable, scope,
+    container_frozen (nothing was signalled) or release_incomplete; ``partial`` is the result so far (what
+    fail_json returns beside msg)."""
 
     def __init__(self, kind: str, msg: str, partial: dict):
         super().__init__(msg)
@@ -894,8 +1040,8 @@ def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False,
         io.warn(warning)
     release.warnings = []
     if problem:
-        raise ReleaseFailed("scope", problem, dict({k: v for k, v in release.result.items() if k != "changed"},
-                                                   changed=False))
+        raise ReleaseFailed(release.problem_kind, problem, dict(
+            {k: v for k, v in release.result.items() if k != "changed"}, changed=False))
     if check_mode:
         result = release.check_mode_result(diff)
     else:

@@ -222,6 +222,38 @@ stopped_units:
   elements: dict
   sample: [{"unit": "sglang.service", "container": 129, "pids": [8812, 8813], "rc": 0, "seconds": 1.2,
             "command": ["/usr/sbin/pct", "exec", "129", "--", "systemctl", "stop", "sglang.service"]}]
+unstopped_units:
+  description:
+    - The units of the targets that could not be stopped (C(pct exec) into a container that did not answer, C(systemctl)
+      failed, no C(pct) here), with C(unit), C(container) and C(error). Their processes are signalled all the same,
+      but their supervisor (systemd's C(Restart=)) can start the work again - the module fails
+      (C(error=release_incomplete)), naming each unit and the command that stops it.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"unit": "sglang.service", "container": 129, "error": "stopping sglang.service in CT 129 failed (rc 1): ..."}]
+frozen:
+  description:
+    - The targets in a frozen cgroup, by container (C(container) null - the host), when the release was refused for it
+      (C(error=container_frozen), before anything is stopped or signalled, in check mode too) or, frozen after the
+      plan, left unsignalled (C(error=release_incomplete)). A frozen container (a suspend-mode backup, C(lxc-freeze))
+      answers no C(systemctl stop), runs no signal handler, and its supervisor restarts the work after the thaw -
+      wait for the backup, or thaw it (C(lxc-unfreeze -n <vmid>)), then run again. (C(pct suspend) does not freeze: it
+      checkpoints the container with CRIU and stops it.)
+  returned: when a target was frozen
+  type: list
+  elements: dict
+  sample: [{"container": 129, "pids": [8812, 8813]}]
+containers_changed:
+  description:
+    - The containers of the targets whose init (PID 1) was no longer the same process after the release, with
+      C(container), C(init) and C(now) (C({pid, start_time}); C(now) null when none runs) and C(what) - V(stopped)
+      (a warning - its processes ended with it) or V(restarted) (the module fails - what starts at its boot may hold
+      the GPUs again).
+  returned: when the release ran (not in check mode)
+  type: list
+  elements: dict
+  sample: [{"container": 129, "init": {"pid": 4012, "start_time": 81234}, "now": null, "what": "stopped"}]
 places:
   description: Where the targets live, when an unscoped release was refused (see O(all)).
   returned: when the release was refused for that reason

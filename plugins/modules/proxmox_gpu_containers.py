@@ -37,7 +37,8 @@ description:
     its config are in RV(gpus) when none of the selected containers runs (what a wait after the fence covers).
   - Every failure has an C(error) kind - C(pct_not_found), C(pct_failed), C(no_such_container), C(container_timeout)
     (a container or C(pct) did not answer in time), C(service_state_unknown), C(service_stop_failed),
-    C(shutdown_failed), the release's (C(scope), C(process_list_unreadable), C(release_incomplete)) or the driver's.
+    C(shutdown_failed), the release's (C(scope), C(process_list_unreadable), C(container_frozen) - a fenced container
+    is frozen, nothing was stopped or signalled -, C(release_incomplete)) or the driver's.
 author:
   - gpuops developers (@gpuops)
 extends_documentation_fragment:

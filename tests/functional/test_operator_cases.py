@@ -7,13 +7,14 @@ simulator with real processes, a real nested PID namespace and a real frozen LXC
 3. A survivor is described by its state, and the advice names the wait to raise.
 4. A holder that is PID 1 of a nested PID namespace (a Docker entrypoint without an init) ignores SIGTERM:
    the survivor, or the SIGKILL after grace_period, is named as such.
-5. ``pct exec ... systemctl stop`` into a frozen container times out: the container did not answer (not the
-   driver, not query_timeout), and the unit is not reported as stopped.
+5. A frozen container (a suspend-mode backup, ``lxc-freeze``) is refused before anything is stopped or signalled,
+   with the reason and what to do (issue 29, item 2): its supervisor would restart the work after the thaw.
 """
 
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -161,7 +162,7 @@ def test_pid_1_of_a_nested_pid_namespace_is_named_when_it_ignores_sigterm(gpusim
 # --- 5. a frozen container ----------------------------------------------------------------------------
 def freeze_file(vmid):
     """cgroup2's cgroup.freeze of the container's cgroup (lxc/<vmid>/ns). On a PVE 8 node (cgroup2 only) that
-    is what ``pct suspend`` / ``lxc-freeze`` write; this machine may mount cgroup2 beside v1 controllers
+    is what ``lxc-freeze`` (a suspend-mode backup) writes; this machine may mount cgroup2 beside v1 controllers
     (hybrid), where lxc-freeze uses the v1 freezer and LXC then reports FROZEN, which the simulated pct takes
     for "not running": the same freeze through cgroup2 keeps ``pct status`` running, as PVE's does."""
     for base in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
@@ -178,11 +179,21 @@ def set_frozen(path, on):
     assert wait_for(lambda: f"frozen {int(on)}" in open(events, encoding="utf-8").read().splitlines())
 
 
-def test_a_frozen_container_that_does_not_answer_pct_exec_is_named_and_its_unit_not_called_stopped(gpusim, collection):
+def start_time(pid):
+    st = proctools.read_stat(pid)
+    return st[1] if st else None
+
+
+def test_a_frozen_container_is_refused_and_nothing_is_signalled(gpusim, collection):
+    """Issue 29, item 2: CT frozen (a suspend-mode backup, lxc-freeze) with a Restart=always server in it. Before,
+    the unit stop hung 12 s, the server was SIGKILLed (cgroup2 lets a frozen process die) and the release (and the
+    fence, so predeploy's ready) succeeded with no unit stopped; systemd restarted the server after the thaw. Now
+    gpu_release and the fence (proxmox_gpu_containers state released, predeploy's module) refuse at once, with the
+    reason and what to do, and signal nothing."""
     gpusim.ct_create(VMID, hostname="frozen-ct", gpus="all", systemd=True)
     gpusim.ct_start(VMID)
-    # a server with a SIGTERM handler (exit_delay): frozen, it cannot run it (SIG_DFL would end it at once)
     pid = gpusim.hold(gpus=[0], mib=4096, ct=VMID, service="sglang", respawn=True, restart_delay=0.2, exit_delay=0.5)
+    born = start_time(pid)
     freeze = freeze_file(VMID)
     set_frozen(freeze, True)
     try:
@@ -190,20 +201,46 @@ def test_a_frozen_container_that_does_not_answer_pct_exec_is_named_and_its_unit_
                                 timeout=30, check=False)
         assert status.stdout.strip() == "status: running", status
         started = time.monotonic()
-        # pct exec ... systemctl stop hangs in a frozen container until its limit: grace_period + kill_timeout + 10
         res = release(gpusim, collection, containers=[VMID], grace_period=1, kill_timeout=1)
+        fenced = run_module(gpusim, collection, "proxmox_gpu_containers",
+                            {"containers": [VMID], "state": "released", "pct": gpusim.path("bin", "pct"),
+                             "device_files": [gpusim.dir + "/dev/nvidia*"], "grace_period": 1, "kill_timeout": 1})
         took = time.monotonic() - started
+        assert alive(pid) and start_time(pid) == born  # never signalled (a SIGKILL ends a cgroup2-frozen process)
     finally:
         set_frozen(freeze, False)
-    text = " ".join(warnings(res)) + " " + str(res.get("msg"))
-    assert not res.get("failed"), res.get("msg")
-    assert res["stopped_units"] == [], res["stopped_units"]  # not stopped: the summaries do not list it
-    assert f"stopping sglang.service in CT {VMID} did not finish within 12 s: CT {VMID} did not answer" in text, text
-    assert "the unit was not stopped" in text and "frozen" in text, text
-    assert "driver may be hung" not in text and "query_timeout" not in text, text
-    # its process got SIGTERM (frozen, its handler cannot run) and SIGKILL (cgroup2 lets a frozen process end)
-    (entry,) = res["released"]
-    assert entry["pid"] == pid and entry["signals"] == ["SIGTERM", "SIGKILL"], entry
-    assert f"CT {VMID} is frozen" in text, text
-    assert 11 < took < 60, took
+    reason = (f"CT {VMID} is frozen (a suspend-mode backup, or lxc-freeze; its GPU holders: pid {pid}): wait for the"
+              f" backup to finish, or thaw it with `lxc-unfreeze -n {VMID}`, then run again.")
+    for result in (res, fenced):
+        assert result.get("failed") and result["error"] == "container_frozen", result
+        assert result["msg"].startswith(reason) and result["msg"].endswith("Nothing was signalled."), result["msg"]
+    assert res["released"] == [] and res["stopped_units"] == [] and res["frozen"] == [{"container": VMID, "pids": [pid]}]
+    assert fenced["release"]["released"] == [] and fenced["release"]["stopped_units"] == [], fenced["release"]
+    assert not res["changed"] and not fenced["changed"]
+    assert took < 11, took  # no unit stop was tried (it hung 12 s per run in a frozen container)
+    # thawed: the server still runs as the same process - nothing for systemd to restart, nothing was lost
+    time.sleep(0.5)
+    assert alive(pid) and start_time(pid) == born
+    assert gpusim.systemctl("is-active", "sglang", ct=VMID).stdout.strip() == "active"
     assert gpusim.systemctl("stop", "sglang", ct=VMID).returncode == 0
+
+
+def test_a_container_stopped_while_the_release_runs_is_named_as_such(gpusim, collection):
+    """Issue 29, item 2: the container is stopped (pct stop) while its holder takes its time over SIGTERM: the result
+    says so (containers_changed, a warning), rather than count the holder as released by the signal alone."""
+    gpusim.ct_create(VMID, hostname="stopped-ct", gpus="all")
+    gpusim.ct_start(VMID)
+    pid = gpusim.hold(gpus=[0], mib=4096, ct=VMID, exit_delay=4)
+    stopper = threading.Timer(1.0, lambda: subprocess.run(["pct", "stop", str(VMID)], env=gpusim.env(),
+                                                          capture_output=True, timeout=60, check=False))
+    stopper.start()
+    try:
+        res = release(gpusim, collection, containers=[VMID], grace_period=8)
+    finally:
+        stopper.join()
+    assert not res.get("failed"), res.get("msg")
+    assert [r["pid"] for r in res["released"]] == [pid] and gone(pid)
+    (change,) = res["containers_changed"]
+    assert change["container"] == VMID and change["what"] == "stopped" and change["now"] is None, change
+    assert f"CT {VMID} was stopped while the release ran (its init, pid {change['init']['pid']}, is gone)" \
+        in " ".join(warnings(res)), warnings(res)

@@ -96,7 +96,9 @@ def test_without_pct_the_advice_does_not_say_the_unit_was_stopped(node, collecti
     path = os.pathsep.join(p for p in host.env()["PATH"].split(os.pathsep) if p != host.path("bin"))
     res = run_module(host, collection, "gpu_release", {"device_files": [host.dir + "/dev/nvidia*"], "containers": [VMID],
                                                        "grace_period": 5}, env={"PATH": path})
-    assert res["stopped_units"] == [] and "no pct here" in str(res.get("warnings")), res
+    assert res["stopped_units"] == [] and res.get("failed"), res
+    (unstopped,) = res["unstopped_units"]
+    assert unstopped["unit"] == "sglang.service" and "no pct here (the pct option" in unstopped["error"], unstopped
     respawned = [r for r in res["respawned"] if r.get("unit") == "sglang.service"]
     assert respawned and res.get("failed"), res
     assert "although the unit was stopped" not in respawned[0]["advice"], respawned[0]

@@ -188,3 +188,35 @@ def test_a_stopped_container_waits_on_the_gpus_of_its_config_only(gpusim, collec
     shown = re.findall(r'"GPU (\d+)  NVIDIA', out)
     assert sorted(set(shown)) == ["0", "1"], out[-3000:]
     assert f"skipped CT {ct_a} (stopped)" in out, out[-3000:]
+
+
+def test_a_frozen_container_fails_the_fence_and_is_never_ready(gpusim, collection, tmp_path, vmids):
+    """Issue 29, item 2: CT A frozen (a suspend-mode backup, lxc-freeze) with a Restart=always server: the fence
+    fails at once with the reason and signals nothing, so the run is not ready (before: the unit stop gave up,
+    the server was killed, the run was ready, and systemd had the server back 2 s after the thaw)."""
+    ct_a = vmids[0]
+    host = gpusim
+    host.ct_create(ct_a, hostname="gpu-ct", systemd=True)
+    host.ct_start(ct_a)
+    server = host.hold(gpus="0-1", mib=8192, ct=ct_a, respawn=True, service="sglang", exit_delay=0.5)
+    freeze = next((p for p in (f"/sys/fs/cgroup/unified/lxc/{ct_a}/ns/cgroup.freeze", f"/sys/fs/cgroup/lxc/{ct_a}/ns/cgroup.freeze")
+                   if os.path.exists(p)), None)
+    if freeze is None:
+        pytest.skip("no cgroup2 freezer for the container's cgroup")
+    inv = inventory(host, {"gpu-ct": {"proxmox_node": "pve", "proxmox_vmid": ct_a, "gpu_idle_timeout": 5}})
+    with open(freeze, "w", encoding="utf-8") as f:
+        f.write("1")
+    try:
+        rc, out, took = playbook(host, collection, tmp_path, inv, "--limit", "gpu-ct")
+        assert alive(server)
+    finally:
+        with open(freeze, "w", encoding="utf-8") as f:
+            f.write("0")
+    assert rc != 0 and recap(out, "gpu-ct")["failed"] == 1, out[-4000:]
+    fatal = [line for line in out.splitlines() if line.startswith("fatal: ")]
+    assert len(fatal) == 1 and f"CT {ct_a} is frozen (a suspend-mode backup, or lxc-freeze" in fatal[0], out[-4000:]
+    assert f"wait for the backup to finish, or thaw it with `lxc-unfreeze -n {ct_a}`" in fatal[0], fatal[0]
+    assert took < 60, took
+    time.sleep(0.5)
+    assert alive(server) and host.systemctl("is-active", "sglang", ct=ct_a).stdout.strip() == "active"
+    assert host.systemctl("stop", "sglang", ct=ct_a).returncode == 0

@@ -244,17 +244,21 @@ def test_survivors_are_described_by_their_state(state, phrase):
 # --- issue 20, item 5: the operator cases -------------------------------------------------------------------
 class SlowHost(FakeHost):
     """A FakeHost whose processes take time to exit: ``exit_after`` {pid: {signal: seconds}} (absent: never);
-    ``states`` {pid: state letter}; ``frozen_pids``: in a frozen cgroup. wait_gone follows the clock."""
+    ``states`` {pid: state letter}; ``frozen_pids``: in a frozen cgroup; ``freeze_on_signal``: frozen when a
+    signal reaches it (a backup that freezes the container meanwhile). wait_gone follows the clock."""
 
-    def __init__(self, procs, contexts, exit_after=None, states=None, frozen_pids=()):
+    def __init__(self, procs, contexts, exit_after=None, states=None, frozen_pids=(), freeze_on_signal=()):
         super().__init__(procs, contexts, dies_on={p["pid"]: () for p in procs})
         self.exit_after = exit_after or {}
         self.states = dict(states or {})
         self.frozen_pids = set(frozen_pids)
+        self.freeze_on_signal = set(freeze_on_signal)
         self.deadlines = {}
 
     def deliver(self, pid, sig):
         """A stopped process keeps its signals pending until SIGCONT (SIGKILL excepted), as the kernel does."""
+        if pid in self.freeze_on_signal:
+            self.frozen_pids.add(pid)
         pending = self.__dict__.setdefault("pending", {}).setdefault(pid, [])
         if sig == 18 and self.states.get(pid) == "T":
             self.states[pid] = "S"
@@ -357,7 +361,7 @@ SURVIVORS = [
     ("nested PID 1", "S", False, "PID 1 of a nested PID namespace: it ignores SIGTERM unless it handles it",
      ["PID 1 of a nested PID namespace: it ignores SIGTERM unless it handles it", "or set escalate: true"], []),
     ("frozen, v1 freezer (state D)", "D", True, _release.frozen_text(proc(101)),
-     ["CT 129 is frozen", "pct resume 129", "survived SIGKILL"], ["stuck in the kernel", "Xid"]),
+     ["CT 129 is frozen", "lxc-unfreeze -n 129", "survived SIGKILL"], ["stuck in the kernel", "Xid"]),
 ]
 
 
@@ -389,10 +393,48 @@ def test_a_container_init_is_not_taken_for_a_nested_namespace():
     assert not _release.nested_init(proc(101))
 
 
-def test_a_frozen_holder_that_needed_sigkill_is_named():
-    host = SlowHost([proc(101)], {101: [0]}, exit_after={101: {SIGKILL: 0.0}}, frozen_pids={101})
+def test_a_holder_frozen_by_the_signal_that_needed_sigkill_is_named():
+    # frozen after the last look before the signals (a suspend-mode backup that started just then)
+    host = SlowHost([proc(101)], {101: [0]}, exit_after={101: {SIGKILL: 0.0}}, freeze_on_signal={101})
     release, res = run(host, containers=[129])
     assert "CT 129 is frozen" in warnings_of(release) and res["released"][0]["signals"] == ["SIGTERM", "SIGKILL"]
+
+
+# --- issue 29, item 2: a frozen container, a unit that could not be stopped ----------------------------------
+@pytest.mark.parametrize("check_mode", [False, True], ids=["run", "check mode"])
+def test_a_frozen_container_is_refused_before_anything_is_stopped_or_signalled(check_mode):
+    host = SlowHost([proc(101, unit="sglang.service"), proc(102, ppid=101)], {101: [0], 102: [1]}, frozen_pids={101, 102})
+    p = params(containers=[129])
+    with pytest.raises(_release.ReleaseFailed) as exc:
+        _release.run_release(p, _validate.release(p), host, SIGTERM, check_mode=check_mode)
+    assert exc.value.kind == "container_frozen"
+    assert exc.value.msg.startswith("CT 129 is frozen (a suspend-mode backup, or lxc-freeze; its GPU holders: pid 101, 102):"
+                                    " wait for the backup to finish, or thaw it with `lxc-unfreeze -n 129`, then run again."), exc.value.msg
+    assert exc.value.msg.endswith("Nothing was signalled."), exc.value.msg
+    assert host.signalled == [] and host.commands == []
+    assert exc.value.partial["frozen"] == [{"container": 129, "pids": [101, 102]}] and not exc.value.partial["changed"]
+
+
+def test_a_container_frozen_after_the_plan_is_not_signalled_and_the_release_fails():
+    host = SlowHost([proc(101)], {101: [0]}, exit_after={101: {SIGTERM: 0.0}})
+    p = params(containers=[129])
+    release = _release.Release(p, _validate.release(p), host)
+    gpus = host.snapshot()
+    assert release.plan(gpus, gpus) == ""
+    host.frozen_pids.add(101)
+    res = release.run(SIGTERM, False)
+    assert host.signalled == [] and res["released"] == [] and res["frozen"] == [{"container": 129, "pids": [101]}]
+    assert release.failure.startswith("CT 129 is frozen") and "Nothing was signalled" in release.failure
+
+
+def test_a_frozen_host_cgroup_is_refused_too():
+    host = SlowHost([proc(101, ct=None)], {101: [0]}, frozen_pids={101})
+    p = params(pids=[101])
+    release = _release.Release(p, _validate.release(p), host)
+    gpus = host.snapshot()
+    problem = release.plan(gpus, gpus)
+    assert problem.startswith("the cgroup of pid 101 on the host is frozen (systemctl freeze, cgroup.freeze)"), problem
+    assert release.problem_kind == "container_frozen" and host.signalled == []
 
 
 def timeout_run(argv, timeout, what):
@@ -440,14 +482,24 @@ def test_stop_unit(name, runner, pct, vmid, rc, phrases, absent):
         assert calls == []
 
 
-def test_a_unit_stop_that_times_out_is_not_reported_stopped_and_its_processes_are_signalled():
+@pytest.mark.parametrize("runner, said", [
+    (timeout_run, "stopping sglang.service in CT 129 did not finish within 12 s: CT 129 did not answer"),
+    (lambda argv, t, w: (1, "", "Job for sglang.service canceled.\n"),
+     "stopping sglang.service in CT 129 failed (rc 1): Job for sglang.service canceled"),
+], ids=["timeout", "systemctl failed"])
+def test_a_unit_that_could_not_be_stopped_fails_the_release_and_its_processes_are_signalled(runner, said):
+    # Its supervisor (systemd's Restart=) can start the work again: signalled, but never a success.
     host = FakeHost([proc(101, unit="sglang.service")], {101: [0]})
-    host.run_command = timeout_run
+    host.run_command = runner
     release, res = run(host, containers=[129], grace_period=1.0, kill_timeout=1.0)
     assert res["stopped_units"] == [] and [r["pid"] for r in res["released"]] == [101]
     assert host.signalled == [(101, SIGTERM)]
-    text = warnings_of(release)
-    assert "CT 129 did not answer" in text and "the unit was not stopped" in text and "driver" not in text, text
+    (entry,) = res["unstopped_units"]
+    assert (entry["unit"], entry["container"]) == ("sglang.service", 129) and entry["error"].startswith(said), entry
+    text = release.failure
+    assert text.startswith(f"1 unit(s) could not be stopped ({said}"), text
+    assert "its processes" not in text and "the GPUs are not proved free" in text, text
+    assert "pct exec 129 -- systemctl stop sglang.service" in text and "driver" not in text, text
 
 
 FROZEN = [
@@ -507,3 +559,71 @@ def test_check_mode_hands_over_no_quiet_time():
     gpus = host.snapshot()
     assert release.plan(gpus, gpus) == ""
     assert release.check_mode_result(False)["quiet_since"] is None and host.signalled == []
+
+
+class InitHost(FakeHost):
+    """A FakeHost whose containers have an init (``init`` {vmid: pid}): ``events_on_signal`` replaces it when a
+    target is signalled - {vmid: new init pid (restarted) or None (stopped)}."""
+
+    def __init__(self, procs, contexts, init, on_signal=None, **kw):
+        super().__init__(procs, contexts, **kw)
+        self.init = dict(init)
+        self.on_signal = dict(on_signal or {})
+
+    def container_init(self, proc):
+        pid = self.init.get((proc.get("container") or {}).get("id"))
+        return (pid, self.procs[pid]["start_time"]) if pid in self.procs else None
+
+    def pin(self, info):
+        target, ok = super().pin(info)
+        host, send = self, target.send
+
+        def send_and_change(sig):
+            for ct, new in host.on_signal.items():
+                host.exit(host.init[ct])
+                if new is not None:
+                    host.procs[new] = proc(new, ct=ct, ct_pid=1, start=9000, name="systemd")
+                host.init[ct] = new
+            host.on_signal = {}
+            return send(sig)
+        target.send = send_and_change
+        return target, ok
+
+
+@pytest.mark.parametrize("new, failed, said", [
+    ("same", False, None),
+    (None, False, "CT 129 was stopped while the release ran (its init, pid 4012, is gone)"),
+    (4700, True, "CT 129 was restarted while the release ran (its init, pid 4012, is gone; pid 4700 is its init now)"),
+], ids=["unchanged", "stopped", "restarted"])
+def test_a_container_stopped_or_restarted_during_the_release_is_named(new, failed, said):
+    init = proc(4012, ct=129, ct_pid=1, name="systemd")
+    host = InitHost([init, proc(101, ppid=4012)], {101: [0]}, {129: 4012},
+                    on_signal={} if new == "same" else {129: new})
+    release, res = run(host, containers=[129])
+    assert [r["pid"] for r in res["released"]] == [101]
+    changed = res["containers_changed"]
+    if said is None:
+        assert changed == [] and release.failure == "" and not release.warnings
+        return
+    (entry,) = changed
+    assert entry["container"] == 129 and entry["init"] == {"pid": 4012, "start_time": 40120}
+    assert entry["what"] == ("restarted" if failed else "stopped")
+    assert (said in release.failure) is failed and (said in warnings_of(release)) is not failed
+
+
+CONTAINER_INIT = [
+    # (case, target's cgroup, its ancestors {pid: proc}, the payload cgroup's pids, the init found)
+    ("a unit's process: up its ancestors", "/lxc/129/ns/system.slice/x.service",
+     {50: proc(50, ppid=1, ct=129, ct_pid=1, name="systemd")}, {}, (50, 500)),
+    ("pct exec's process: in the payload cgroup", "/lxc/129/ns",
+     {60: proc(60, ct=None), 70: proc(70, ct=129, ct_pid=1, name="init")}, {"/lxc/129/ns": [70]}, (70, 700)),
+    ("plain LXC's payload", "/lxc.payload.129/x",
+     {60: proc(60, ct=None), 70: proc(70, ct=129, ct_pid=1)}, {"/lxc.payload.129": [70]}, (70, 700)),
+    ("no init to be found", "/lxc/129/ns", {60: proc(60, ct=None)}, {}, None),
+]
+
+
+@pytest.mark.parametrize("name, cgroup, procs, payload, init", CONTAINER_INIT, ids=[c[0] for c in CONTAINER_INIT])
+def test_container_init(name, cgroup, procs, payload, init):
+    target = dict(proc(101, ppid=min(procs), ct=129), cgroup=cgroup)
+    assert _release.container_init(target, procs.get, lambda path: payload.get(path, [])) == init
