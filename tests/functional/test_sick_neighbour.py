@@ -53,3 +53,44 @@ def test_an_unreadable_process_list_on_another_gpu_does_not_fail_the_fence(node,
     res = run(node, collection, "proxmox_gpu_containers", dict(args, containers=[OTHER]))
     assert res.get("failed") and "Nothing was signalled" in res["msg"] and "GPU 5" in res["msg"], res
     assert alive(neighbour)
+
+
+INFOROM = {1: {"inforom_corrupt": 1}}
+
+
+@pytest.mark.parametrize("backend", ["nvidia-smi", "nvml"])
+def test_a_corrupted_inforom_is_a_health_finding_not_a_failure(gpusim, collection, backend):
+    """gpu_facts: nvidia-smi prints its WARNING line first and exits 14 (its output complete): every GPU is
+    reported, GPU 1 with the health check inforom (not blocking by default), and nvidia-smi's line as a warning;
+    NVML's nvmlDeviceValidateInforom gives the same finding."""
+    gpusim.fault(health=INFOROM)
+    res = run(gpusim, collection, "gpu_facts", {"backend": backend})
+    assert not res.get("failed"), res.get("msg")
+    gpus = res["ansible_facts"]["gpu_devices"]
+    assert [g["index"] for g in gpus] == list(range(8))
+    assert [g["inforom_corrupt"] for g in gpus] == [False, True] + [False] * 6
+    checks = {g["index"]: [c["check"] for c in g["health"]["checks"]] for g in gpus}
+    assert checks[1] == ["inforom"] and not any(checks[i] for i in checks if i != 1), checks
+    finding = gpus[1]["health"]["checks"][0]
+    assert finding["blocking"] is False and "infoROM" in finding["detail"], finding
+    assert gpus[1]["idle"] is True
+    if backend == "nvidia-smi":  # its warning line, said once, of the GPU it names
+        said = [w for w in warnings(res) if "infoROM" in w]
+        assert len(said) == 1 and said[0].startswith("GPU 1 (") and gpusim.status()["gpus"][1]["pci_bus_id"][4:] in said[0], warnings(res)
+
+
+def test_exit_14_is_success_for_every_module(gpusim, collection):
+    """gpu_release (nvidia-smi backend) releases a holder; gpu_wait_idle is ready with the nvidia-smi backend and
+    with NVML plus its final nvidia-smi query (confirm_with_nvidia_smi), which got exit 14 twice before."""
+    gpusim.fault(health=INFOROM)
+    holder = gpusim.hold(gpus=[0], mib=2048, name="python3 serve.py")
+    res = run(gpusim, collection, "gpu_release", {"backend": "nvidia-smi", "gpus": ["0"], "grace_period": 2})
+    assert not res.get("failed"), res.get("msg")
+    assert holder in [r["pid"] for r in res["released"]] and gone(holder)
+    for backend in ("nvidia-smi", "nvml"):
+        res = run(gpusim, collection, "gpu_wait_idle", {"backend": backend, "timeout": 20, "settle": 0.3, "sleep": 0.1,
+                                                         "confirm_with_nvidia_smi": True})
+        assert not res.get("failed") and res["ready"], (backend, res.get("msg"))
+        assert res["idle_gpus"] == list(range(8))
+        if backend == "nvml":
+            assert res["confirmation"], res
