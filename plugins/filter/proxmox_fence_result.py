@@ -60,7 +60,8 @@ _value:
       containers runs, the GPUs of their configs; null for every GPU),
       C(services_stopped) (C({vmid, unit})), C(released), C(respawned) and C(stopped_units) (from
       M(gpuops.gpu.gpu_release)), C(shut_down) (vmids), C(gpus_before) (the GPUs before the release),
-      C(holder_processes) (their device-file holders' details, each once), C(quiet_since) (the release's, for
+      C(holder_processes) (their device-file holders' details, each once), C(gpu_errors) (the GPUs the release did
+      not select whose process list could not be read, C({index, pci_bus_id, error}); reported, not a failure), C(quiet_since) (the release's, for
       O(gpuops.gpu.gpu_wait_idle#module:quiet_since) of the wait that follows on the node; null when none), C(changed),
       C(check_mode), C(error) (null, or what failed and, for a crash, what to do), C(failure) (null, or
       C({module, kind}), the kinds of P(gpuops.gpu.gpu_idle_result#filter)), C(summary) (one line) and C(stats) (for
@@ -147,6 +148,9 @@ def proxmox_fence_result(containers, release=None, method="processes", check_mod
     if respawned:
         parts.append("RESPAWNED pid " + ", ".join(str(r.get("pid")) for r in respawned)
                      + " - a supervisor restarts the work: its unit was not stopped (see respawned[].advice)")
+    gpu_errors = list(release.get("gpu_errors") or [])
+    for e in gpu_errors:
+        parts.append(f"GPU {e.get('index')} not fenced (not the containers'; its process list could not be read)")
     if error:
         parts.append("failed (the error follows)")  # said once, by the role's last task
     summary = ("Check mode, nothing was stopped - would have: " if in_check else "") + "; ".join(parts) \
@@ -159,7 +163,7 @@ def proxmox_fence_result(containers, release=None, method="processes", check_mod
                 container_gpus=union, services_stopped=services, released=released, respawned=respawned,
                 stopped_units=units, shut_down=shut_down, gpus_before=release.get("gpus_before"),
                 holder_processes=release.get("holder_processes") or {}, quiet_since=release.get("quiet_since"),
-                changed=changed,
+                gpu_errors=gpu_errors, changed=changed,
                 check_mode=in_check, error=error, failure=stats["failure"], summary=summary, stats=stats)
 
 

@@ -295,7 +295,10 @@ class Fence:
             self._shutdown(running)
         elif releasing:
             # Never without containers: an empty scope would mean every process of the node.
-            release, failure = self.io.release([c["vmid"] for c in running], draining_gpus(looked, res["services_stopped"]))
+            # The release selects the GPUs it fences (the running containers' union, when every one is known): a GPU
+            # the containers do not have (a sick one next door) is reported by the release, never fatal to it.
+            release, failure = self.io.release([c["vmid"] for c in running], draining_gpus(looked, res["services_stopped"]),
+                                               res["gpus"] or None)
             res["release"] = release
             if failure is not None:
                 raise failure
@@ -364,10 +367,13 @@ class NodeIO:
             self.warn(f"cannot read the GPUs ({exc.msg}): each container's gpus is null (its GPUs cannot be told)")
             return None
 
-    def release(self, vmids: list, draining=()):
+    def release(self, vmids: list, draining=(), gpus=None):
         """gpu_release's path over the containers' processes: (its result, None) or (the partial result, the error).
-        ``draining``: the GPUs whose memory the services just stopped are still freeing (draining_gpus)."""
+        ``draining``: the GPUs whose memory the services just stopped are still freeing (draining_gpus); ``gpus``: the
+        containers' GPU indexes, selected when the module's O(gpus) is not set (None: every GPU)."""
         p = dict(self.params, containers=list(vmids), draining_gpus=list(draining), **RELEASE_FIXED)
+        if gpus and not p.get("gpus"):
+            p["gpus"] = [str(i) for i in gpus]
         try:
             result = _release.run_release(p, _validate.release(p), self.release_io, self.first_signal,
                                           self.check_mode, self.diff)

@@ -33,6 +33,7 @@ HEALTH_FIELDS = {
     "ecc_uncorrected_volatile": "ecc",             # int, since the driver loaded
     "fabric": "fabric",                            # {state, status}
     "clock_event_reasons": "clock_event_reasons",  # [names of the active reasons]
+    "inforom_corrupt": "inforom",                  # bool: the infoROM's checksums do not verify
 }
 
 # nvmlGpuFabricState_t (nvml.h NVML_GPU_FABRIC_STATE_*), as nvidia-smi prints them (fabric.state).
@@ -131,6 +132,13 @@ def _latched(gpu):
     return ""
 
 
+def _inforom(gpu):
+    if gpu.get("inforom_corrupt"):
+        return ("its infoROM is corrupted (nvidia-smi exits 14 and prints WARNING: infoROM is corrupted): the GPU runs,"
+                " but the ECC counts, retired pages and settings it keeps there may not be recorded")
+    return ""
+
+
 def _xid(gpu):
     bad = [e for e in gpu.get("xid_events") or [] if e["xid"] in XID_NEEDS_ACTION]
     if bad:
@@ -180,6 +188,12 @@ CHECKS = {
         _latched,
         "reset the GPU once nothing holds it (nvidia-smi -r -i {index})",
         False, "nvmlDeviceGetUtilizationRates with no process listed", "utilization.gpu", "every branch"),
+    "inforom": (
+        _inforom,
+        "read nvidia-smi -q -i {index} (Inforom Version) and ask the vendor to reflash the infoROM or RMA the GPU;"
+        " list inforom in health_checks to hold the GPU back until then",
+        False, "nvmlDeviceValidateInforom (NVML_ERROR_CORRUPTED_INFOROM)",
+        "the WARNING line of any query (exit 14)", "every branch, GPUs with an infoROM"),
     "xid": (
         _xid,
         "read the kernel log (dmesg | grep Xid) and do what the Xid needs: a reset, a reboot, an RMA",

@@ -58,6 +58,7 @@ _INSUFFICIENT_SIZE = 7
 _DRIVER_NOT_LOADED = 9
 _LIBRARY_NOT_FOUND = 12
 _FUNCTION_NOT_FOUND = 13
+_CORRUPTED_INFOROM = 14
 _GPU_IS_LOST = 15
 _LIB_RM_VERSION_MISMATCH = 18
 _ARGUMENT_VERSION_MISMATCH = 25
@@ -226,6 +227,7 @@ class _Library:
 
 
 _LIBRARY = {}
+_INFOROM = {}  # (library, index, bus id) -> whether the infoROM is corrupted (_GpuReader.inforom)
 
 
 def _library() -> _Library:
@@ -354,7 +356,28 @@ class _GpuReader:
         mask = ctypes.c_ulonglong(0)
         got = self.raw_field("clock_event_reasons", name, ctypes.byref(mask))
         out["clock_event_reasons"] = None if got is None else _health.clock_reason_names(mask.value)
+        out["inforom_corrupt"] = self.inforom()
         return out
+
+    def inforom(self):
+        """Whether the infoROM is corrupted (nvmlDeviceValidateInforom: NVML_ERROR_CORRUPTED_INFOROM), None when
+        this GPU or driver cannot tell. It reads the flash: once per GPU and process (it does not heal in a run)."""
+        key = (id(self.lib), self.index, self.bus_id)
+        if key not in _INFOROM:
+            fn = self.lib.fn("nvmlDeviceValidateInforom")
+            if fn is None:
+                self.unsupported.append("inforom")
+                return None
+
+            def call():
+                ret = fn(self.handle)
+                return "corrupt" if ret == _CORRUPTED_INFOROM else _check(ret)
+
+            got = self.field("inforom", "nvmlDeviceValidateInforom", call)
+            if got is None:
+                return None  # unsupported or failed (noted): asked again at the next look
+            _INFOROM[key] = got == "corrupt"
+        return _INFOROM[key]
 
     def raw_field(self, field, name, *args):
         """True once the symbol ``name`` answered SUCCESS for (handle, *args); None (noted) otherwise."""

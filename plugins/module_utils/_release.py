@@ -211,6 +211,20 @@ def unreadable_lists(before: list, named: bool) -> tuple:
           " processes to stop with pids.")
 
 
+def unselected_errors(all_gpus: list, before: list) -> tuple:
+    """([{index, pci_bus_id, error}] of the GPUs that are not selected and whose process list could not be read,
+    the warning to give about them ('' when none)): an error on a GPU this release does not touch is reported,
+    never fatal."""
+    selected = {g["index"] for g in before}
+    bad = [dict(index=g["index"], pci_bus_id=g.get("pci_bus_id"), error=g["processes_error"])
+           for g in all_gpus if g["index"] not in selected and g.get("processes_error")]
+    if not bad:
+        return [], ""
+    return bad, ("; ".join(f"GPU {e['index']} ({e['pci_bus_id']}): {e['error']}" for e in bad)
+                 + ": not selected, so not released (what holds it is not known); the selected GPU(s) "
+                 + ", ".join(str(g["index"]) for g in before) + " were released all the same")
+
+
 # --- what the gate is given --------------------------------------------------------------------------
 def untrusted_lists(gpus: list, max_memory_used_mib: int) -> dict:
     """{GPU index: why its process list cannot be trusted to be complete} (_holding.list_incomplete)."""
@@ -1034,6 +1048,9 @@ def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False,
             unreadable_gpus=unreadable, gpus_before=before))
     if unreadable:
         io.warn(message)
+    others, note = unselected_errors(all_gpus, before)
+    if note:
+        io.warn(note)
     release = Release(p, filters, io)
     problem = release.plan(all_gpus, before)
     for warning in release.warnings:
@@ -1049,6 +1066,8 @@ def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False,
         for warning in release.warnings:
             io.warn(warning)
     result["elapsed"] = round(io.now() - start, 3)
+    if others:
+        result["gpu_errors"] = others
     if release.failure:
         raise ReleaseFailed("release_incomplete", release.failure, result)
     return result

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _raw
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _raw
 
 GPU_FIELDS = [
     "index", "uuid", "name", "serial", "pci.bus_id", "memory.total", "memory.used", "memory.free",
@@ -40,7 +40,63 @@ _COMPUTE_MODES = {"Default": "default", "Exclusive_Thread": "exclusive_thread", 
                   "Exclusive_Process": "exclusive_process"}
 # nvidia-smi's documented exit codes that mean "the driver cannot be used at all".
 _EXIT_KINDS = {4: "no_permission", 9: "driver_not_loaded", 12: "library_not_found", 18: "version_mismatch"}
+# nvidia-smi(1) RETURN VALUE: the codes after which the output is complete and valid - a warning, not a failure.
+WARNING_EXITS = {14: "infoROM is corrupted"}
+# A line nvidia-smi prints before (or among) its output to warn: "WARNING: infoROM is corrupted at gpu 0000:4E:00.0".
+_WARNING_LINE = re.compile(r"^\s*WARNING:\s*(.*?)\s*$")
+_INFOROM_AT = re.compile(r"infoROM is corrupted at gpu\s+([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])", re.I)
 _LOST_GPU = re.compile(r"GPU\s*([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])")
+
+
+def without_warnings(answer):
+    """(rc, out, err, warnings) of one nvidia-smi answer (rc, out, err): its WARNING lines taken out of ``out`` and
+    ``err`` (``warnings``: their text), and an exit code of WARNING_EXITS read as 0 (the output is complete)."""
+    rc, out, err = answer
+    warnings = []
+
+    def strip(text):
+        kept = []
+        for line in (text or "").splitlines(True):
+            m = _WARNING_LINE.match(line)
+            if m:
+                if m.group(1) and m.group(1) not in warnings:
+                    warnings.append(m.group(1))
+            else:
+                kept.append(line)
+        return "".join(kept)
+
+    out, err = strip(out), strip(err)
+    if rc in WARNING_EXITS:
+        if not warnings:
+            warnings.append(f"nvidia-smi exit {rc}: {WARNING_EXITS[rc]} (nvidia-smi(1) RETURN VALUE)")
+        rc = 0
+    return rc, out, err, warnings
+
+
+def reading(run, warnings=None):
+    """``run`` (argv -> rc, out, err) whose answers come without_warnings; their warnings are added to ``warnings``."""
+    def run_read(argv):
+        rc, out, err, said = without_warnings(run(argv))
+        if warnings is not None:
+            warnings.extend(w for w in said if w not in warnings)
+        return rc, out, err
+    return run_read
+
+
+def merge_warnings(gpus: list, warnings: list) -> None:
+    """nvidia-smi's warnings into a raw snapshot's GPUs: ``inforom_corrupt`` (True for the GPUs named by an infoROM
+    warning, False for the others), and each warning in the ``errors`` of the GPU it names (of every GPU when it names
+    none) - reported, never a failure."""
+    named = {}
+    for text in warnings:
+        m = _INFOROM_AT.search(text)
+        if m:
+            named.setdefault(_health.gpu_bus_key(m.group(1)), []).append(text)
+    for g in gpus:
+        mine = named.get(_health.gpu_bus_key(g.get("pci_bus_id")), [])
+        g["inforom_corrupt"] = bool(mine)
+        for text in mine or [w for w in warnings if not _INFOROM_AT.search(w)]:
+            g["errors"].append(f"GPU {g['index']}: nvidia-smi: WARNING: {text}")
 
 
 def value(text: str):
@@ -186,7 +242,7 @@ def parse_listed_fields(text: str) -> set:
 def listed_fields(run, executable: str):
     """What this nvidia-smi's ``--help-query-gpu`` lists (a set), or None when it cannot say; asked once per run."""
     if executable not in _LISTED:
-        rc, out, _err = run([executable, "--help-query-gpu"])
+        rc, out, _err = reading(run)([executable, "--help-query-gpu"])
         names = parse_listed_fields(out) if rc == 0 else set()
         _LISTED[executable] = names if "index" in names and "uuid" in names else None
     return _LISTED[executable]
@@ -249,6 +305,8 @@ def query(run, executable: str, minor_numbers=None) -> dict:
     first refusal): the driver's ``missing_fields`` names the GPU_FIELDS it could not give (memory.reserved
     before R510).
     """
+    warnings = []
+    run = reading(run, warnings)
     fields = gpu_fields(executable)
     first, apps = _run_both(
         run,
@@ -274,13 +332,14 @@ def query(run, executable: str, minor_numbers=None) -> dict:
     for g in gpus:
         g.pop("_driver_version", None)
         g["minor_number"] = (minor_numbers or {}).get(g["uuid"])
+    merge_warnings(gpus, warnings)
     return {"driver": {"backend": "nvidia-smi", "driver_version": driver_version, "nvml_version": None,
                        "cuda_driver_version": None, "missing_fields": missing}, "gpus": gpus}
 
 
 def minor_query(run, executable: str) -> dict:
     """{uuid: minor} from one ``nvidia-smi -q -x``; {} when this nvidia-smi cannot say."""
-    rc, out, _err = run([executable, "-q", "-x"])
+    rc, out, _err = reading(run)([executable, "-q", "-x"])
     if rc != 0:
         return {}
     try:
@@ -364,6 +423,7 @@ def health_query(run, executable: str, known=None) -> dict:
     out and its health field listed as unsupported), then reused.
     """
     known = known if known is not None else {}
+    run = reading(run)  # the warnings are the snapshot query's (query) to report
     if "fields" not in known:
         fields = [f for f, _key, _name in HEALTH_FIELDS if f != "clocks_throttle_reasons.active"]
         refused = []

@@ -887,7 +887,7 @@ class Wait:
     def _reset(self, smi: str, index: int, entry: dict) -> bool:
         """nvidia-smi -r -i <index>, under query_timeout, no shell; fills ``entry``. True when it succeeded."""
         try:
-            rc, out, err = self.io.run([smi, "-r", "-i", str(index)], "nvidia-smi -r")
+            rc, out, err, _said = _smi.without_warnings(self.io.run([smi, "-r", "-i", str(index)], "nvidia-smi -r"))
         except _errors.GpuError as exc:
             rc, out, err = None, "", str(getattr(exc, "msg", exc))
         text = " ".join((out + " " + err).split())[:1000]
@@ -899,8 +899,9 @@ class Wait:
     def _display(self, smi: str, index: int):
         """display_active / display_mode of one GPU by nvidia-smi, or None each where it cannot tell."""
         try:
-            rc, out, _err = self.io.run([smi, "--query-gpu=display_active,display_mode", "--format=csv,noheader",
-                                         "-i", str(index)], "nvidia-smi --query-gpu")
+            rc, out, _err, _said = _smi.without_warnings(self.io.run(
+                [smi, "--query-gpu=display_active,display_mode", "--format=csv,noheader", "-i", str(index)],
+                "nvidia-smi --query-gpu"))
         except _errors.GpuError:
             return None, None
         return display_flags(rc, out)

@@ -213,6 +213,13 @@ ansible_facts:
               C(retired_pages.pending)); GPUs before Ampere (later ones remap rows instead - null).
           type: bool
           returned: always
+        inforom_corrupt:
+          description:
+            - Whether the GPU's infoROM is corrupted (C(nvmlDeviceValidateInforom), read once per run; with nvidia-smi its
+              C(WARNING: infoROM is corrupted at gpu ...) line and exit 14, which are a warning, not a failure); null
+              when it cannot be told. The check V(inforom) of O(health_checks).
+          type: bool
+          returned: always
         ecc_uncorrected_volatile:
           description:
             - Uncorrectable ECC errors since the driver loaded (C(nvmlDeviceGetTotalEccErrors), nvidia-smi

@@ -299,6 +299,15 @@ unreadable_gpus:
   type: list
   elements: int
   sample: [3]
+gpu_errors:
+  description:
+    - The GPUs that are not selected (O(gpus)) whose process list the driver could not give, each with C(index),
+      C(pci_bus_id) and C(error). Reported (and warned about), never a failure - the selected GPUs were released - but
+      what holds those GPUs is not known.
+  returned: when such a GPU was seen
+  type: list
+  elements: dict
+  sample: [{"index": 5, "pci_bus_id": "00000000:AB:00.0", "error": "processes could not be read: Unknown Error"}]
 """
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _lock, _release, _snapshot, _validate

@@ -257,8 +257,11 @@ release:
   description:
     - With O(state=released), when a selected container runs - the result of the release of its GPU holders, as
       M(gpuops.gpu.gpu_release) returns it (C(released), C(survivors), C(respawned), C(protected),
-      C(skipped_processes), C(stopped_units), C(gpus_before), C(gpus), C(elapsed)); in check mode what would be
-      released. On a failure of the release, what it did until then.
+      C(skipped_processes), C(stopped_units), C(gpus_before), C(gpus), C(elapsed), C(gpu_errors)); in check mode what
+      would be released. On a failure of the release, what it did until then.
+    - The release selects the GPUs of the running containers (RV(gpus)) unless O(gpus) is set (every GPU when RV(gpus)
+      is null or empty): a GPU they do not have whose process list cannot be read is in C(gpu_errors) and a warning,
+      and does not fail the fence.
   returned: with O(state=released) and a running container
   type: dict
   sample: {"changed": true, "released": [{"pid": 8812, "name": "python3", "container": {"kind": "lxc", "id": 129},

@@ -54,7 +54,7 @@ XID_TEXT = {
 }
 HEALTH_FIELDS = ("remap_corrected", "remap_uncorrected", "remap_pending", "remap_failure", "retired_pending",
                  "ecc_mode", "ecc_volatile_corrected", "ecc_volatile_uncorrected", "fabric_state", "fabric_status",
-                 "clock_reasons")
+                 "clock_reasons", "inforom_corrupt")
 INIT_ERROR_NAMES = {"none": 0, "ok": 0, "driver_not_loaded": 9, "version_mismatch": 18, "no_permission": 4}
 SERVICE_RE = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 READY_TIMEOUT_S = 30.0

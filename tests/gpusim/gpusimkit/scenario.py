@@ -113,6 +113,8 @@ class Gpu:
     fabric_state: int = 3
     fabric_status: int = 0
     clock_reasons: int = IDLE_CLOCK_REASONS
+    # nvmlDeviceValidateInforom answers NVML_ERROR_CORRUPTED_INFOROM, and nvidia-smi warns and exits 14 (README "Health").
+    inforom_corrupt: int = 0
     not_supported: List[str] = dataclasses.field(default_factory=list)
     unknown: List[str] = dataclasses.field(default_factory=list)
 
@@ -139,7 +141,7 @@ class Gpu:
         _check(self.compute_mode in (0, 2, 3), f + ".compute_mode", self.compute_mode, "must be 0, 2 or 3")
         _check(self.mig_current in (0, 1), f + ".mig_current", self.mig_current, "must be 0 or 1")
         _check(self.mig_pending in (0, 1), f + ".mig_pending", self.mig_pending, "must be 0 or 1")
-        for name in ("remap_pending", "remap_failure", "retired_pending", "ecc_mode"):
+        for name in ("remap_pending", "remap_failure", "retired_pending", "ecc_mode", "inforom_corrupt"):
             v = getattr(self, name)
             _check(v in (0, 1), f"{f}.{name}", v, "must be 0 or 1")
         for name in ("remap_corrected", "remap_uncorrected", "ecc_volatile_corrected", "ecc_volatile_uncorrected"):

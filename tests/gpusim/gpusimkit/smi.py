@@ -51,6 +51,7 @@ ERROR_INSUFFICIENT_SIZE = 7
 ERROR_DRIVER_NOT_LOADED = 9
 ERROR_LIBRARY_NOT_FOUND = 12
 ERROR_FUNCTION_NOT_FOUND = 13
+ERROR_CORRUPTED_INFOROM = 14
 ERROR_GPU_IS_LOST = 15
 ERROR_LIB_RM_VERSION_MISMATCH = 18
 ERROR_ARGUMENT_VERSION_MISMATCH = 25
@@ -95,6 +96,7 @@ MSG_LOST_SUFFIX = "GPU is lost.  Reboot the system to recover this GPU"
 EXIT_OK = 0
 EXIT_BAD_ARGS = 2
 EXIT_NOT_FOUND = 6
+EXIT_INFOROM_CORRUPTED = 14  # "infoROM is corrupted" (nvidia-smi(1) RETURN VALUE)
 
 USAGE = """\
 NVIDIA System Management Interface -- v{version}
@@ -1477,6 +1479,13 @@ def _run(nv: Nvml, args: Args, fields: List[str], header: bool, units: bool, io:
 
     for f in failures:
         io.e(f.message())
+    # A corrupted infoROM (nvmlDeviceValidateInforom: NVML_ERROR_CORRUPTED_INFOROM): a warning line on stdout
+    # before the output, which is complete, and exit 14 (nvidia-smi(1) RETURN VALUE); `-q` says nothing and
+    # exits 0 (README "Health", infoROM).
+    corrupt = [] if mode in ("xml", "text") else [
+        g for g in gpus if nv.call("nvmlDeviceValidateInforom", g["handle"]) == ERROR_CORRUPTED_INFOROM]
+    for g in corrupt:
+        io.o(f"WARNING: infoROM is corrupted at gpu {_legacy_bus(g)}\n")
     snap = {"timestamp": now, "driver_version": drv, "count": count, "gpus": gpus,
             "processes": procs, "procs_reported": reported}
     if mode == "list":
@@ -1498,7 +1507,7 @@ def _run(nv: Nvml, args: Args, fields: List[str], header: bool, units: bool, io:
     if failures:
         codes = [f.code for f in failures]
         return exit_code_for(ERROR_GPU_IS_LOST if ERROR_GPU_IS_LOST in codes else codes[0])
-    return EXIT_OK
+    return EXIT_INFOROM_CORRUPTED if corrupt else EXIT_OK
 
 
 def read_display(nv: Nvml, g: Dict) -> None:

@@ -56,6 +56,7 @@ typedef int nvmlReturn_t;
 #define NVML_ERROR_NOT_FOUND 6
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_DRIVER_NOT_LOADED 9
+#define NVML_ERROR_CORRUPTED_INFOROM 14
 #define NVML_ERROR_GPU_IS_LOST 15
 #define NVML_ERROR_LIB_RM_VERSION_MISMATCH 18
 #define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
@@ -274,6 +275,7 @@ struct gpu {
     int fabric_state;  /* NVML_GPU_FABRIC_STATE_*: 0 not supported, 1 not started, 2 in progress, 3 completed */
     int fabric_status; /* an nvmlReturn_t, meaningful once the state is completed */
     unsigned long long clock_reasons; /* nvmlClocksEventReason* bits */
+    unsigned inforom_corrupt; /* nvmlDeviceValidateInforom answers NVML_ERROR_CORRUPTED_INFOROM */
     unsigned not_supported; /* NS_* bits */
     unsigned unknown;       /* NS_* bits whose queries answer NVML_ERROR_UNKNOWN (an intermittent driver error) */
 };
@@ -621,6 +623,8 @@ static void set_gpu_field(struct gpu *g, const char *f, const char *v)
         g->remap_failure = (unsigned)parse_int(v, g->remap_failure);
     else if (!strcmp(f, "retired_pending"))
         g->retired_pending = (unsigned)parse_int(v, g->retired_pending);
+    else if (!strcmp(f, "inforom_corrupt"))
+        g->inforom_corrupt = (unsigned)parse_int(v, g->inforom_corrupt);
     else if (!strcmp(f, "ecc_mode"))
         g->ecc_mode = (unsigned)parse_int(v, g->ecc_mode);
     else if (!strcmp(f, "ecc_volatile_corrected"))
@@ -1733,6 +1737,14 @@ NVMLAPI nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device,
         return leave(NVML_ERROR_NOT_SUPPORTED);
     *isPending = g->retired_pending ? 1 : 0;
     return leave(NVML_SUCCESS);
+}
+
+/* nvml.h: "Reads the infoROM from the flash and verifies the checksums": NVML_ERROR_CORRUPTED_INFOROM when the
+ * infoROM is corrupted (README "Health", infoROM). */
+NVMLAPI nvmlReturn_t nvmlDeviceValidateInforom(nvmlDevice_t device)
+{
+    DEVICE_CALL(device, 1, QUERY, 0);
+    return leave(g->inforom_corrupt ? NVML_ERROR_CORRUPTED_INFOROM : NVML_SUCCESS);
 }
 
 NVMLAPI nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending)

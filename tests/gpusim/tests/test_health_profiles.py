@@ -170,3 +170,35 @@ def test_drain_releases_memory_linearly(gpusim):
         time.sleep(0.1)
     assert seen[-1] == 0 and len({m for m in seen if 0 < m < 10000}) >= 3, seen  # in steps, not at once
     assert all(a >= b for a, b in zip(seen, seen[1:])), seen
+
+
+def test_inforom_corrupt_warns_and_exits_14(gpusim):
+    """health inforom_corrupt: nvmlDeviceValidateInforom answers NVML_ERROR_CORRUPTED_INFOROM (14) on that GPU only;
+    nvidia-smi prints `WARNING: infoROM is corrupted at gpu 0000:BB:00.0` before its (complete) output and exits 14
+    (nvidia-smi(1) RETURN VALUE), for the GPUs it is asked about; -q -x says nothing and exits 0 (microsoft/pai#3756)."""
+    gpusim.fault(health={1: {"inforom_corrupt": 1}})
+    probe = ("import pynvml; pynvml.nvmlInit(); out = []\n"
+             "for i in range(pynvml.nvmlDeviceGetCount()):\n"
+             "    try:\n        pynvml.nvmlDeviceValidateInforom(pynvml.nvmlDeviceGetHandleByIndex(i)); out.append(0)\n"
+             "    except pynvml.NVMLError as e:\n        out.append(e.value)\n"
+             "print(out)")
+    p = subprocess.run([sys.executable, "-c", probe], env=gpusim.env(), capture_output=True, text=True, timeout=60, check=False)
+    assert p.returncode == 0 and p.stdout.strip() == str([0, 14] + [0] * 6), (p.stdout, p.stderr)
+    bus = gpusim.status()["gpus"][1]["pci_bus_id"]  # 00000000:BB:00.0 -> 0000:BB:00.0
+    legacy = bus[4:]
+
+    def smi(*args):
+        return subprocess.run(["nvidia-smi", *args], env=gpusim.env(), capture_output=True, text=True, timeout=60, check=False)
+
+    r = smi("--query-gpu=index,uuid", "--format=csv,noheader,nounits")
+    lines = r.stdout.splitlines()
+    assert r.returncode == 14 and lines[0] == f"WARNING: infoROM is corrupted at gpu {legacy}", r.stdout
+    assert [line.split(", ")[0] for line in lines[1:]] == [str(i) for i in range(8)], r.stdout
+    r = smi("--query-compute-apps=pid", "--format=csv,noheader")
+    assert r.returncode == 14 and r.stdout.startswith("WARNING: infoROM is corrupted"), r.stdout
+    r = smi("--id=0", "--query-gpu=index", "--format=csv,noheader")
+    assert (r.returncode, r.stdout) == (0, "0\n")  # only the GPUs asked about
+    r = smi("-q", "-x")
+    assert r.returncode == 0 and "WARNING" not in r.stdout, r.stdout[:200]
+    gpusim.fault(clear=True)
+    assert smi("--query-gpu=index", "--format=csv,noheader").returncode == 0

@@ -80,9 +80,10 @@ class FakeNode:
     def gpus(self):
         return self._gpus
 
-    def release(self, vmids, draining=()):
+    def release(self, vmids, draining=(), gpus=None):
         self.released.append(list(vmids))
         self.draining = list(draining)
+        self.release_gpus = gpus
         if self.release_failure:
             return {"released": []}, self.release_failure
         return {"changed": True, "released": [{"pid": 4242}]}, None
@@ -142,6 +143,9 @@ def test_states(state, check_mode, released, shut_down, stops):
     res = fence(node, check_mode=check_mode, containers=[129, 130], units=["sglang"], state=state).run()
     assert node.released == released
     assert node.locked == ([] if check_mode else [[129, 130]])  # the release locks: before anything is stopped
+    if released:
+        # The release selects the GPUs it fences (the containers' union), not every GPU of the node.
+        assert node.release_gpus == res["gpus"] == [0, 1, 2]
     assert res["shut_down"] == shut_down
     assert [(s["vmid"], s["unit"]) for s in res["services_stopped"]] == [(129, "sglang")]
     assert len([c for c in node.calls if c[-2:] == ("stop", "sglang")]) == stops

@@ -5,7 +5,7 @@
 from __future__ import annotations
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _smi
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _smi
 from ansible_collections.gpuops.gpu.plugins.module_utils._smi import (
     error_for_exit,
     parse_apps,
@@ -241,3 +241,46 @@ def test_a_driver_that_refuses_nothing_costs_no_extra_call():
     run, calls = scripted({"--query-gpu=": (0, H200_ROW + "\n", ""), "--query-compute-apps=": (0, "", "")})
     assert query(run, "nvidia-smi")["driver"]["missing_fields"] == []
     assert "--help-query-gpu" not in [c[1] for c in calls]
+
+
+INFOROM_LINE = "WARNING: infoROM is corrupted at gpu 0000:18:00.0\n"
+
+
+@pytest.mark.parametrize("answer, expected", [
+    # nvidia-smi(1) RETURN VALUE 14 "infoROM is corrupted": its line first, the output complete
+    ((14, INFOROM_LINE + "0, a\n", ""), (0, "0, a\n", "", ["infoROM is corrupted at gpu 0000:18:00.0"])),
+    # the same line with exit 0 (an nvidia-smi that warns and succeeds): taken out all the same
+    ((0, INFOROM_LINE + "0, a\n", ""), (0, "0, a\n", "", ["infoROM is corrupted at gpu 0000:18:00.0"])),
+    # exit 14 with no line: the man page's meaning is the warning
+    ((14, "0, a\n", ""), (0, "0, a\n", "", ["nvidia-smi exit 14: infoROM is corrupted (nvidia-smi(1) RETURN VALUE)"])),
+    # a warning on stderr, among other text; other exit codes stay failures
+    ((15, "", "WARNING: something\nUnable to determine the device handle for GPU3\n"),
+     (15, "", "Unable to determine the device handle for GPU3\n", ["something"])),
+    ((0, "0, a\n", ""), (0, "0, a\n", "", [])),
+])
+def test_without_warnings(answer, expected):
+    assert _smi.without_warnings(answer) == expected
+
+
+def test_query_with_the_inforom_warning_and_exit_14_gives_every_gpu_and_the_finding():
+    """Before: exit 14 failed every module; with exit 0, the WARNING line failed the CSV parse."""
+    for rc in (14, 0):
+        run, _calls = scripted({"--query-gpu=": (rc, INFOROM_LINE + H200_ROW + "\n", ""),
+                                "--query-compute-apps=": (rc, INFOROM_LINE, "")})
+        raw = query(run, "nvidia-smi")
+        gpu = raw["gpus"][0]
+        assert gpu["pci_bus_id"] == "00000000:18:00.0" and gpu["inforom_corrupt"] is True
+        assert gpu["errors"] == ["GPU 0: nvidia-smi: WARNING: infoROM is corrupted at gpu 0000:18:00.0"]
+        checks = [c for c in _health.failed_checks(gpu) if c["check"] == "inforom"]
+        assert len(checks) == 1 and checks[0]["blocking"] is False
+    run, _calls = scripted({"--query-gpu=": (0, H200_ROW + "\n", ""), "--query-compute-apps=": (0, "", "")})
+    gpu = query(run, "nvidia-smi")["gpus"][0]
+    assert gpu["inforom_corrupt"] is False and gpu["errors"] == []
+    assert "inforom" not in [c["check"] for c in _health.failed_checks(gpu)]
+
+
+def test_minor_numbers_and_health_read_past_exit_14():
+    assert _smi.minor_query(lambda argv: (14, INFOROM_LINE + XML, ""), "nvidia-smi") == {"GPU-a": 0}
+    rows = _smi.health_query(lambda argv: (14, INFOROM_LINE + "0, 0, 0, No, No, [N/A], 0, Completed, Success, 0x1\n", ""),
+                             "nvidia-smi")
+    assert list(rows) == [0]
