@@ -158,9 +158,9 @@ options:
       - V(hw_slowdown) - the hardware slows the clocks down (thermal, power brake; C(nvmlDeviceGetCurrentClocksEventReasons)).
       - V(utilization_latched) - 90% or more utilization with no process (a Blackwell GPU after a kill mid-kernel) -
         reset the GPU.
-      - V(inforom) - the infoROM is corrupted (C(nvmlDeviceValidateInforom); nvidia-smi prints C(WARNING: infoROM is
+      - "V(inforom) - the infoROM is corrupted (C(nvmlDeviceValidateInforom); nvidia-smi prints C(WARNING: infoROM is
         corrupted at gpu ...) and exits 14, read as a warning) - the GPU runs, but its ECC and retirement records may
-        not be kept; have it reflashed or RMA it.
+        not be kept; have it reflashed or RMA it."
       - V(xid) - an Xid that needs a reset, a reboot or an RMA (48, 61-64, 74, 79, 94, 95, 119, 120) in the kernel
         log since boot (read at the full scans; see O(kernel_log)).
       - A check whose data the driver or GPU cannot give (listed in C(unsupported)) passes.

@@ -62,7 +62,8 @@ _value:
       M(gpuops.gpu.gpu_release)), C(shut_down) (vmids), C(gpus_before) (the GPUs before the release),
       C(holder_processes) (their device-file holders' details, each once), C(gpu_errors) (the GPUs the release did
       not select whose process list could not be read, C({index, pci_bus_id, error}); reported, not a failure), C(quiet_since) (the release's, for
-      O(gpuops.gpu.gpu_wait_idle#module:quiet_since) of the wait that follows on the node; null when none), C(changed),
+      O(gpuops.gpu.gpu_wait_idle#module:quiet_since) of the wait that follows on the node; null when none),
+      C(left_holders) (the release's, for O(gpuops.gpu.gpu_wait_idle#module:left_holders)), C(changed),
       C(check_mode), C(error) (null, or what failed and, for a crash, what to do), C(failure) (null, or
       C({module, kind}), the kinds of P(gpuops.gpu.gpu_idle_result#filter)), C(summary) (one line) and C(stats) (for
       C(set_stats), with C(error) and C(failure)).
@@ -163,7 +164,7 @@ def proxmox_fence_result(containers, release=None, method="processes", check_mod
                 container_gpus=union, services_stopped=services, released=released, respawned=respawned,
                 stopped_units=units, shut_down=shut_down, gpus_before=release.get("gpus_before"),
                 holder_processes=release.get("holder_processes") or {}, quiet_since=release.get("quiet_since"),
-                gpu_errors=gpu_errors, changed=changed,
+                left_holders=list(release.get("left_holders") or []), gpu_errors=gpu_errors, changed=changed,
                 check_mode=in_check, error=error, failure=stats["failure"], summary=summary, stats=stats)
 
 

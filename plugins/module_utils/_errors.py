@@ -127,6 +127,13 @@ def not_permitted(action: str, whom: str, uid=None, user=None, detail: str = "")
         f" other users' processes - {BECOME_HINT}.", action=action, uid=uid)
 
 
+class Blocked(GpuError):
+    """gpu_wait_idle: a selected GPU is kept busy by a process the release before it left (outside its scope, or
+    protected) - nothing in the hook will stop it, so the wait fails fast instead of at its timeout."""
+
+    kind = "blocked"
+
+
 class WaitTimeout(GpuError):
     """gpu_wait_idle: the selected GPUs were not idle (and settled) within its timeout; the message is the diagnosis."""
 

@@ -624,6 +624,7 @@ class Release:
         res = self.result
         res["gpus"] = res["gpus_before"]
         res["quiet_since"] = None
+        res["left_holders"] = self._left_holders(res["gpus_before"])
         res["stopped_units"] = [dict(e, rc=None, seconds=None) for e in self.plan_units]
         res["released"] = [report(t, signals=[], seconds=None) for t in self.scope.targets]
         if diff:
@@ -769,6 +770,7 @@ class Release:
         res["changed"] = sent_any or bool(stopped)
         res["gpus"] = after
         res["quiet_since"] = self._quiet_since(after)
+        res["left_holders"] = self._left_holders(after)
         if after is not None and diff:
             res["diff"] = {"before": holder_lines(res["gpus_before"]), "after": holder_lines(after)}
         self._judge_outcome(first_signal)
@@ -805,6 +807,20 @@ class Release:
             return None
         return {"clock": round(max(self.t0, self.quiet_from or self.t0), 6), "boot_id": self.io.boot_id(),
                 "gpus": sorted(self.scope.selected), "device_holders": sorted(device_holders(after))}
+
+    def _left_holders(self, after) -> list:
+        """What gpu_wait_idle's ``left_holders`` takes: the processes that still keep a selected GPU busy at the
+        end and that this release left by its verdict (outside the scope, protected) - the hook will never stop
+        them, so the wait after it fails fast on them ([{pid, start_time, reason}])."""
+        left = {_scope.identity(x): x["reason"] for x in self.scope.skipped}
+        left.update({_scope.identity(x): "protected: " + x["reason"] for x in self.scope.protected})
+        out = {}
+        for g in after or ():
+            for h in [] if g.get("idle") else _holding.holders_of(g):
+                why = left.get(_scope.identity(h))
+                if why is not None and h["pid"] not in out:
+                    out[h["pid"]] = {"pid": h["pid"], "start_time": h.get("start_time"), "reason": why}
+        return [out[k] for k in sorted(out)]
 
     def _watch(self, first_signal: int, groups: dict, t0_ticks, supervised):
         """After the signals: children that appeared below a signalled target are released through the

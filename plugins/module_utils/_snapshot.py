@@ -233,8 +233,8 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
         for proc in gpu["processes"]:
             server = servers.get(proc["pid"])
             if server is not None:
-                proc["mps_server"] = {"gpus": list(server["gpus"]), "clients": [dict(c, gpus=list(c["gpus"]))
-                                                                               for c in server["clients"]]}
+                proc["mps_server"] = {"gpus": list(server["gpus"]),
+                                      "clients": [dict(c, gpus=list(c["gpus"])) for c in server["clients"]]}
     contexts = _holding.context_gpus(gpus)
     for gpu in gpus:
         gpu["idle"], gpu["busy_reasons"], blockers, lingering = _holding.verdict(

@@ -357,6 +357,10 @@ def wait(params: dict) -> None:
                     (x is None and i) or (isinstance(x, int) and not isinstance(x, bool)) for i, x in enumerate(holder))):
                 _fail("quiet_since", f"quiet_since.device_holders: {holder!r} is not [pid, start time] (integers); pass"
                                      " the quiet_since of a gpu_release result as it is")
+    if params.get("blocker_grace") is not None:
+        number("blocker_grace", params["blocker_grace"])
+    for holder in params.get("left_holders") or ():
+        integer("left_holders.pid", holder.get("pid"), 1, MAX_PID)
     if params.get("leak_after") is not None:
         number("leak_after", params["leak_after"], above_low=True)
     if params.get("progress_slice") is not None:

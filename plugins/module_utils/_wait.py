@@ -57,6 +57,45 @@ def blockers(gpus: list) -> dict:
 
 # Memory that has not moved for this long with no process holding the GPU is a leak (gpu_wait_idle's leak_after).
 LEAK_AFTER = 30.0
+# How long a process the release left (left_holders) may keep a selected GPU busy before the wait fails on it.
+BLOCKER_GRACE = 5.0
+
+
+def left_blockers(gpus: list, left: dict) -> list:
+    """[(GPU index, holder, why the release left it)] for each busy GPU kept busy by a process of ``left``
+    ({(pid, start_time): reason}: the release's left_holders), in GPU order."""
+    out = []
+    for g in gpus:
+        if g["idle"]:
+            continue
+        for h in holders_of(g):
+            why = left.get((h["pid"], h.get("start_time")))
+            if why is not None:
+                out.append((g["index"], h, why))
+    return out
+
+
+def stop_hint(proc: dict) -> str:
+    """Where a process runs, as the command that stops it there."""
+    ct = (proc.get("container") or {})
+    inner = ct.get("pid_in_container")
+    if ct.get("id") is not None:
+        return f"pct exec {ct['id']} -- kill {inner if inner else '<its pid in the container>'}"
+    return f"kill {proc['pid']}"
+
+
+def blocked_text(found: list, elapsed: float, timeout: float, grace: float) -> str:
+    """Why the wait fails fast: each GPU kept busy by a process the release left, why it left it, and what to do."""
+    parts = []
+    for index, h, why in found:
+        parts.append(f"GPU {index} is used by {_holding.describe(h)}, which the release before this wait left ({why}):"
+                     f" nothing in this hook will stop it. See it: `ps -o pid,user,etime,args -p {h['pid']}`; when it may"
+                     f" be stopped, stop it where it runs (`{stop_hint(h)}`), or leave GPU {index} out of the GPUs to wait"
+                     " for")
+    return (f"blocked after {elapsed:.1f} s of {timeout:g} s (still there after blocker_grace, {grace:g} s): "
+            + "; ".join(parts))
+
+
 # The drain rate is measured over the samples of the last few seconds.
 DRAIN_WINDOW = 5.0
 
@@ -249,8 +288,11 @@ def diagnosis(gpus: list, max_memory_used_mib: int, memory=None, leak_after: flo
     return "; ".join(parts)
 
 
-def progress_line(gpus: list, elapsed: float, timeout: float, settling: float = None) -> str:
+def progress_line(gpus: list, elapsed: float, timeout: float, settling: float = None, left=None) -> str:
+    """One line per progress slice; ``left`` (as left_blockers takes it): a holder the release left is said to be
+    one the hook will not stop."""
     idle = [g for g in gpus if g["idle"]]
+    left = left or {}
     waiting = []
     for g in gpus:
         if g["idle"]:
@@ -261,6 +303,7 @@ def progress_line(gpus: list, elapsed: float, timeout: float, settling: float = 
         if hs:
             h = hs[0]
             what.append(f"pid {h['pid']} {h.get('name') or '?'}" + (f", CT {h['container']['id']}" if h.get("container") else "")
+                        + (", left by the release: the hook will not stop it" if (h["pid"], h.get("start_time")) in left else "")
                         + (f" +{len(hs) - 1} more" if len(hs) > 1 else ""))
         waiting.append(f"GPU {g['index']} ({', '.join(what)})")
     line = f"gpu_wait_idle: {len(idle)}/{len(gpus)} GPUs idle"
@@ -688,6 +731,9 @@ class Wait:
         self.offset = float(carried.get("offset", 0.0)) if carried else 0.0
         self.t0 = None
         self.result = {"changed": False}
+        # The processes the release before this wait left ({(pid, start_time): reason}): the hook never stops them.
+        self.left = {(h["pid"], h.get("start_time")): h.get("reason") or "left by the release"
+                     for h in params.get("left_holders") or ()}
 
     def elapsed(self) -> float:
         """Seconds since the wait began (the slices before this one included)."""
@@ -790,13 +836,20 @@ class Wait:
             if done:
                 return self._confirmed(gpus, confirmed.get("job") if confirmed.get("at") == scan_at else None)
             elapsed = self.elapsed()
+            found = left_blockers(gpus, self.left) if self.left else []
+            if found:
+                since = state.setdefault("left_since", elapsed)
+                if elapsed - since >= p["blocker_grace"] and elapsed < p["timeout"]:
+                    return self._blocked(found, elapsed)
+            else:
+                state.pop("left_since", None)
             if elapsed >= p["timeout"]:
                 return self._timed_out(elapsed)
             if slice_end is not None and io.now() >= slice_end:
                 settling = None if state["last_holder_at"] is None else elapsed - state["last_holder_at"]
                 return True, dict({k: v for k, v in result.items() if k != "changed"}, pending=True,
                                   progress_state={"wait": state}, elapsed=round(elapsed, 3),
-                                  progress=progress_line(gpus, elapsed, p["timeout"], settling),
+                                  progress=progress_line(gpus, elapsed, p["timeout"], settling, self.left),
                                   changed=result.get("changed", False))
             io.sleep(next_sleep(state, elapsed, gpus, p["sleep"], p["settle"], p["timeout"]))
 
@@ -809,6 +862,14 @@ class Wait:
             failure = _errors.ConfirmationDisagrees(f"NVML says the GPUs are idle but nvidia-smi disagrees: {disagreement}")
             return False, dict(failure.result(), blockers=blockers(gpus), **self.result)
         return True, dict(self.result, msg=f"{len(gpus)} GPU(s) idle after {self.result['elapsed']:.2f} s", ready=True)
+
+    def _blocked(self, found: list, elapsed: float):
+        p, result = self.p, self.result
+        gpus = result["gpus"]
+        result.update(elapsed=round(elapsed, 3), confirmation=None, blockers=blockers(gpus),
+                      left_blockers=[{"gpu": i, "pid": h["pid"], "reason": why} for i, h, why in found])
+        text = ((p["msg"] + ": ") if p["msg"] else "") + blocked_text(found, elapsed, p["timeout"], p["blocker_grace"])
+        return False, dict(_errors.Blocked(text).result(), **result)
 
     def _timed_out(self, elapsed: float):
         p, state, result = self.p, self.state, self.result

@@ -215,9 +215,9 @@ ansible_facts:
           returned: always
         inforom_corrupt:
           description:
-            - Whether the GPU's infoROM is corrupted (C(nvmlDeviceValidateInforom), read once per run; with nvidia-smi its
+            - "Whether the GPU's infoROM is corrupted (C(nvmlDeviceValidateInforom), read once per run; with nvidia-smi its
               C(WARNING: infoROM is corrupted at gpu ...) line and exit 14, which are a warning, not a failure); null
-              when it cannot be told. The check V(inforom) of O(health_checks).
+              when it cannot be told. The check V(inforom) of O(health_checks)."
           type: bool
           returned: always
         ecc_uncorrected_volatile:

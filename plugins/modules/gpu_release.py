@@ -181,6 +181,17 @@ quiet_since:
   returned: always
   type: dict
   sample: {"clock": 18254.031, "boot_id": "6f2b0c1e-0f4e-4d59-9d7b-3c1a2b4e5f60", "gpus": [0, 1], "device_holders": [[4711, 81234]]}
+left_holders:
+  description:
+    - The processes that still keep a selected GPU busy at the end and that this release left by its verdict -
+      outside its scope (RV(skipped_processes)) or protected (RV(protected)) - each C({pid, start_time, reason}).
+      Nothing this release or the wait after it does will stop them.
+    - For O(gpuops.gpu.gpu_wait_idle#module:left_holders) of the wait that follows on this host, which then fails
+      fast on them, naming each and why it was left, instead of waiting out its timeout.
+  returned: when not failed
+  type: list
+  elements: dict
+  sample: [{"pid": 872, "start_time": 81234, "reason": "in CT 130, not in containers (129)"}]
 survivors:
   description: Processes still alive after SIGKILL and O(kill_timeout) (or after O(grace_period) without O(escalate)).
   returned: always
@@ -238,7 +249,7 @@ frozen:
       (C(error=container_frozen), before anything is stopped or signalled, in check mode too) or, frozen after the
       plan, left unsignalled (C(error=release_incomplete)). A frozen container (a suspend-mode backup, C(lxc-freeze))
       answers no C(systemctl stop), runs no signal handler, and its supervisor restarts the work after the thaw -
-      wait for the backup, or thaw it (C(lxc-unfreeze -n <vmid>)), then run again. (C(pct suspend) does not freeze: it
+      wait for the backup, or thaw it (C(lxc-unfreeze -n <vmid>)), then run again. (C(pct suspend) does not freeze - it
       checkpoints the container with CRIU and stops it.)
   returned: when a target was frozen
   type: list

@@ -136,6 +136,38 @@ options:
         type: list
         elements: raw
         default: []
+  left_holders:
+    description:
+      - The RV(gpuops.gpu.gpu_release#module:left_holders) of the M(gpuops.gpu.gpu_release) that ran just before on
+        this host (M(gpuops.gpu.proxmox_gpu_containers) returns it in C(release)) - the processes that release left by
+        its verdict (outside its scope, or protected - another container's job on a fenced GPU, C(nv-hostengine) during
+        C(dcgmi diag), an MPS server that carries another client) and that still held a selected GPU.
+      - Nothing the hook does will stop them, so a selected GPU that one of them still keeps busy after
+        O(blocker_grace) fails the wait at once (C(error=blocked)), naming it, why the release left it and the command
+        to see or stop it, instead of waiting out O(timeout); the progress lines say so meanwhile. A process is the
+        same one only with the same C(pid) and C(start_time).
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      pid:
+        description: Its pid, as the release saw it.
+        type: int
+        required: true
+      start_time:
+        description: Its start time (clock ticks since boot, C(/proc/<pid>/stat)), so that a reused pid is not taken for it.
+        type: int
+      reason:
+        description: Why the release left it.
+        type: str
+        default: ""
+  blocker_grace:
+    description:
+      - Seconds a process of O(left_holders) may still keep a selected GPU busy before the wait fails on it - time for
+        one that is ending anyway (an MPS server whose last client just went, a C(dcgmi diag) about to finish).
+      - From 0 to 86400; at or above O(timeout) the wait runs to its timeout as it would without O(left_holders).
+    type: float
+    default: 5
   msg:
     description: A message to put before the diagnosis when the wait times out.
     type: str
@@ -340,6 +372,12 @@ ARGUMENT_SPEC.update(
         gpus=dict(type="list", elements="int", required=True),
         device_holders=dict(type="list", elements="raw", default=[]),
     )),
+    left_holders=dict(type="list", elements="dict", default=[], options=dict(
+        pid=dict(type="int", required=True),
+        start_time=dict(type="int"),
+        reason=dict(type="str", default=""),
+    )),
+    blocker_grace=dict(type="float", default=_wait.BLOCKER_GRACE),
     msg=dict(type="str"),
     confirm_with_nvidia_smi=dict(type="bool"),
     leak_after=dict(type="float", default=_wait.LEAK_AFTER),

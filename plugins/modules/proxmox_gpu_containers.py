@@ -260,7 +260,7 @@ release:
       C(skipped_processes), C(stopped_units), C(gpus_before), C(gpus), C(elapsed), C(gpu_errors)); in check mode what
       would be released. On a failure of the release, what it did until then.
     - The release selects the GPUs of the running containers (RV(gpus)) unless O(gpus) is set (every GPU when RV(gpus)
-      is null or empty): a GPU they do not have whose process list cannot be read is in C(gpu_errors) and a warning,
+      is null or empty) - a GPU they do not have whose process list cannot be read is in C(gpu_errors) and a warning,
       and does not fail the fence.
   returned: with O(state=released) and a running container
   type: dict

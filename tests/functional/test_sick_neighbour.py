@@ -88,8 +88,8 @@ def test_exit_14_is_success_for_every_module(gpusim, collection):
     assert not res.get("failed"), res.get("msg")
     assert holder in [r["pid"] for r in res["released"]] and gone(holder)
     for backend in ("nvidia-smi", "nvml"):
-        res = run(gpusim, collection, "gpu_wait_idle", {"backend": backend, "timeout": 20, "settle": 0.3, "sleep": 0.1,
-                                                         "confirm_with_nvidia_smi": True})
+        res = run(gpusim, collection, "gpu_wait_idle",
+                  {"backend": backend, "timeout": 20, "settle": 0.3, "sleep": 0.1, "confirm_with_nvidia_smi": True})
         assert not res.get("failed") and res["ready"], (backend, res.get("msg"))
         assert res["idle_gpus"] == list(range(8))
         if backend == "nvml":

@@ -107,7 +107,7 @@ class FakeHost:
 
 PARAMS = {"timeout": 10.0, "delay": 0.0, "sleep": 0.5, "settle": 1.0, "msg": None, "confirm_with_nvidia_smi": None,
           "leak_after": 30.0, "reset_leaked": False, "progress_slice": None, "progress_state": None,
-          "max_memory_used_mib": 64, "nvidia_smi_path": "nvidia-smi"}
+          "max_memory_used_mib": 64, "nvidia_smi_path": "nvidia-smi", "left_holders": [], "blocker_grace": 5.0}
 
 
 def wait(timeline, check_mode=False, diff=False, host=None, **params):
@@ -450,3 +450,47 @@ def test_a_context_at_the_first_look_restarts_the_clock_despite_quiet_since():
     host = BootedHost(lambda t, full: [gpu(0, used=40960, procs=[88]) if t < 100.2 else gpu(0)])
     ok, result, _host = wait(None, host=host, quiet_since=QUIET)
     assert ok and result["settle_from"] == "wait" and result["elapsed"] == pytest.approx(1.0)
+
+
+# --- left_holders: a process the release left fails the wait after blocker_grace, not at the timeout ----------
+LEFT = [{"pid": 872, "start_time": None, "reason": "in CT 130, not in containers (129)"}]
+
+
+def other_tenant(t, full):
+    g = gpu(0, used=2048, procs=[872])
+    g["processes"][0]["container"] = {"kind": "lxc", "id": 130, "pid_in_container": 41}
+    g["idle"], g["busy_reasons"], blockers, _lingering = verdict(g, 64)
+    g["blockers"] = [b["pid"] for b in blockers]
+    return [g]
+
+
+@pytest.mark.parametrize("name, timeline, params, error, elapsed", [
+    ("the other tenant's job: blocked after the grace", other_tenant, {"left_holders": LEFT}, "blocked", 5.0),
+    ("a grace of 0: blocked at the first look", other_tenant, {"left_holders": LEFT, "blocker_grace": 0.0}, "blocked", 0.0),
+    ("no left_holders: the timeout, as before", other_tenant, {"timeout": 8.0}, "wait_timeout", 8.0),
+    ("another process with that pid (start time): the timeout", other_tenant,
+     {"timeout": 8.0, "left_holders": [dict(LEFT[0], start_time=99)]}, "wait_timeout", 8.0),
+    ("a grace at the timeout: the timeout", other_tenant, {"timeout": 5.0, "left_holders": LEFT}, "wait_timeout", 5.0),
+])
+def test_a_holder_the_release_left_fails_fast(name, timeline, params, error, elapsed):
+    ok, result, _host = wait(timeline, **params)
+    assert not ok and result["error"] == error and result["elapsed"] == elapsed, result["msg"]
+    if error == "blocked":
+        assert result["msg"] == (
+            f"blocked after {elapsed:.1f} s of 10 s (still there after blocker_grace, {params.get('blocker_grace', 5.0):g} s):"
+            " GPU 0 is used by pid 872 (python3) in CT 130, which the release before this wait left (in CT 130, not in"
+            " containers (129)): nothing in this hook will stop it. See it: `ps -o pid,user,etime,args -p 872`; when it"
+            " may be stopped, stop it where it runs (`pct exec 130 -- kill 41`), or leave GPU 0 out of the GPUs to wait"
+            " for")
+        assert result["left_blockers"] == [{"gpu": 0, "pid": 872, "reason": LEFT[0]["reason"]}]
+
+
+def test_a_left_holder_that_ends_within_the_grace_is_waited_for():
+    ok, result, _host = wait(lambda t, full: other_tenant(t, full) if t < 3.0 else [gpu(0)], left_holders=LEFT)
+    assert ok and result["ready"] and result["elapsed"] >= 3.0
+
+
+def test_the_progress_line_says_the_hook_will_not_stop_it():
+    ok, result, _host = wait(other_tenant, left_holders=LEFT, blocker_grace=60.0, timeout=120.0, progress_slice=2.0)
+    assert ok and result["pending"]
+    assert "pid 872 python3, CT 130, left by the release: the hook will not stop it" in result["progress"], result["progress"]
