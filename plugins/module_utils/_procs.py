@@ -238,11 +238,104 @@ def user_name(uid):
     return _USERS[uid]
 
 
+# --- users of a container ------------------------------------------------------------------------
+# A process in an unprivileged container runs as a node uid that its user namespace maps (Proxmox VE's default:
+# container uid 0..65535 = node uid 100000..165535, lxc.idmap). /proc/<pid>/uid_map, read from the node, lists the
+# ranges as "<inside> <outside> <count>" with outside in the node's uids (user_namespaces(7)); the container's names
+# are in its own /etc/passwd, which the node reaches through /proc/<pid>/root. The node's passwd names none of them.
+
+PASSWD_MAX_BYTES = 1 << 20
+
+
+def parse_id_map(text: str) -> list:
+    """/proc/<pid>/uid_map (or gid_map) as [(inside, outside, count)]; malformed lines are left out."""
+    out = []
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if len(parts) == 3 and all(p.isdigit() for p in parts):
+            out.append(tuple(int(p) for p in parts))
+    return out
+
+
+def id_inside(ranges: list, outside_id):
+    """The id inside a user namespace of ``outside_id`` (the reader's), through its map: inside + (id - outside) for
+    the range that holds it; None when no range does (the kernel shows it inside as the overflow id, 65534)."""
+    if outside_id is None:
+        return None
+    for inside, outside, count in ranges:
+        if outside <= outside_id < outside + count:
+            return inside + outside_id - outside
+    return None
+
+
+def parse_passwd(text: str) -> dict:
+    """{uid: name} of an /etc/passwd text; the first entry of a uid names it, as getpwuid(3) answers."""
+    out = {}
+    for line in (text or "").splitlines():
+        fields = line.split(":")
+        if len(fields) >= 3 and fields[0] and not fields[0].startswith(("#", "+", "-")) and fields[2].isdigit():
+            out.setdefault(int(fields[2]), fields[0])
+    return out
+
+
+_CT_PASSWD = {}  # (st_dev, st_ino, st_mtime_ns, st_size) of a container's /etc/passwd -> {uid: name}
+
+
+def _read_root_file(root: str, parts) -> tuple:
+    """(identity, text) of a regular file under another root (/proc/<pid>/root), or (None, None).
+
+    Each component is opened below the one before with O_NOFOLLOW: a container's symlink cannot point the node at
+    its own files, and a FIFO or a device is not read (O_NONBLOCK, then a regular file only); at most
+    PASSWD_MAX_BYTES."""
+    import os
+    import stat as _stat
+
+    fds = []
+    try:
+        fds.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        for name in parts[:-1]:
+            fds.append(os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1]))
+        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fds[-1])
+        fds.append(fd)
+        st = os.fstat(fd)
+        if not _stat.S_ISREG(st.st_mode):
+            return None, None
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        if key in _CT_PASSWD:
+            return key, None
+        return key, os.read(fd, PASSWD_MAX_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return None, None
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def container_user(pid: int, node_uid, proc: str = "/proc") -> tuple:
+    """(uid in the container, its name in the container's /etc/passwd or None) of a process in a container.
+
+    Without a uid_map (a kernel without user namespaces) the ids are the node's. The uid is None when the map does
+    not hold the node's uid."""
+    text = _read(f"{proc}/{pid}/uid_map")
+    inside = node_uid if text is None else id_inside(parse_id_map(text), node_uid)
+    if inside is None:
+        return None, None
+    key, passwd = _read_root_file(f"{proc}/{pid}/root", ("etc", "passwd"))
+    if key is None:
+        return inside, None
+    if key not in _CT_PASSWD:
+        _CT_PASSWD[key] = parse_passwd(passwd)
+    return inside, _CT_PASSWD[key].get(inside)
+
+
 def read_process(pid: int, proc: str = "/proc", cmdline=None):
     """Everything the collection reports about one process, or None when it does not exist here.
 
     Keys: pid, name, cmdline, user, uid, ppid, state, start_time (clock ticks since boot: with the
-    pid, the process's identity), container ({kind, id, pid_in_container} or None).
+    pid, the process's identity), container ({kind, id, pid_in_container, uid_in_container} or None).
+    ``uid`` is the node's (as seen from here); for a process in a container ``user`` is its name in the
+    container's own /etc/passwd and ``uid_in_container`` its uid there (through the container's idmap: 1000 for
+    node uid 101000), the number when the container's passwd has no name for it (container_user).
     ``cmdline(argv) -> text`` makes the ``cmdline`` value from the argv list; by default it is
     redacted and cut (_redact.redact_argv), so that no secret leaves this function.
     """
@@ -258,17 +351,22 @@ def read_process(pid: int, proc: str = "/proc", cmdline=None):
     cgroup_text = _read(f"{proc}/{pid}/cgroup") or ""
     vmid = container_from_cgroup(cgroup_text)
     container = None
+    user = None
     if vmid is not None:
         nspid = status["nspid"]
         # NSpid lists the pid in each PID namespace from the reader's down to the process's own: from
         # the host, [host, container, (nested: a Docker inside the container), ...]. The pid in the
         # Proxmox container is the level below the host's, whatever is nested inside.
-        container = {"kind": "lxc", "id": vmid, "pid_in_container": nspid[1] if len(nspid) > 1 else None}
+        inside, name = container_user(pid, status["uid"], proc)
+        container = {"kind": "lxc", "id": vmid, "pid_in_container": nspid[1] if len(nspid) > 1 else None,
+                     "uid_in_container": inside}
+        # Never the node's name for a container's uid: another user there (101000 unnamed, or a node user of uid 1000).
+        user = name or str(inside if inside is not None else status["uid"])
     return {
         "pid": st.pid,
         "name": st.comm,
         "cmdline": (cmdline or redact_argv)(split_cmdline(raw_cmdline)),
-        "user": user_name(status["uid"]),
+        "user": user if container else user_name(status["uid"]),
         "uid": status["uid"],
         "ppid": st.ppid,
         "state": st.state,

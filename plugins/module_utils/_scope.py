@@ -56,6 +56,29 @@ def mps_of(gpus: list) -> dict:
     return {identity(p): p["mps_server"] for g in gpus for p in g.get("processes") or [] if p.get("mps_server")}
 
 
+def own_uid(proc: dict):
+    """The uid of a process where it lives: inside its container (through the container's idmap), else the node's."""
+    ct = proc.get("container") or {}
+    if ct.get("id") is not None:
+        return ct.get("uid_in_container", proc.get("uid"))
+    return proc.get("uid")
+
+
+def user_selected(proc: dict, users) -> bool:
+    """Whether ``users`` (names or uids) names the process's user, as its own place names it: for a process in a
+    container its name in the container's /etc/passwd and its uid in the container (1000, not node uid 101000);
+    a node user of the same name or uid is another user."""
+    uid = own_uid(proc)
+    return proc.get("user") in users or (uid is not None and str(uid) in users)
+
+
+def user_text(proc: dict) -> str:
+    ct = proc.get("container") or {}
+    if ct.get("id") is None:
+        return str(proc.get("user"))
+    return f"{proc.get('user')} (uid {own_uid(proc)} in CT {ct['id']}, node uid {proc.get('uid')})"
+
+
 def place_text(proc: dict) -> str:
     ct = container_id(proc)
     where = f"CT {ct}" if ct is not None else "the host"
@@ -115,8 +138,8 @@ class Scope:
                 return "not in a container (containers: " + ", ".join(map(str, containers)) + ")"
             if ct not in containers:
                 return f"in CT {ct}, not in containers " + ", ".join(map(str, containers))
-        if users and proc.get("user") not in users and str(proc.get("uid")) not in users:
-            return f"user {proc.get('user')} is not in users"
+        if users and not user_selected(proc, users):
+            return f"user {user_text(proc)} is not in users"
         exclude = self.filters.get("exclude")
         if exclude is not None and exclude.search(self.text(proc)):
             return f"command line matches exclude {exclude.pattern!r}"

@@ -282,7 +282,12 @@ ansible_facts:
             - The processes the driver reports on this GPU.
             - C(pid) is the pid as the driver reports it; C(visible=false) when it does not exist from where
               the module runs (a process in another PID namespace).
-            - C(container) is C({kind, id, pid_in_container}) for a process in a Proxmox/LXC container, else null.
+            - C(container) is C({kind, id, pid_in_container, uid_in_container}) for a process in a Proxmox/LXC container,
+              else null.
+            - C(uid) is the node's uid of the process. For a process in a container, C(user) is its name in the
+              container's own C(/etc/passwd), and C(container.uid_in_container) is its uid there, mapped through the
+              container's idmap (node uid 101000 is uid 1000 in an unprivileged container). C(user) is that number
+              when the container's passwd has no name for it.
             - C(unit) is the systemd unit the process runs in, read from its cgroup (C(sglang.service) for
               C(/lxc/129/ns/system.slice/sglang.service)), inside a container or on the host; null for a login
               session or none.
@@ -299,7 +304,7 @@ ansible_facts:
           sample:
             - {"pid": 8812, "type": "compute", "used_mib": 81920, "name": "python3", "cmdline": "python3 -m sglang.launch_server",
                "user": "root", "uid": 0, "ppid": 8800, "start_time": 123456, "visible": true,
-               "container": {"kind": "lxc", "id": 129, "pid_in_container": 245}, "unit": "sglang.service"}
+               "container": {"kind": "lxc", "id": 129, "pid_in_container": 245, "uid_in_container": 0}, "unit": "sglang.service"}
         processes_error:
           description:
             - Why the driver's process list of this GPU could not be read (an NVML error after retries, naming the

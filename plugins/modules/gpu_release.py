@@ -60,7 +60,14 @@ options:
     type: list
     elements: int
   users:
-    description: Only processes of these users (names or uids).
+    description:
+      - Only processes of these users (names or uids).
+      - Each process is named where it lives. On the host, by the node's passwd and uid. In a Proxmox VE container,
+        by the container's own C(/etc/passwd) and its uid in the container, mapped through the container's idmap
+        (an unprivileged container's default C(lxc.idmap u 0 100000 65536) makes its uid 1000 node uid 101000).
+        So V(alice) or V(1000) selects the container's alice. The node uid V(101000) does not, and neither does a
+        node user that has the same name or uid.
+      - Use it together with O(containers) to mean one container's users.
     type: list
     elements: str
   match:
@@ -154,8 +161,17 @@ released:
         - Command line, with secrets hidden (see O(redact)) and cut at 1000 characters; null with O(cmdline=false).
       type: str
       returned: always
-    user: {description: User name., type: str, returned: always}
-    container: {description: "C({kind, id, pid_in_container}) or null.", type: dict, returned: always}
+    user:
+      description: User name; for a process in a container, its name in the container's C(/etc/passwd) (its uid there
+        when that has none).
+      type: str
+      returned: always
+    container:
+      description:
+        - C({kind, id, pid_in_container, uid_in_container}) or null. C(uid_in_container) is the process's uid in the
+          container (through its idmap); null when the idmap does not hold the process's node uid.
+      type: dict
+      returned: always
     gpus: {description: Indices of the selected GPUs it held (or its ancestor held)., type: list, elements: int, returned: always}
     via: {description: For a descendant - the pid of the holder it descends from; else null., type: int, returned: always}
     signals:
@@ -168,7 +184,7 @@ released:
     seconds: {description: Seconds from the first signal until it was gone (null in check mode)., type: float, returned: always}
   sample:
     - {"pid": 8812, "name": "python3", "cmdline": "python3 -m sglang.launch_server", "user": "root",
-       "container": {"kind": "lxc", "id": 129, "pid_in_container": 245}, "gpus": [0], "via": null,
+       "container": {"kind": "lxc", "id": 129, "pid_in_container": 245, "uid_in_container": 0}, "gpus": [0], "via": null,
        "signals": ["SIGTERM"], "seconds": 0.21}
 quiet_since:
   description:

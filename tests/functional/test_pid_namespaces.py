@@ -30,7 +30,7 @@ def test_facts_inside_a_container_translate_and_host_modes(gpusim, collection):
     # Real LXC gives the container a cgroup namespace, so from inside /proc/<pid>/cgroup reads "0::/"
     # and no container is named; the simulator's containers have none (PID, mount, UTS only), so the
     # path still reads /lxc/<vmid>/ns. Either way there is no pid "inside" a container seen from inside.
-    assert proc["container"] in (None, {"kind": "lxc", "id": VMID, "pid_in_container": None})
+    assert proc["container"] in (None, {"kind": "lxc", "id": VMID, "pid_in_container": None, "uid_in_container": 0})
     assert gpu1["processes"] == [] and gpu1["memory"]["used"] == 8192
     assert not gpu1["idle"]
     assert any(w.startswith("GPU 1 (8192 MiB): memory in use by processes not visible from this PID namespace")

@@ -404,15 +404,23 @@ def config_gpu_minors(simdir: str, vmid: Union[int, str]) -> List[int]:
 
 
 def create(simdir: str, vmid: Union[int, str], hostname: Optional[str] = None, gpus="all",
-           devices_style: str = "lxc", systemd: bool = False) -> None:
+           devices_style: str = "lxc", systemd: bool = False, unprivileged: bool = False,
+           users: Optional[Dict[str, int]] = None) -> None:
     """Create container ``vmid``: reserve the vmid on this machine, write DIR/ct/<vmid>/config (PVE's
     ``pct config`` shape, with the NVIDIA passthrough lines) and the container's rootfs.
 
     gpus: "all", "0,1", "0-3", a list of indexes, or None/"none"/[] (no GPU lines, as
     devices_style="none").  devices_style: "lxc" (lxc.cgroup2.devices.allow + lxc.mount.entry),
     "dev" (devN: /dev/nvidiaN ...) or "none".  systemd: boot a Debian 12 rootfs with systemd as PID 1
-    (services started in it are systemd units) instead of busybox."""
+    (services started in it are systemd units) instead of busybox.  unprivileged: map the container's
+    uids and gids as pve-container does for ``unprivileged: 1`` (``lxc.idmap = u 0 100000 65536``, the
+    same for g; see ensure_subids): its root is node uid 100000; else the container runs unmapped (what
+    every other test of the simulator was written against, although its config says ``unprivileged: 1``).
+    users: {name: uid} added to the busybox rootfs's /etc/passwd and /etc/group (the container's own
+    users, which the node's passwd does not know)."""
     v = parse_vmid(vmid)
+    if users and systemd:
+        raise ContainerError("users= is for busybox containers (their /etc/passwd is the simulator's)")
     if devices_style not in DEVICES_STYLES:
         raise ContainerError(f"invalid devices_style={devices_style!r}: must be one of {', '.join(DEVICES_STYLES)}")
     name = hostname if hostname is not None else f"CT{v}"
@@ -438,12 +446,96 @@ def create(simdir: str, vmid: Union[int, str], hostname: Optional[str] = None, g
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
     _atomic_write(os.path.join(d, "kind"), ("systemd" if systemd else "busybox") + "\n")
+    if unprivileged:
+        ensure_subids()
+        _atomic_write(os.path.join(d, "idmap"), "".join(f"{k} {IDMAP}\n" for k in ("u", "g")))
     ld = lxc_dir(simdir, v)
     os.makedirs(ld, exist_ok=True)
     if systemd:
         os.makedirs(os.path.join(ld, "upper"), exist_ok=True)
     else:
-        rootfs.make_busybox_rootfs(os.path.join(ld, "rootfs"))
+        rootfs.make_busybox_rootfs(os.path.join(ld, "rootfs"), users=users)
+    if unprivileged:
+        _shift_owner(os.path.join(ld, "upper" if systemd else "rootfs"))
+        _searchable(ld)
+
+
+def _searchable(path: str) -> None:
+    """Let the container's root (node uid 100000) reach its rootfs, as LXC asks ("Could not access DIR. Please
+    grant it x access"): search permission for others on each directory above ``path`` that lacks it (the
+    scenario's temporary directories are 0700)."""
+    path = os.path.realpath(path)
+    while path != os.path.dirname(path):
+        mode = os.stat(path).st_mode
+        if not mode & 0o001:
+            os.chmod(path, (mode & 0o7777) | 0o001)
+        path = os.path.dirname(path)
+
+
+def _shift_owner(top: str) -> None:
+    """Give an unprivileged container its files, as pve-container's restore and create do: each file's owner and
+    group shifted into the container's range (root's become node uid 100000)."""
+    base = int(IDMAP.split()[1])
+    for root, dirs, files in os.walk(top):
+        for name in [root] + [os.path.join(root, n) for n in dirs + files]:
+            st = os.lstat(name)
+            if st.st_uid < base:
+                os.lchown(name, st.st_uid + base, st.st_gid + base)
+
+
+# --- unprivileged containers ------------------------------------------------------------------------
+# pve-container (src/PVE/LXC.pm, update_lxc_config): an unprivileged container without lxc.idmap lines of its
+# own gets ``lxc.idmap = u 0 100000 65536`` and ``g 0 100000 65536``, and /usr/share/lxc/config/userns.conf.
+IDMAP = "0 100000 65536"
+SUBID_LINE = "root:100000:65536"
+
+
+def idmap_lines(simdir: str, vmid: Union[int, str]) -> List[str]:
+    """The lxc.idmap values of an unprivileged container of the simulator ([] for one that is not mapped)."""
+    try:
+        with open(os.path.join(ct_dir(simdir, vmid), "idmap"), encoding="utf-8") as f:
+            return [ln.strip() for ln in f if ln.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def reachable(path: str) -> bool:
+    """Whether a user that is neither root nor in the owner's group (an unprivileged container's root) may reach
+    ``path`` (search permission for others on every directory down to it)."""
+    path = os.path.realpath(path)
+    while path != os.path.dirname(path):
+        path = os.path.dirname(path)
+        if not os.stat(path).st_mode & 0o001:
+            return False
+    return True
+
+
+def container_python(simdir: str, vmid: Union[int, str], uid: Optional[int] = None) -> Optional[str]:
+    """The interpreter a workload of this container runs (None: this one's, bound in): an unprivileged container
+    cannot mount an interpreter it may not reach, nor can a user other than root run it, so these run the node's
+    /usr/bin/python3 (the simulator is stdlib-only), bound in with /usr."""
+    if not (idmap_lines(simdir, vmid) or uid) or reachable(os.path.realpath(_python())):
+        return None
+    for p in ("/usr/bin/python3",):
+        if os.path.isfile(p):
+            return p
+    raise ContainerError(f"CT {parse_vmid(vmid)} is unprivileged and cannot reach {_python()}, and there is no "
+                         "/usr/bin/python3 to run its workloads")
+
+
+def ensure_subids() -> None:
+    """root's subordinate ids in /etc/subuid and /etc/subgid (``root:100000:65536``, as a Proxmox VE node has them),
+    added only when root has none there: LXC reads them for the idmap of a container that root starts."""
+    for path in ("/etc/subuid", "/etc/subgid"):
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            text = ""
+        if any(ln.split(":")[0] == "root" for ln in text.splitlines()):
+            continue
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(("" if not text or text.endswith("\n") else "\n") + SUBID_LINE + "\n")
 
 
 # --- the LXC config ---------------------------------------------------------------------------------
@@ -491,6 +583,10 @@ def lxc_config(simdir: str, vmid: int) -> str:
         "lxc.net.0.type = empty",
         "lxc.init.cmd = /sbin/init",
     ]
+    idmap = idmap_lines(simdir, vmid)
+    if idmap and not any(key == "lxc.idmap" for key, _value in raw):
+        out.append("lxc.include = /usr/share/lxc/config/userns.conf")
+        out += [f"lxc.idmap = {line}" for line in idmap]
     if k == "systemd":
         out.append(f"lxc.rootfs.path = overlay:{rootfs.systemd_rootfs()}:{os.path.join(ld, 'upper')}")
     else:
@@ -498,6 +594,8 @@ def lxc_config(simdir: str, vmid: int) -> str:
         out.append("lxc.signal.halt = SIGUSR1")  # busybox init halts on SIGUSR1
         out.append("lxc.mount.entry = /usr usr none ro,bind 0 0")
     for p in _ro_paths():
+        if idmap and not reachable(p):
+            continue  # the container's root may not mount it (e.g. a Python under /root): see container_python
         out.append(f"lxc.mount.entry = {p} {p.lstrip('/')} none ro,bind,create=dir 0 0")
     out.append(f"lxc.mount.entry = {sim} {sim.lstrip('/')} none bind,create=dir 0 0")
     # The passthrough: each /dev/nvidia* node of the config, from the simulated device files.
@@ -652,9 +750,12 @@ def _running(simdir: str, vmid: Union[int, str]) -> Tuple[int, Tuple[int, int]]:
 
 
 def attach_argv(simdir: str, vmid: Union[int, str], argv: Sequence[str], keep_env: bool = True,
-                set_vars: Optional[Dict[str, str]] = None) -> List[str]:
-    """``lxc-attach -n <vmid> -P DIR/lxc --keep-env|--clear-env [--set-var K=V...] -- argv`` (pct exec's)."""
+                set_vars: Optional[Dict[str, str]] = None, uid: Optional[int] = None) -> List[str]:
+    """``lxc-attach -n <vmid> -P DIR/lxc --keep-env|--clear-env [-u UID -g UID] [--set-var K=V...] -- argv``
+    (pct exec's; ``uid``: run as that user of the container, its group the same number)."""
     out = lxc_argv(simdir, "lxc-attach", vmid, "--keep-env" if keep_env else "--clear-env")
+    if uid is not None:
+        out += ["-u", str(int(uid)), "-g", str(int(uid))]
     for k, val in (set_vars or {}).items():
         out += ["--set-var", f"{k}={val}"]
     return out + ["--"] + [str(a) for a in argv]
@@ -722,17 +823,18 @@ def host_pid(init: int, nspid: int) -> Optional[int]:
 
 
 def spawn(simdir: str, vmid: Union[int, str], argv: Sequence[str], env: Optional[Dict[str, str]],
-          log: Optional[str] = None) -> Optional[int]:
+          log: Optional[str] = None, uid: Optional[int] = None) -> Optional[int]:
     """Start argv inside the running container, detached: lxc-attach runs a shell that starts it in
     its own session and exits, so that the container's init adopts it (and reaps it).  stdin is
-    /dev/null, stdout/stderr go to ``log`` (default DIR/ct/<vmid>/console.log).  Returns its host pid
-    (None if it already exited)."""
+    /dev/null, stdout/stderr go to ``log`` (default DIR/ct/<vmid>/console.log).  ``uid``: run it as that uid
+    of the container (lxc-attach -u/-g; the log must be writable by it).  Returns its host pid (None if it
+    already exited)."""
     v, ip = _running(simdir, vmid)
     if not argv:
         raise ContainerError("missing command")
     logpath = os.path.realpath(log or os.path.join(ct_dir(simdir, v), "console.log"))
     script = 'log=$1; shift; setsid "$@" </dev/null >>"$log" 2>&1 & echo $!'
-    r = subprocess.run(attach_argv(simdir, v, ["/bin/sh", "-c", script, "sh", logpath, *argv]),
+    r = subprocess.run(attach_argv(simdir, v, ["/bin/sh", "-c", script, "sh", logpath, *argv], uid=uid),
                        env=command_env(simdir, v, env), capture_output=True, text=True, timeout=60, check=False)
     out = r.stdout.strip()
     if r.returncode != 0 or not out.isdigit():

@@ -318,12 +318,14 @@ class SimHost:
         return scn.load(self.dir)
 
     def ct_create(self, vmid: int, hostname: Optional[str] = None, gpus="all", systemd: bool = False,
-                  devices_style: str = "lxc") -> None:
+                  devices_style: str = "lxc", unprivileged: bool = False, users: Optional[Dict[str, int]] = None) -> None:
         """Create Proxmox container ``vmid`` (a real LXC container, gpusimkit.container) with the GPUs
         passed through; ``systemd``: a Debian 12 rootfs with systemd as PID 1 (services started in it
-        with hold(service=...) are systemd units), else busybox."""
+        with hold(service=...) are systemd units), else busybox.  unprivileged: its uids mapped as PVE maps
+        them (container uid 0 -> node uid 100000); users: {name: uid} of the container's own /etc/passwd."""
         from . import container  # noqa: PLC0415
-        container.create(self.dir, int(vmid), hostname, gpus, devices_style=devices_style, systemd=systemd)
+        container.create(self.dir, int(vmid), hostname, gpus, devices_style=devices_style, systemd=systemd,
+                         unprivileged=unprivileged, users=users)
 
     def ct_start(self, vmid: int) -> None:
         from . import container  # noqa: PLC0415
@@ -335,7 +337,7 @@ class SimHost:
              type: str = "C", device_only: bool = False,  # noqa: A002 (the CLI's --type)
              restart_delay: Optional[float] = None, stop_timeout: Optional[float] = None,
              only_own_devices: bool = False, control_only: bool = False, fork_child: bool = False,
-             mps_control: bool = False) -> int:
+             mps_control: bool = False, uid: Optional[int] = None) -> int:
         """Start a workload; returns its host pid once it holds its memory and device files.
 
         Like CUDA, it opens the device node of every GPU it can see (the host's GPUs; in a
@@ -348,7 +350,8 @@ class SimHost:
         respawn is true), in the cgroup <base>/system.slice/NAME.service; the pid returned is the
         first workload's.  ct: start it inside that container (through gpusimkit.container.spawn,
         cgroup lxc/<vmid>/ns/.lxc); on the host, a plain workload runs in
-        gpusim-<id>/user.slice/user-0.slice/session-1.scope."""
+        gpusim-<id>/user.slice/user-0.slice/session-1.scope.  uid: with ct, run it as that uid of the
+        container (lxc-attach -u; in an unprivileged container, node uid 100000 + uid)."""
         from . import workload  # noqa: PLC0415
 
         # --opt=value: a value that starts with "-" is not taken for an option.
@@ -392,10 +395,19 @@ class SimHost:
             argv = self._service_argv("host", service, wargs, respawn, restart_delay, stop_timeout)
             # (the supervisor moves itself to <base>/init.scope and its workload to the unit's cgroup)
         else:
-            argv = proctools.python_argv("gpusimkit.workload", wargs)
+            python = None
+            if vmid is not None:
+                from . import container  # noqa: PLC0415
+                try:
+                    python = container.container_python(self.dir, vmid, uid)
+                except container.ContainerError as e:
+                    raise SimError(f"the workload did not start: {e}") from None
+            argv = proctools.python_argv("gpusimkit.workload", wargs, python)
             if vmid is None:
                 cgroup = cgroups.session_path(self.dir)
-        return self._start_ready(argv, env, vmid, cgroup)
+        if uid is not None and (vmid is None or respawn or service is not None):
+            raise ScenarioError("uid= is for a plain workload in a container (ct=...)")
+        return self._start_ready(argv, env, vmid, cgroup, uid)
 
     def mps_daemon(self, gpus: Union[str, int, Iterable[int], None], mib: int = 28,
                    ct: Optional[Union[int, str]] = None) -> Tuple[int, int]:
@@ -469,15 +481,25 @@ class SimHost:
         return pid
 
     def _start_ready(self, argv: List[str], env: Dict[str, str], vmid: Optional[str],
-                     cgroup: Optional[str] = None) -> int:
+                     cgroup: Optional[str] = None, uid: Optional[int] = None) -> int:
         if vmid is not None:
             # In the container: lxc-attach starts it detached (the container's init adopts it); it
             # writes its host pid (as the driver daemon sees it) to a ready file in DIR, bound in.
             from . import container  # noqa: PLC0415
             ready = self._ready_file()
+            log = self.path("run", "workloads.log")
+            if uid is not None or container.idmap_lines(self.dir, vmid):
+                # Another node user (100000 + uid in an unprivileged container, or uid): a ready directory and a log
+                # open to everyone.
+                shared = self.path("run", "ready-any")
+                os.makedirs(shared, exist_ok=True)
+                os.chmod(shared, 0o1777)
+                ready = os.path.join(shared, os.path.basename(ready))
+                log = os.path.join(shared, "workloads.log")
+                with open(log, "a", encoding="utf-8"):
+                    os.chmod(log, 0o666)
             try:
-                container.spawn(self.dir, vmid, argv + [f"--ready-file={ready}"], env,
-                                log=self.path("run", "workloads.log"))
+                container.spawn(self.dir, vmid, argv + [f"--ready-file={ready}"], env, log=log, uid=uid)
             except container.ContainerError as e:
                 raise SimError(f"the workload did not start: {e}") from None
             return self._wait_ready_file(ready, f"CT {vmid}")

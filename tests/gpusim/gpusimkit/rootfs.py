@@ -61,8 +61,9 @@ def busybox() -> str:
     return p
 
 
-def make_busybox_rootfs(path: str) -> None:
-    """A busybox root filesystem in ``path`` (idempotent)."""
+def make_busybox_rootfs(path: str, users=None) -> None:
+    """A busybox root filesystem in ``path`` (idempotent); ``users``: {name: uid} of its own /etc/passwd and
+    /etc/group (each user's group has its uid as gid)."""
     if os.path.isfile(os.path.join(path, "bin", "busybox")):
         return
     src = busybox()
@@ -81,10 +82,12 @@ def make_busybox_rootfs(path: str) -> None:
     # Debian's merged /usr: the libraries are under the bound /usr.
     for name in ("lib", "lib64"):
         os.symlink(f"usr/{name}", os.path.join(tmp, name))
+    extra = sorted((users or {}).items(), key=lambda item: item[1])
     files = {
         "etc/inittab": INITTAB,
-        "etc/passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
-        "etc/group": "root:x:0:\nnogroup:x:65534:\n",
+        "etc/passwd": "root:x:0:0:root:/root:/bin/sh\n" + "".join(f"{n}:x:{u}:{u}::/tmp:/bin/sh\n" for n, u in extra)
+                      + "nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+        "etc/group": "root:x:0:\n" + "".join(f"{n}:x:{u}:\n" for n, u in extra) + "nogroup:x:65534:\n",
         "etc/os-release": 'PRETTY_NAME="gpusim busybox container"\nID=busybox\n',
     }
     for rel, text in files.items():

@@ -13,10 +13,11 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._scope import DESCENDAN
 
 
 def proc(pid, name="python3", cmdline=None, user="root", uid=0, ct=None, ppid=1, gpus=(0,), evidence="context",
-         ct_pid=5, unit=None, cgroup=None, **extra):
+         ct_pid=5, unit=None, cgroup=None, ct_uid=None, **extra):
     out = {"pid": pid, "name": name, "cmdline": cmdline or name, "user": user, "uid": uid, "ppid": ppid,
            "start_time": pid * 10, "gpus": list(gpus), "evidence": evidence, "unit": unit,
-           "container": {"kind": "lxc", "id": ct, "pid_in_container": ct_pid} if ct else None,
+           "container": dict({"kind": "lxc", "id": ct, "pid_in_container": ct_pid},
+                             **({} if ct_uid is None else {"uid_in_container": ct_uid})) if ct else None,
            "cgroup": cgroup or (f"/lxc/{ct}/ns/user.slice" if ct else "/user.slice"), "session": pid, "tty_nr": 0,
            "ns_pid": ct_pid if ct else pid}
     out.update(extra)
@@ -37,6 +38,14 @@ HOLDER_CASES = [
     ("user by name", proc(10, user="ml", uid=1000), {"users": ["ml"]}, {}, ""),
     ("user by uid", proc(10, user="ml", uid=1000), {"users": ["1000"]}, {}, ""),
     ("another user", proc(10, user="bob", uid=1001), {"users": ["ml"]}, {}, "user bob is not in users"),
+    # In a container, its own names and uids (the container's passwd and idmap), never the node's (issue 29, item 8).
+    ("a container's user by name", proc(10, user="alice", uid=101000, ct=129, ct_uid=1000), {"users": ["alice"]}, {}, ""),
+    ("a container's user by its uid there", proc(10, user="alice", uid=101000, ct=129, ct_uid=1000), {"users": ["1000"]},
+     {}, ""),
+    ("a container's user by its node uid", proc(10, user="alice", uid=101000, ct=129, ct_uid=1000), {"users": ["101000"]},
+     {}, "user alice (uid 1000 in CT 129, node uid 101000) is not in users"),
+    ("a privileged container's uid that the node names otherwise", proc(10, user="alice", uid=1000, ct=129, ct_uid=1000),
+     {"users": ["cloudsdk"]}, {}, "user alice (uid 1000 in CT 129, node uid 1000) is not in users"),
     ("match on the command line", proc(10, cmdline="python3 -m sglang.launch_server"), {"match": rx("sglang")}, {}, ""),
     ("match on vLLM's renamed worker's executable", proc(10, name="VLLM::EngineCore", cmdline="VLLM::EngineCore",
                                                          exe="/opt/vllm/bin/python3.12"), {"match": rx("vllm")}, {}, ""),
