@@ -9,15 +9,17 @@
 
 Command lines are redacted where they are read (read_process, through _redact).
 
-Nothing here reads files or imports AnsibleModule: callers pass the text they read, so every
-rule is testable with table-driven unit tests.
+The parsers read no files and nothing here imports AnsibleModule: the rules are testable with table-driven
+unit tests on the text; read_process and container_user read /proc (and a container's /etc/passwd through
+/proc/<pid>/root) and hand the text to them.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections import namedtuple
-from stat import S_ISCHR, S_ISDIR
+from stat import S_ISCHR, S_ISDIR, S_ISREG
 
 from ansible_collections.gpuops.gpu.plugins.module_utils._redact import redact_argv
 
@@ -287,9 +289,6 @@ def _read_root_file(root: str, parts) -> tuple:
     Each component is opened below the one before with O_NOFOLLOW: a container's symlink cannot point the node at
     its own files, and a FIFO or a device is not read (O_NONBLOCK, then a regular file only); at most
     PASSWD_MAX_BYTES."""
-    import os
-    import stat as _stat
-
     fds = []
     try:
         fds.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
@@ -298,7 +297,7 @@ def _read_root_file(root: str, parts) -> tuple:
         fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fds[-1])
         fds.append(fd)
         st = os.fstat(fd)
-        if not _stat.S_ISREG(st.st_mode):
+        if not S_ISREG(st.st_mode):
             return None, None
         key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
         if key in _CT_PASSWD:
