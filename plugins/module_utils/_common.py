@@ -328,7 +328,7 @@ class SnapshotTaker:
             raw,
             read_process=self._read_for_build if gather_processes else None,
             holders=holders,
-            protect=self.params["protect"],
+            protect=self.protect,
             max_memory_used_mib=self.params.get("max_memory_used_mib", _snapshot.DEFAULT_MAX_MEMORY_USED_MIB),
             max_utilization_pct=self.params.get("max_utilization_pct"),
             include_device_holders=self.params["include_device_holders"],

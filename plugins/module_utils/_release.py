@@ -19,7 +19,7 @@ import os
 import signal
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _procs, _scope, _snapshot
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _procs, _scope, _snapshot, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._signals import (
     SIGKILL,
     Target,
@@ -546,7 +546,8 @@ class Release:
             # Its list was complete before this run stopped the services that held it (the fence): the memory
             # no listed process accounts for is theirs, still being freed, not a hidden holder's.
             untrusted.pop(index, None)
-        self.scope = _scope.Scope(selected, self.filters, protected_pids, protect=p["protect"], text_of=io.text,
+        self.scope = _scope.Scope(selected, self.filters, protected_pids, protect=_validate.regexes("protect", p["protect"]),
+                                  text_of=io.text,
                                   exe_of=io.exe, untrusted=untrusted,
                                   unverified=unverified_pids(before, io.host_namespace()),
                                   mps=_scope.mps_of(all_gpus))

@@ -119,6 +119,8 @@ def is_protected(proc: dict, extra=(), context=False, exe_of=None) -> str:
 
     A process named like an NVIDIA daemon is protected by its name, except when it holds a
     context (``context``): then only when its executable (``exe``, else ``exe_of(pid)``) is the daemon's.
+    ``extra``: the protect option's patterns, compiled (_validate.regexes: ``pattern`` and ``search``, under
+    their time budget) - the one form every caller passes (the snapshot, the scope gate, the wait).
     """
     if proc is None:
         return ""
@@ -133,8 +135,8 @@ def is_protected(proc: dict, extra=(), context=False, exe_of=None) -> str:
             return f"NVIDIA daemon ({name})"
     for pattern in extra:
         for name in names | {proc.get("cmdline") or ""}:
-            if name == pattern or re.search(pattern, name):
-                return f"protected by the protect option ({pattern})"
+            if name == pattern.pattern or pattern.search(name):
+                return f"protected by the protect option ({pattern.pattern})"
     return ""
 
 

@@ -60,7 +60,7 @@ HOLDER_CASES = [
      "protected: an ancestor"),
     ("an NVIDIA daemon holding a device node", proc(10, name="nvidia-persistenced", evidence="device"), {}, {},
      "protected: NVIDIA daemon"),
-    ("protect option", proc(10, cmdline="dcgm-exporter --x"), {}, {"protect": ["dcgm"]}, "protected: protected by"),
+    ("protect option", proc(10, cmdline="dcgm-exporter --x"), {}, {"protect": _validate.regexes("protect", ["dcgm"])}, "protected: protected by"),
     ("a device node, no context, list trusted", proc(10, evidence="device"), {}, {}, "lingering, not signalled"),
     ("a device node, no context, list untrusted", proc(10, evidence="device"), {}, {"untrusted": {0: "1024 MiB"}}, ""),
     ("a device node, no context, named in pids", proc(10, evidence="device"), {"pids": {10}}, {}, ""),
@@ -192,7 +192,7 @@ def test_the_regexes_see_the_raw_command_line_and_reports_keep_the_redacted_one(
            102: "vllm serve --api-key sk-tenant-c-0123456789"}
     shown = [proc(pid, cmdline="vllm serve --api-key ****") for pid in (100, 101, 102)]
     filters = {"match": _validate.regex("match", "tenant-[ab]"), "exclude": _validate.regex("exclude", "tenant-b")}
-    scope = Scope({0}, filters, protect=["tenant-c"], text_of=lambda p: raw[p["pid"]])
+    scope = Scope({0}, filters, protect=_validate.regexes("protect", ["tenant-c"]), text_of=lambda p: raw[p["pid"]])
     _release.choose(scope, shown, {}, set(), False)
     assert [t["pid"] for t in scope.targets] == [100]
     assert [s["pid"] for s in scope.skipped] == [101] and "matches exclude" in scope.skipped[0]["reason"]

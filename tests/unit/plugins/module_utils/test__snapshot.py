@@ -5,7 +5,7 @@
 from __future__ import annotations
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._holding import verdict
 from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import (
     build,
@@ -72,7 +72,7 @@ PROTECT_CASES = [
 
 @pytest.mark.parametrize("name, proc, extra, phrase", PROTECT_CASES, ids=[c[0] for c in PROTECT_CASES])
 def test_is_protected(name, proc, extra, phrase):
-    reason = is_protected(proc, extra)
+    reason = is_protected(proc, _validate.regexes("protect", extra))
     assert (phrase in reason) if phrase else reason == ""
 
 
