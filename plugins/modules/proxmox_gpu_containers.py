@@ -304,8 +304,9 @@ def main() -> None:
         first_signal = signal_number(p["signal"])
         pct = find_pct(module, required=True)
         taker = SnapshotTaker(module)
-        host = _release.HostIO(taker, run_in_group, module.warn, programs(module, pct))
-        io = _fence.NodeIO(pct, taker, host, p, first_signal, module.check_mode, module._diff)
+        runner = _fence.PctCounter(run_in_group, pct)   # every pct this run starts, counted (pct_calls)
+        host = _release.HostIO(taker, runner, module.warn, programs(module, pct))
+        io = _fence.NodeIO(pct, taker, host, p, first_signal, module.check_mode, module._diff, runner=runner)
         fence = _fence.Fence(params, io, module.check_mode, module._diff)
         result = fence.run()
     except _errors.GpuError as exc:
