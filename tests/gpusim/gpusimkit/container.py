@@ -506,6 +506,10 @@ def create(simdir: str, vmid: Union[int, str], hostname: Optional[str] = None, g
         raise ContainerError(f"CT {v} already exists ({config_path(simdir, v)})") from None
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
+    # DIR/ct/<vmid>/config: a link to it, where earlier simulators kept the config (their vmid reservations look
+    # there: a simulator of another checkout on this machine then sees this vmid as live, gpusimkit.vmids).
+    with contextlib.suppress(FileExistsError):
+        os.symlink(os.path.relpath(config_path(simdir, v), d), os.path.join(d, "config"))
     write_vmlist(simdir)
     _atomic_write(os.path.join(d, "kind"), ("systemd" if systemd else "busybox") + "\n")
     ld = lxc_dir(simdir, v)

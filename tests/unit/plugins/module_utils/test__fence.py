@@ -6,7 +6,8 @@
 
 A fake, because a unit test has no Proxmox VE node: the node's files (its containers, which run, their config
 files in pve-container's format) and its ``pct`` answer from tables, the GPUs are a list and the release is a
-recorder. NodeIO's reading of the files is tested at the end, against real files and real sockets. The real pct shim, containers and release run in tests/functional/test_proxmox_gpu_containers.py.
+recorder. NodeIO's reading of the files is tested at the end, against real files and real sockets. The real pct
+shim, containers and release run in tests/functional/test_proxmox_gpu_containers.py.
 """
 
 from __future__ import annotations
