@@ -27,7 +27,7 @@ description:
     to GPU indexes through the driver (O(backend)).
   - Only running containers are read when no O(containers) are named (stopped ones too with O(include_stopped));
     the whole discovery runs within O(pct_timeout). A node where C(/etc/pve) is not mounted (pmxcfs down) fails the
-    task (C(error=pve_unavailable)): its containers cannot be told, and nothing is stopped.
+    task (C(error=pve_unavailable)) - its containers cannot be told - and nothing is stopped.
   - C(pct) runs only for what nothing else does - C(pct exec <vmid> -- systemctl) for the named O(services), C(pct
     shutdown) - and each call is counted in RV(pct_calls).
   - In each selected container that is running, stops the named systemd O(services) that are active
@@ -113,7 +113,7 @@ options:
     default: false
   pct_timeout:
     description:
-      - Seconds the whole discovery may take (reading C(/etc/pve): a hung pmxcfs blocks its readers), and each
+      - Seconds the whole discovery may take (reading C(/etc/pve) - a hung pmxcfs blocks its readers), and each
         C(systemctl is-active) in a container; above 0 and at most 86400. A container, C(pct) or C(/etc/pve) that does
         not answer in time fails the task (C(error=container_timeout)) before anything is stopped.
       - A C(systemctl stop) may take O(grace_period) + O(kill_timeout) + O(pct_timeout); one that does not return
@@ -232,8 +232,8 @@ pending_passthrough:
   description:
     - The running containers whose pending changes touch their NVIDIA passthrough (their config with the
       C([pve:pending]) section applied, what C(pct config <vmid>) shows, differs from what they run with), each with
-      C(vmid), C(removed) and C(added) (the passthrough lines, as C(pct config) prints them) and C(minors) (the GPU minors the container gets at its next start; null means every
-      GPU). What they run with now is in RV(containers).
+      C(vmid), C(removed) and C(added) (the passthrough lines, as C(pct config) prints them) and C(minors) (the GPU
+      minors the container gets at its next start; null means every GPU). What they run with now is in RV(containers).
   returned: always
   type: list
   elements: dict
@@ -276,7 +276,7 @@ release:
       C(skipped_processes), C(stopped_units), C(gpus_before), C(gpus), C(elapsed), C(gpu_errors)); in check mode what
       would be released. On a failure of the release, what it did until then.
     - The release selects the GPUs of the running containers (RV(gpus)) unless O(gpus) is set (every GPU when RV(gpus)
-      is null or empty): a GPU they do not have whose process list cannot be read is in C(gpu_errors) and a warning,
+      is null or empty) - a GPU they do not have whose process list cannot be read is in C(gpu_errors) and a warning,
       and does not fail the fence.
   returned: with O(state=released) and a running container
   type: dict
