@@ -32,7 +32,7 @@ export ANSIBLE_COLLECTIONS_PATH := $(TOP)/build
 export ANSIBLE_HOME := $(TOP)/build/ansible-home
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv sim layout test demo sanity lint units integration simtests sshd-prereqs packaging molecule bench-smoke bench docs gpu-smoke clean
+.PHONY: help venv sim layout test demo sanity lint units integration simtests sshd-prereqs packaging molecule bench-smoke bench docs gpu-smoke pve-smoke clean
 
 help:
 	@echo "make demo   - start a simulated 8 x H200 host with a workload, show nvidia-smi and pct, clean up"
@@ -43,6 +43,7 @@ help:
 	@echo "make fuzz   - the generated release scenarios (tests/functional/test_scenarios.py), FUZZ_EXAMPLES=150 of them"
 	@echo "make docs   - HTML docs in build/docs (docs/README.md)"
 	@echo "make gpu-smoke - the modules on this host's NVIDIA GPU: compare with nvidia-smi, time a release (GPU_SMOKE_ARGS=\"--mib 102400 --gpu 1\")"
+	@echo "make pve-smoke - on a Proxmox VE node (read-only): time pct, compare the fence's reading of /etc/pve with pct's"
 
 # --- set-up ---------------------------------------------------------------------------------
 $(VENV)/.stamp: requirements.txt constraints.txt
@@ -155,6 +156,12 @@ GPU_SMOKE_ARGS ?=
 gpu-smoke: venv sim
 	mkdir -p build
 	$(VPY) tools/gpu_smoke.py --json build/gpu-smoke.json $(GPU_SMOKE_ARGS)
+
+# --- a real Proxmox VE node (not in make test: needs one; read-only) ---
+# What pct costs there and whether the fence's reading of /etc/pve agrees with pct (tests/gpusim/README.md "What pct costs").
+pve-smoke: venv
+	mkdir -p build
+	$(VPY) tools/pve_smoke.py --json build/pve-smoke.json $(PVE_SMOKE_ARGS)
 
 clean:
 	rm -rf build tests/output

@@ -7,17 +7,22 @@
 
 """The fence of Proxmox VE containers, on the node, in one module run (proxmox_gpu_containers).
 
-``Fence.run()``: find the containers (``pct list``, then the configs of the running ones, or of those
-named, at once, within one time limit), tie their passthrough to GPU indexes, read and stop the named
+``Fence.run()``: find the containers from the node's files and the kernel, in this process (``/etc/pve/.vmlist``,
+the LXC monitors' sockets in ``/proc/net/unix``, the configs ``/etc/pve/lxc/<vmid>.conf`` of the running ones, or of
+those named, within one time limit): no ``pct``, whose every start loads the PVE libraries; tie their passthrough to
+GPU indexes, read and stop the named
 services (``pct exec <vmid> -- systemctl``, each under a time limit), and then shut the containers down
 (state shutdown) or release the GPU holders in them through the release path (state released).
 
-Its I/O is injected (``FenceIO``): ``pct(argv, timeout, what)``, ``gpus(full)``, ``release(params, gpus)``,
+Its I/O is injected (``FenceIO``): ``node()``, ``config(vmid)``, ``pct(argv, timeout, what)``, ``pct_calls()``,
+``gpus(full)``, ``release(params, gpus)``,
 ``warn`` and ``now``; the unit tests give it a fake node.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _lock, _pct, _release, _snapshot, _validate
@@ -25,8 +30,15 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import run_in_
 
 STATES = ("present", "released", "shutdown")
 PCT_TIMEOUT = 30.0
-# pct is a Perl program that starts in about 0.3 s on a node: read the configs a few at a time.
+# pct is a Perl program that loads the PVE libraries at each start (tests/gpusim/README.md, "What pct costs"):
+# the systemctl calls in containers run a few at a time.
 CONFIG_WORKERS = 8
+# Where the node's state is: pmxcfs' mount and LXC's lxcpath (pve-container runs lxc-* with the default one); the
+# simulator points each simulated node at its own (tests/gpusim, SimHost.env_vars).
+PVE_DIR = "/etc/pve"
+PVE_DIR_ENV = "GPUOPS_PVE_DIR"
+LXC_PATH = "/var/lib/lxc"
+LXC_PATH_ENV = "GPUOPS_LXC_PATH"
 
 
 C_LOCALE = {"LC_ALL": "C"}
@@ -36,7 +48,7 @@ RELEASE_FIXED = dict(users=None, match=None, pids=None, exclude=None, tree=True,
 
 
 class FenceFailed(_errors.GpuError):
-    """A step of the fence failed; ``kind`` says which (pct_not_found, pct_failed, no_such_container,
+    """A step of the fence failed; ``kind`` says which (pct_not_found, pct_failed, pve_unavailable, no_such_container,
     container_timeout, service_state_unknown, service_stop_failed, shutdown_failed)."""
 
     def __init__(self, kind: str, msg: str, **details):
@@ -73,82 +85,74 @@ class Fence:
         self.check_mode = check_mode
         self.diff = diff
         self.result = dict(changed=False, containers=[], running=[], skipped_containers=[], gpus=None,
-                           services_stopped=[], shut_down=[], check_mode=check_mode, pending_passthrough=[])
+                           services_stopped=[], shut_down=[], check_mode=check_mode, pending_passthrough=[], pct_calls=0)
         self.before = {}
 
     # --- discovery ---------------------------------------------------------------------------------------
-    def _pct(self, argv, deadline, what):
-        left = deadline - self.io.now()
-        try:
-            if left <= 0:
-                raise _errors.QueryTimeout(what)
-            return self.io.pct(argv, left, what)
-        except _errors.QueryTimeout:
+    def _within(self, deadline, read):
+        """``read()`` in a thread of its own, waited for until ``deadline``: a read of /etc/pve blocks while pmxcfs
+        hangs, and the module must still answer (the thread is a daemon's: it never holds the module's exit)."""
+        box = {}
+
+        def target():
+            try:
+                box["value"] = read()
+            except BaseException as exc:  # pylint: disable=broad-exception-caught (raised again below)
+                box["error"] = exc
+
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        thread.join(max(0.0, deadline - self.io.now()))
+        if thread.is_alive():
             raise FenceFailed(
                 "container_timeout",
-                f"{what} did not answer within pct_timeout ({self.p['pct_timeout']:g} s, the limit of the whole"
-                " discovery): the node is overloaded or a container is frozen (pct status, lxc-info). Nothing was"
-                " stopped.") from None
+                f"reading the node's containers ({self.io.where()}) did not finish within pct_timeout"
+                f" ({self.p['pct_timeout']:g} s): the cluster filesystem (pmxcfs) hangs or the node is overloaded"
+                " (systemctl status pve-cluster). Nothing was stopped.")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
 
-    def discover(self) -> list:
-        """The selected containers' rows (the result's ``containers``)."""
-        deadline = self.io.now() + self.p["pct_timeout"]
+    def _read_node(self) -> tuple:
+        """(the node's vmids, the running ones, {vmid: config file text} of the containers to read)."""
+        vmids, running = self.io.node()
         selected = self.p["containers"]
-        # A running container runs with its current config (--current); `pct config` alone applies the pending
-        # changes. Stopped containers are read only when named (their config says which GPUs they would get).
-        # Named containers' configs are read beside `pct list` (both kinds: whether each runs is not known yet),
-        # the others' once the list says which run; at most CONFIG_WORKERS pct at a time, within pct_timeout.
-        with ThreadPoolExecutor(max_workers=CONFIG_WORKERS) as pool:
-            reads = {job: pool.submit(self._config, job, deadline) for vmid in selected for job in ((vmid, True), (vmid, False))}
-            listed = self._list(deadline)
-            wanted = selected or [v for v in sorted(listed)
-                                  if listed[v]["status"] == "running" or self.p["include_stopped"]]
-            jobs = []
-            for vmid in wanted:
-                running = listed[vmid]["status"] == "running"
-                jobs.append((vmid, running))
-                if running:
-                    jobs.append((vmid, False))
-            for job in jobs:
-                if job not in reads:
-                    reads[job] = pool.submit(self._config, job, deadline)
-            read_configs = {job: reads[job].result() for job in jobs}  # a read not needed: its error is not raised
-        configs = {}
-        for vmid in wanted:
-            running = listed[vmid]["status"] == "running"
-            config = read_configs[(vmid, running)]
-            if running:
-                self._pending(vmid, config, read_configs[(vmid, False)])
-            if selected or config["passthrough"]:
-                configs[vmid] = config
-        return self._rows(listed, configs)
-
-    def _list(self, deadline) -> dict:
-        """`pct list` parsed; FenceFailed when it fails or lacks a named container."""
-        rc, out, err = self._pct(["list"], deadline, "pct list")
-        if rc != 0:
-            raise FenceFailed("pct_failed", f"pct list failed (rc {rc}): {_said(rc, out, err)}. Run the task on the"
-                                            " Proxmox VE node with become: true. Nothing was stopped.", rc=rc)
-        try:
-            listed = _pct.parse_list(out)
-        except ValueError as exc:
-            raise FenceFailed("pct_failed", f"{exc}. Nothing was stopped.") from None
-        missing = [v for v in self.p["containers"] if v not in listed]
+        missing = [v for v in selected if v not in vmids]
         if missing:
             raise FenceFailed("no_such_container",
-                              f"containers: no container {describe(missing)} on this node (pct list shows"
-                              f" {describe(sorted(listed))}). Nothing was stopped.", missing=missing)
-        return listed
+                              f"containers: no container {describe(missing)} on this node (its containers:"
+                              f" {describe(vmids)}). Nothing was stopped.", missing=missing)
+        wanted = selected or [v for v in vmids if v in running or self.p["include_stopped"]]
+        texts = {}
+        for vmid in wanted:
+            text = self.io.config(vmid)
+            if text is None and vmid in selected:
+                raise FenceFailed("no_such_container", f"containers: CT {vmid}'s config is gone (destroyed or migrated"
+                                                       " meanwhile?). Nothing was stopped.", missing=[vmid])
+            if text is not None:
+                texts[vmid] = text
+        return vmids, running, texts
 
-    def _config(self, job, deadline) -> dict:
-        """One container's config: ``job`` is (vmid, current)."""
-        vmid, current = job
-        what = f"pct config {vmid}" + (" --current 1" if current else "")
-        rc, out, err = self._pct(["config", str(vmid)] + (["--current", "1"] if current else []), deadline, what)
-        if rc != 0:
-            raise FenceFailed("pct_failed", f"{what} failed (rc {rc}): {_said(rc, out, err)}. Nothing was stopped.",
-                              rc=rc)
-        return _pct.parse_config(out)
+    def discover(self) -> list:
+        """The selected containers' rows (the result's ``containers``), from the node's files and the kernel, not
+        ``pct`` (a Perl program that loads the PVE libraries at each start): which containers the node has
+        (``/etc/pve/.vmlist``), which run (their LXC monitors' sockets), their configs (``/etc/pve/lxc/<vmid>.conf``).
+        A running container is read as it runs (``pct config --current``: the current keys), and its pending changes
+        compared with that; a stopped one with its pending changes applied (what ``pct config`` shows, what it gets at
+        its start). Stopped containers are read only when named or with include_stopped."""
+        deadline = self.io.now() + self.p["pct_timeout"]
+        _vmids, running, texts = self._within(deadline, self._read_node)
+        listed, configs = {}, {}
+        for vmid, text in texts.items():
+            conf = _pct.parse_conf_file(text)
+            up = vmid in running
+            listed[vmid] = _pct.list_row(vmid, _pct.config_keys(conf, True), up)
+            config = _pct.parse_config(_pct.config_view(conf, current=up))
+            if up:
+                self._pending(vmid, config, _pct.parse_config(_pct.config_view(conf, current=False)))
+            if self.p["containers"] or config["passthrough"]:
+                configs[vmid] = config
+        return self._rows(listed, configs)
 
     def _pending(self, vmid, current, pending) -> None:
         change = _pct.passthrough_changes(current, pending)
@@ -306,6 +310,7 @@ class Fence:
 
     def finish(self) -> dict:
         res = self.result
+        res["pct_calls"] = self.io.pct_calls()
         res["changed"] = bool(res["services_stopped"] or res["shut_down"] or (res.get("release") or {}).get("changed"))
         if self.diff and self.before:
             after = {vmid: dict(status=ct["status"], services=dict(ct["services"])) for vmid, ct in self.before.items()}
@@ -331,23 +336,98 @@ def validate(p: dict) -> dict:
     return params
 
 
-class NodeIO:
-    """The Proxmox VE node: ``pct`` under a time limit, the GPUs' minor numbers, the release (gpu_release's path)."""
+class PctCounter:
+    """A command runner (``run_in_group``'s signature) that counts the ``pct`` processes it starts: every pct the
+    module runs goes through one (the fence's and the release's unit stops), and the result says how many."""
 
-    def __init__(self, pct_path, taker, release_io, params, first_signal, check_mode=False, diff=False):
+    def __init__(self, run, pct_path):
+        self.run = run
+        self.pct_path = pct_path
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, argv, *args, **kwargs):
+        if argv and self.pct_path and argv[0] == self.pct_path:
+            with self._lock:
+                self.calls += 1
+        return self.run(argv, *args, **kwargs)
+
+
+class NodeIO:
+    """The Proxmox VE node: its containers from its files (``node``, ``config``), ``pct`` under a time limit, the
+    GPUs' minor numbers, the release (gpu_release's path)."""
+
+    def __init__(self, pct_path, taker, release_io, params, first_signal, check_mode=False, diff=False, runner=None,
+                 pve_dir=None, lxc_path=None):
         self.pct_path = pct_path
         self.taker = taker
-        self.release_io = release_io      # _release.HostIO over the same snapshot taker
+        self.release_io = release_io      # _release.HostIO over the same snapshot taker (and the same runner)
         self.params = params              # the module's (snapshot and release options)
         self.first_signal = first_signal
         self.check_mode = check_mode
         self.diff = diff
         self.warn = release_io.warn
         self.now = release_io.now
+        self.runner = runner or PctCounter(run_in_group, pct_path)
+        self.pve_dir = pve_dir or os.environ.get(PVE_DIR_ENV) or PVE_DIR
+        self.lxc_path = lxc_path or os.environ.get(LXC_PATH_ENV) or LXC_PATH
+        self._node = None
         self._gpus = None
 
     def pct(self, argv, timeout, what):
-        return run_in_group([self.pct_path] + list(argv), timeout, what, C_LOCALE)
+        return self.runner([self.pct_path] + list(argv), timeout, what, C_LOCALE)
+
+    def pct_calls(self) -> int:
+        return self.runner.calls
+
+    def where(self) -> str:
+        return self.pve_dir
+
+    def _read(self, name):
+        with open(os.path.join(self.pve_dir, name), encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def node(self):
+        """(this node's container ids, sorted; the set of those running): pmxcfs' .vmlist, as PVE::LXC::config_list,
+        and the LXC monitors' command sockets in /proc/net/unix, as PVE::LXC::list_active_containers. FenceFailed
+        (pve_unavailable) when /etc/pve is not there (pmxcfs down)."""
+        try:
+            vmlist = self._read(".vmlist")
+        except OSError as exc:
+            raise FenceFailed(
+                "pve_unavailable",
+                f"cannot read {os.path.join(self.pve_dir, '.vmlist')} ({exc.strerror or exc}): {self.pve_dir} is not"
+                " mounted - the Proxmox VE cluster filesystem (pmxcfs) is down or this is not a Proxmox VE node. Start"
+                " it (systemctl status pve-cluster) or run the task on a node. Nothing was stopped.") from None
+        try:
+            local = os.readlink(os.path.join(self.pve_dir, "local"))   # pmxcfs' link: nodes/<this node>
+            self._node = local.rstrip("/").rsplit("/", 1)[-1]
+        except OSError:
+            self._node = os.uname().nodename.split(".")[0]              # PVE::INotify::nodename
+        try:
+            vmids = _pct.node_containers(vmlist, self._node)
+        except ValueError as exc:
+            raise FenceFailed("pve_unavailable", f"{os.path.join(self.pve_dir, '.vmlist')}: {exc}. Is pmxcfs healthy"
+                                                 " (systemctl status pve-cluster)? Nothing was stopped.") from None
+        try:
+            with open("/proc/net/unix", encoding="utf-8", errors="replace") as f:
+                sockets = f.read()
+        except OSError as exc:
+            raise FenceFailed("pve_unavailable", f"cannot read /proc/net/unix ({exc.strerror or exc}): which containers"
+                                                 " run cannot be told. Nothing was stopped.") from None
+        return vmids, _pct.active_vmids(sockets, self.lxc_path, vmids)
+
+    def config(self, vmid):
+        """The text of CT ``vmid``'s config file (nodes/<node>/lxc/<vmid>.conf, what /etc/pve/lxc links to), None when
+        it is not there."""
+        try:
+            return self._read(os.path.join("nodes", self._node, "lxc", f"{int(vmid)}.conf"))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            said = exc.strerror or exc
+            raise FenceFailed("pve_unavailable", f"cannot read CT {vmid}'s config in {self.pve_dir} ({said})."
+                                                 " Nothing was stopped.") from None
 
     def take_locks(self, vmids) -> None:
         """The release locks of these containers (and the node's, shared), held until the module exits."""

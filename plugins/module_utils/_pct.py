@@ -15,10 +15,17 @@ and nothing at all (not even the header) when the node has no container; ``pct c
 container ``pct config <vmid>`` prints the config with its pending changes applied (a ``pct set`` that
 could not be hot-plugged, such as ``delete: dev0`` or a changed ``dev0``), ``--current`` what the
 container runs with (PVE::AbstractConfig::load_current_config); ``passthrough_changes`` compares the two.
+
+What ``pct`` reads, read without it (so that the fence starts no Perl program to find the containers): the config
+file ``/etc/pve/lxc/<vmid>.conf`` (``parse_conf_file``, as pve-container's ``PVE::LXC::Config::parse_pct_config``;
+``config_view`` is what ``pct config`` prints of it), pmxcfs' ``/etc/pve/.vmlist`` (``node_containers``, as
+``PVE::LXC::config_list``) and the LXC monitors' command sockets in ``/proc/net/unix`` (``active_vmids``, as
+``PVE::LXC::list_active_containers``: a container runs while its monitor does, a frozen one too).
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _holding, _validate
@@ -243,3 +250,128 @@ def parse_is_active(stdout: str):
     if not words:
         return None, False
     return words[0], words[0] in ACTIVE_STATES
+
+
+# --- the node's files, read as pve-container reads them ------------------------------------------------------
+
+# parse_pct_config's section headers: [pve:pending] (case-insensitive), else a snapshot [name].
+_SECTION = re.compile(r"^\[(pve:pending|[a-z][a-z0-9_\-]+)\]\s*$", re.I)
+_KEY_LINE = re.compile(r"^([a-z][a-z_]*\d*):\s*(.+?)\s*$")
+_DELETE_LINE = re.compile(r"^delete:\s*(.*\S)\s*$")
+# pct config prints every key but these (pct.pm: digest, and the raw lxc list, printed after the keys).
+_NOT_PRINTED = ("digest", "lxc", "description")
+# LXC's abstract socket names (liblxc commands_utils.c, lxc_make_abstract_socket_name): "@<lxcpath>/<name>/command"
+# when it fits in sun_path (108 bytes, less the leading NUL and a trailing one), else "@lxc/<fnv64a hex>/command" of
+# "<lxcpath>/<name>".
+_SUN_PATH = 108
+
+
+def parse_conf_file(text: str) -> dict:
+    """A container's config file (``/etc/pve/lxc/<vmid>.conf``, what write_pct_config writes) -> its parts:
+    {"keys": {key: value}, "lxc": [(key, value)], "pending": {key: value}, "delete": [keys], "snapshots": {name: {key:
+    value}}}.
+
+    As pve-container's ``parse_pct_config``: blank lines skipped, ``#`` lines (the description) skipped, raw ``lxc.*``
+    entries (``lxc.key: value`` or ``lxc.key = value``) kept in file order (of the current config only: ``pct config``
+    never prints pending ones), ``[pve:pending]`` opens the pending values and their ``delete: a,b`` line (PVE's
+    ``parse_pending_delete``: split on blanks, commas and semicolons, a leading ``!`` - a forced deletion - dropped;
+    ``delete`` elsewhere is ignored, as PVE warns and ignores it), any other ``[name]`` a snapshot. A line that is none
+    of these is ignored (PVE warns).
+    """
+    keys, lxc, pending, delete, snapshots = {}, [], {}, [], {}
+    section, cur = None, keys
+    for line in (text or "").split("\n"):
+        if not line.strip() or line.startswith("#"):
+            continue
+        m = _SECTION.match(line)
+        if m:
+            section = m.group(1).lower()
+            cur = pending if section == "pve:pending" else snapshots.setdefault(m.group(1), {})
+            continue
+        m = _LXC_LINE.match(line)
+        if m:
+            if section is None:
+                lxc.append((m.group(1), m.group(2)))
+            continue
+        m = _DELETE_LINE.match(line)
+        if m:
+            if section == "pve:pending":
+                delete = [k.lstrip("!") for k in re.split(r"[\s,;]+", m.group(1)) if k.lstrip("!")]
+            continue
+        m = _KEY_LINE.match(line)
+        if m:
+            cur[m.group(1)] = m.group(2)
+    return {"keys": keys, "lxc": lxc, "pending": pending, "delete": delete, "snapshots": snapshots}
+
+
+def config_keys(conf: dict, current: bool) -> dict:
+    """The keys of a parsed file as the container runs with them (``current``), else with the pending changes applied
+    (PVE::AbstractConfig::load_current_config: pending values replace, pending deletions remove)."""
+    keys = dict(conf["keys"])
+    if not current:
+        keys.update(conf["pending"])
+        for key in conf["delete"]:
+            keys.pop(key, None)
+    return keys
+
+
+def config_view(conf: dict, current: bool) -> str:
+    """What ``pct config <vmid>`` (``current`` False) or ``pct config <vmid> --current 1`` prints of a parsed file:
+    the sorted keys as ``key: value`` (not digest nor the description), then the raw ``lxc.*`` entries in file order -
+    the text parse_config reads."""
+    keys = config_keys(conf, current)
+    lines = [f"{k}: {keys[k]}" for k in sorted(keys) if k not in _NOT_PRINTED]
+    lines += [f"{k}: {v}" for k, v in conf["lxc"]]
+    return "".join(line + "\n" for line in lines)
+
+
+def node_containers(vmlist_text: str, node: str) -> list:
+    """The vmids of node ``node``'s containers in pmxcfs' ``.vmlist`` (``{"version": N, "ids": {"129": {"node": "pve1",
+    "type": "lxc", "version": M}, ...}}``, no ``ids`` when the cluster has no guest), sorted: PVE::LXC::config_list's
+    rule (type lxc, on this node, not 0). ValueError when it is not that JSON."""
+    try:
+        data = json.loads(vmlist_text)
+    except ValueError as exc:
+        raise ValueError(f"cannot read .vmlist ({exc})") from None
+    ids = data.get("ids", {}) if isinstance(data, dict) else None
+    if not isinstance(ids, dict):
+        raise ValueError("cannot read .vmlist (no JSON object with ids)")
+    out = []
+    for vmid, entry in ids.items():
+        if _validate.is_ascii_digits(vmid) and int(vmid) and isinstance(entry, dict) \
+                and entry.get("type") == "lxc" and entry.get("node") == node:
+            out.append(int(vmid))
+    return sorted(out)
+
+
+def _fnv64a(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def command_socket(lxcpath: str, vmid: int) -> str:
+    """The LXC monitor's command socket of container ``vmid``, as /proc/net/unix shows it (``@`` for the NUL)."""
+    name = f"{lxcpath}/{vmid}/command"
+    if len(name.encode()) < _SUN_PATH - 2:
+        return "@" + name
+    return "@lxc/%016x/command" % _fnv64a(f"{lxcpath}/{vmid}".encode())
+
+
+def active_vmids(proc_net_unix: str, lxcpath: str, vmids) -> set:
+    """Which of ``vmids`` run: those whose LXC monitor's command socket is in ``/proc/net/unix`` (its text), as
+    PVE::LXC::list_active_containers decides it for ``pct list`` and ``pct status``."""
+    paths = set()
+    for line in (proc_net_unix or "").splitlines()[1:]:
+        words = line.split()
+        if len(words) >= 8:
+            paths.add(words[-1])
+    return {v for v in vmids if command_socket(lxcpath, v) in paths}
+
+
+def list_row(vmid: int, keys: dict, running: bool) -> dict:
+    """The row ``pct list`` prints of a container (parse_list's): its status, its lock (the config's, else ``""``) and
+    its name (PVE::LXC::vmstatus: the hostname, else ``CT<vmid>``, without whitespace)."""
+    return {"status": "running" if running else "stopped", "lock": keys.get("lock", ""),
+            "name": re.sub(r"\s", "", keys.get("hostname") or f"CT{vmid}")}

@@ -10,20 +10,26 @@ module: proxmox_gpu_containers
 short_description: Find the Proxmox VE containers that get NVIDIA GPUs, stop their GPU services or shut them down
 version_added: 0.1.0
 description:
-  - Runs on a Proxmox VE node. Reads C(pct list) once, then C(pct config) of each selected container (or, with
-    no O(containers), of every container, keeping those whose config passes NVIDIA devices through), and says
-    which GPUs each one gets.
-  - A running container is read with C(pct config <vmid> --current), what it runs with. Its pending changes
-    (C(pct set) or the GUI on a running container, for what cannot be hot-plugged, such as removing or changing a
-    C(devN)) take effect at its next start; when they touch its NVIDIA passthrough, a warning and
-    RV(pending_passthrough) say so.
+  - Runs on a Proxmox VE node. Finds the containers from the node's own files and the kernel, in its own process -
+    no C(pct), a Perl program that loads the PVE libraries at each start - as C(pct list) and C(pct config) find them
+    (pve-container's C(PVE::LXC::config_list), C(list_active_containers) and C(parse_pct_config)) - the node's
+    containers from C(/etc/pve/.vmlist) (pmxcfs), which of them run from their LXC monitors' command sockets
+    (C(/proc/net/unix)), and each one's config from C(/etc/pve/lxc/<vmid>.conf). With no O(containers), only the
+    containers whose config passes NVIDIA devices through are reported. RV(pct_calls) says how many C(pct) it started.
+  - A running container is read as it runs (what C(pct config <vmid> --current 1) shows). Its pending changes (the
+    C([pve:pending]) section that C(pct set) or the GUI writes on a running container, for what cannot be hot-plugged,
+    such as removing or changing a C(devN)) take effect at its next start; when they touch its NVIDIA passthrough, a
+    warning and RV(pending_passthrough) say so. A stopped container is read with its pending changes applied (what it
+    gets when started). Snapshot sections are never read as the config.
   - A container's GPUs come from its config - C(devN) device passthrough (PVE 8.1+), C(lxc.mount.entry) lines
     of C(/dev/nvidiaN) and C(lxc.cgroup2.devices.allow) lines of major 195. C(c 195:* rwm) with no C(/dev/nvidiaN)
     line gives the container every GPU of the node (RV(containers[].gpus) is null). The minor numbers are tied
     to GPU indexes through the driver (O(backend)).
   - Only running containers are read when no O(containers) are named (stopped ones too with O(include_stopped));
-    the configs are read a few at a time, and the whole discovery (C(pct list) and every C(pct config)) runs within
-    O(pct_timeout).
+    the whole discovery runs within O(pct_timeout). A node where C(/etc/pve) is not mounted (pmxcfs down) fails the
+    task (C(error=pve_unavailable)) - its containers cannot be told - and nothing is stopped.
+  - C(pct) runs only for what nothing else does - C(pct exec <vmid> -- systemctl) for the named O(services), C(pct
+    shutdown) - and each call is counted in RV(pct_calls).
   - In each selected container that is running, stops the named systemd O(services) that are active
     (C(pct exec <vmid> -- systemctl stop <unit>), each under a time limit), so that their supervisor cannot restart
     the GPU work.
@@ -35,8 +41,9 @@ description:
     anything runs. A container id the node does not have fails the task, and nothing is stopped.
   - A selected container that is not running is reported in RV(skipped_containers), never started; the GPUs of
     its config are in RV(gpus) when none of the selected containers runs (what a wait after the fence covers).
-  - Every failure has an C(error) kind - C(pct_not_found), C(pct_failed), C(no_such_container), C(container_timeout)
-    (a container or C(pct) did not answer in time), C(service_state_unknown), C(service_stop_failed),
+  - Every failure has an C(error) kind - C(pct_not_found), C(pct_failed), C(pve_unavailable) (C(/etc/pve) is not
+    mounted or its C(.vmlist) cannot be read), C(no_such_container), C(container_timeout) (a container, C(pct) or the
+    cluster filesystem did not answer in time), C(service_state_unknown), C(service_stop_failed),
     C(shutdown_failed), the release's (C(scope), C(process_list_unreadable), C(container_frozen) - a fenced container
     is frozen, nothing was stopped or signalled -, C(release_incomplete)) or the driver's.
 author:
@@ -106,17 +113,18 @@ options:
     default: false
   pct_timeout:
     description:
-      - Seconds the whole discovery may take (C(pct list) and every C(pct config)), and each C(systemctl is-active)
-        in a container; above 0 and at most 86400. A container or C(pct) that does not answer in time fails the task
-        (C(error=container_timeout)) before anything is stopped.
+      - Seconds the whole discovery may take (reading C(/etc/pve) - a hung pmxcfs blocks its readers), and each
+        C(systemctl is-active) in a container; above 0 and at most 86400. A container, C(pct) or C(/etc/pve) that does
+        not answer in time fails the task (C(error=container_timeout)) before anything is stopped.
       - A C(systemctl stop) may take O(grace_period) + O(kill_timeout) + O(pct_timeout); one that does not return
         by then fails the task, saying the container did not answer.
     type: float
     default: 30
 requirements:
-  - A Proxmox VE node (C(pct)); root (C(become) - C(pct) needs it).
+  - A Proxmox VE node (C(/etc/pve) mounted, C(pct)); root (C(become) - C(pct) needs it).
 notes:
-  - C(pct list) says C(running) or C(stopped); a container that is starting or stopping is reported as it says.
+  - A container is C(running) while its LXC monitor runs (its command socket is bound), as C(pct list) says it; a
+    frozen one too. Stopped otherwise.
   - Only the config of the running container counts (a C([snapshot]) section is not read).
   - A cgroup line of another major than 195 (nvidia-uvm's is dynamic) cannot be told from any other device's and is
     not counted as passthrough.
@@ -176,9 +184,9 @@ containers:
   elements: dict
   contains:
     vmid: {description: The container id., type: int, returned: always}
-    name: {description: "Its name (C(pct list)'s Name, else the config's hostname).", type: str, returned: always}
-    status: {description: What C(pct list) says - V(running) or V(stopped)., type: str, returned: always}
-    lock: {description: "Its lock (V(backup), V(migrate), ...), or an empty string.", type: str, returned: always}
+    name: {description: "Its name as C(pct list) shows it (the config's hostname, else C(CT<vmid>)).", type: str, returned: always}
+    status: {description: What C(pct list) would say - V(running) or V(stopped)., type: str, returned: always}
+    lock: {description: "Its config's lock (V(backup), V(migrate), ...), or an empty string.", type: str, returned: always}
     running: {description: Whether it is running., type: bool, returned: always}
     passthrough: {description: Whether its config passes NVIDIA devices (GPUs or control nodes) through., type: bool, returned: always}
     minors:
@@ -212,12 +220,20 @@ check_mode:
       when check mode was set on a block or an include, which C(ansible_check_mode) does not reflect.
   returned: after the containers were read
   type: bool
+pct_calls:
+  description:
+    - How many C(pct) processes this run started (each one loads the PVE libraries first) - the discovery starts none;
+      each named service costs one C(pct exec) per running container to read its state, and one more to stop it, a
+      shutdown one C(pct shutdown), a unit stopped by the release one C(pct exec).
+  returned: always
+  type: int
+  sample: 0
 pending_passthrough:
   description:
-    - The running containers whose pending changes touch their NVIDIA passthrough (C(pct config <vmid>) differs from
-      C(pct config <vmid> --current)), each with C(vmid), C(removed) and C(added) (the passthrough lines, as C(pct
-      config) prints them) and C(minors) (the GPU minors the container gets at its next start; null means every
-      GPU). What they run with now is in RV(containers).
+    - The running containers whose pending changes touch their NVIDIA passthrough (their config with the
+      C([pve:pending]) section applied, what C(pct config <vmid>) shows, differs from what they run with), each with
+      C(vmid), C(removed) and C(added) (the passthrough lines, as C(pct config) prints them) and C(minors) (the GPU
+      minors the container gets at its next start; null means every GPU). What they run with now is in RV(containers).
   returned: always
   type: list
   elements: dict
@@ -304,8 +320,9 @@ def main() -> None:
         first_signal = signal_number(p["signal"])
         pct = find_pct(module, required=True)
         taker = SnapshotTaker(module)
-        host = _release.HostIO(taker, run_in_group, module.warn, programs(module, pct))
-        io = _fence.NodeIO(pct, taker, host, p, first_signal, module.check_mode, module._diff)
+        runner = _fence.PctCounter(run_in_group, pct)   # every pct this run starts, counted (pct_calls)
+        host = _release.HostIO(taker, runner, module.warn, programs(module, pct))
+        io = _fence.NodeIO(pct, taker, host, p, first_signal, module.check_mode, module._diff, runner=runner)
         fence = _fence.Fence(params, io, module.check_mode, module._diff)
         result = fence.run()
     except _errors.GpuError as exc:

@@ -119,8 +119,49 @@ def test_an_unknown_vmid_fails_and_nothing_is_stopped(node, collection):
     worker = node.hold(gpus=[0], mib=2048, ct=4129, service="sglang", respawn=True)
     res = run(node, collection, containers=[4129, 4133], services=["sglang"], state="shutdown")
     assert res.get("failed")
-    assert res["msg"] == ("containers: no container 4133 on this node (pct list shows 4129, 4130, 4131, 4132)."
+    assert res["msg"] == ("containers: no container 4133 on this node (its containers: 4129, 4130, 4131, 4132)."
                           " Nothing was stopped."), res["msg"]
+    assert alive(worker) and container.status(node.dir, 4129) == "running"
+
+
+def logging_pct(host, tmp_path):
+    """A pct that writes each argv it is started with to a log, then runs the simulator's (at its real cost): (its
+    path, calls() -> the argvs, one line each)."""
+    log = tmp_path / "pct.log"
+    path = tmp_path / "pct"
+    path.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {host.path("bin", "pct")} "$@"\n', encoding="utf-8")
+    path.chmod(0o755)
+    return str(path), lambda: log.read_text(encoding="utf-8").splitlines() if log.exists() else []
+
+
+def test_a_fence_with_nothing_to_stop_starts_no_pct(node, collection, tmp_path):
+    """The discovery reads the node's files (.vmlist, the configs with their pending sections) and the kernel (the LXC
+    monitors' sockets): no pct at all, where it took 1 + 2 per running container before; pct_calls says how many ran."""
+    pct, calls = logging_pct(node, tmp_path)
+    for args in ({}, {"include_stopped": True}, {"containers": [4129, 4132], "state": "released"}):
+        res = run(node, collection, pct=pct, **args)
+        assert not res.get("failed"), res.get("msg")
+        assert res["pct_calls"] == 0 and calls() == [], (args, calls())
+    assert by_vmid(res)[4129]["gpus"] == [0, 1, 2, 3] and res["running"] == [4129]
+
+    # What only pct can do is done by pct, and counted: systemctl in a container (pct exec), a shutdown
+    res = run(node, collection, pct=pct, containers=[4130], services=["sglang"])
+    assert not res.get("failed"), res.get("msg")
+    assert calls() == ["exec 4130 -- systemctl is-active sglang"] and res["pct_calls"] == 1
+
+
+def test_a_node_without_pmxcfs_is_a_clear_error_and_nothing_is_stopped(node, collection, tmp_path):
+    """/etc/pve not mounted (pmxcfs down: an empty directory): the fence fails saying so, and never guesses that the
+    node has no containers."""
+    worker = node.hold(gpus=[0], mib=2048, ct=4129, service="sglang", respawn=True)
+    empty = tmp_path / "etc-pve"
+    empty.mkdir()
+    res = run_module_text(node, collection, NAME, {"pct": node.path("bin", "pct"), "services": ["sglang"],
+                                                   "state": "released"}, env={"GPUOPS_PVE_DIR": str(empty)})[0]
+    assert res.get("failed") and res["error"] == "pve_unavailable", res
+    assert res["msg"].startswith(f"cannot read {empty}/.vmlist (No such file or directory): {empty} is not mounted -"
+                                 " the Proxmox VE cluster filesystem (pmxcfs) is down"), res["msg"]
+    assert "Nothing was stopped" in res["msg"] and res["pct_calls"] == 0
     assert alive(worker) and container.status(node.dir, 4129) == "running"
 
 

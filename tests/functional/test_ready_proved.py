@@ -80,7 +80,7 @@ def crash_case(module, how, event=None, env=None):
 @pytest.mark.parametrize("module, crash, said, env", [
     # the fence: one proxmox_gpu_containers run on the node (the containers, their services, the release)
     crash_case("proxmox_gpu_containers", "raise"),
-    crash_case("proxmox_gpu_containers", "segv", "subprocess.Popen#2"),  # at pct config, after pct list
+    crash_case("proxmox_gpu_containers", "segv", "ctypes.dlopen"),  # in its discovery: loading NVML for the minors
     crash_case("proxmox_gpu_containers", "segv", "signal"),  # in its release, right after its first signal
     # the wait, on the node
     crash_case("gpu_wait_idle", "raise"),

@@ -2,8 +2,10 @@
 
 A container is two directories of the scenario:
 
-- ``DIR/ct/<vmid>/``: what PVE keeps in ``/etc/pve/nodes/<node>/lxc/<vmid>.conf`` (``config``, the file
-  ``pct config`` reads, with its ``[pve:pending]`` section), ``kind`` (``busybox`` or ``systemd``), ``lock``.
+- ``DIR/etc/pve/nodes/<node>/lxc/<vmid>.conf``: the container's PVE config (the file ``pct config`` and the
+  modules read, with its ``[pve:pending]`` and snapshot sections), listed in ``DIR/etc/pve/.vmlist`` as pmxcfs
+  lists it, with pmxcfs' links ``DIR/etc/pve/lxc`` and ``local``; ``DIR/ct/<vmid>/``: ``kind`` (``busybox`` or
+  ``systemd``), ``lock``.
 - ``DIR/lxc/<vmid>/``: the LXC container under the lxcpath ``DIR/lxc`` (so two simulators never share
   one): ``config`` (LXC's, written at each start from the PVE config as pve-container's
   ``update_lxc_config`` does), ``rootfs/`` (busybox) or ``upper/`` (the overlay over the cached Debian
@@ -31,6 +33,7 @@ import builtins
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -40,7 +43,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import cgroups, proctools, rootfs, vmids
 from . import scenario as _scenario
@@ -82,8 +85,73 @@ def ct_dir(simdir: str, vmid: Union[int, str]) -> str:
     return os.path.join(simdir, "ct", str(parse_vmid(vmid)))
 
 
+def pve_dir(simdir: str) -> str:
+    """The node's /etc/pve (pmxcfs on a node): DIR/etc/pve."""
+    return os.path.join(simdir, "etc", "pve")
+
+
+def node_lxc_dir(simdir: str) -> str:
+    """This node's container configs: /etc/pve/nodes/<node>/lxc (what /etc/pve/lxc links to)."""
+    return os.path.join(pve_dir(simdir), "nodes", nodename(), "lxc")
+
+
 def config_path(simdir: str, vmid: Union[int, str]) -> str:
-    return os.path.join(ct_dir(simdir, vmid), "config")
+    """The container's PVE config, /etc/pve/nodes/<node>/lxc/<vmid>.conf: what pct and the modules read."""
+    return os.path.join(node_lxc_dir(simdir), f"{parse_vmid(vmid)}.conf")
+
+
+VMLIST_LOCK = ".vmlist.lock"
+
+
+def make_pve(simdir: str) -> None:
+    """DIR/etc/pve as pmxcfs shows it on a single node (pve-cluster src/pmxcfs/pmxcfs.c create_symlinks: ``local`` ->
+    ``nodes/<node>``, ``lxc`` -> ``nodes/<node>/lxc``, ``qemu-server`` -> ``nodes/<node>/qemu-server``), with its
+    ``.vmlist``; kept as it is when there."""
+    d = pve_dir(simdir)
+    node = nodename()
+    for sub in ("lxc", "qemu-server"):
+        os.makedirs(os.path.join(d, "nodes", node, sub), exist_ok=True)
+    for name, target in (("local", f"nodes/{node}"), ("lxc", f"nodes/{node}/lxc"),
+                         ("qemu-server", f"nodes/{node}/qemu-server")):
+        with contextlib.suppress(FileExistsError):
+            os.symlink(target, os.path.join(d, name))
+    if not os.path.exists(os.path.join(d, ".vmlist")):
+        write_vmlist(simdir)
+
+
+def vmlist_text(version: int, ids: Dict[int, Tuple[str, str, int]]) -> str:
+    """pmxcfs' .vmlist (pve-cluster src/pmxcfs/status.c, cfs_create_vmlist_msg): ``"version"``, then, when there is a
+    guest, ``"ids"`` with ``"<vmid>": { "node": ..., "type": ..., "version": ... }`` per guest."""
+    if not ids:
+        return '{\n"version": %u\n\n}\n' % version
+    rows = ",\n".join('"%u": { "node": "%s", "type": "%s", "version": %u }' % (v, n, t, ver)
+                      for v, (n, t, ver) in sorted(ids.items()))
+    return '{\n"version": %u,\n"ids": {\n%s}\n\n}\n' % (version, rows)
+
+
+def write_vmlist(simdir: str) -> None:
+    """Rebuild .vmlist from the configs under nodes/*/lxc (pmxcfs' memdb_recreate_vmlist), its version one more than
+    before; a guest already listed keeps its version."""
+    d = pve_dir(simdir)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, VMLIST_LOCK), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        old: Dict[str, Any] = {}
+        with contextlib.suppress(OSError, ValueError):
+            with open(os.path.join(d, ".vmlist"), encoding="utf-8") as f:
+                old = json.load(f)
+        version = int(old.get("version", 0)) + 1
+        before = old.get("ids", {})
+        ids: Dict[int, Tuple[str, str, int]] = {}
+        with contextlib.suppress(OSError):
+            for node in sorted(os.listdir(os.path.join(d, "nodes"))):
+                with contextlib.suppress(OSError):
+                    for name in os.listdir(os.path.join(d, "nodes", node, "lxc")):
+                        m = re.fullmatch(r"([1-9][0-9]{2,8})\.conf", name)
+                        if m:
+                            v = int(m.group(1))
+                            ids[v] = (node, "lxc", int((before.get(str(v)) or {}).get("version", version)))
+        _atomic_write(os.path.join(d, ".vmlist"), vmlist_text(version, ids))
 
 
 def lxcpath(simdir: str) -> str:
@@ -431,6 +499,7 @@ def create(simdir: str, vmid: Union[int, str], hostname: Optional[str] = None, g
         rootfs.ensure_systemd_rootfs()
     d = ct_dir(simdir, v)
     os.makedirs(os.path.join(simdir, "ct"), exist_ok=True)
+    make_pve(simdir)
     try:
         os.mkdir(d)
     except FileExistsError:
@@ -445,6 +514,11 @@ def create(simdir: str, vmid: Union[int, str], hostname: Optional[str] = None, g
         raise ContainerError(f"CT {v} already exists ({config_path(simdir, v)})") from None
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
+    # DIR/ct/<vmid>/config: a link to it, where earlier simulators kept the config (their vmid reservations look
+    # there: a simulator of another checkout on this machine then sees this vmid as live, gpusimkit.vmids).
+    with contextlib.suppress(FileExistsError):
+        os.symlink(os.path.relpath(config_path(simdir, v), d), os.path.join(d, "config"))
+    write_vmlist(simdir)
     _atomic_write(os.path.join(d, "kind"), ("systemd" if systemd else "busybox") + "\n")
     if unprivileged:
         ensure_subids()
@@ -648,11 +722,11 @@ def status(simdir: str, vmid: Union[int, str]) -> str:
 def list(simdir: str) -> List[int]:  # noqa: A001 (the API name)
     """The vmids of this scenario's containers, sorted."""
     try:
-        names = os.listdir(os.path.join(simdir, "ct"))
+        names = os.listdir(node_lxc_dir(simdir))
     except FileNotFoundError:
         return []
-    out = [int(n) for n in names if re.fullmatch(r"[1-9][0-9]{2,8}", n)
-           and os.path.isfile(os.path.join(simdir, "ct", n, "config"))]
+    out = [int(n[:-len(".conf")]) for n in names if re.fullmatch(r"[1-9][0-9]{2,8}\.conf", n)
+           and os.path.isfile(os.path.join(node_lxc_dir(simdir), n))]
     return sorted(out)
 
 

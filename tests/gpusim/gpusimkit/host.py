@@ -31,7 +31,7 @@ from .scenario import ScenarioError
 # Unix socket paths are limited to 108 bytes (sun_path), NUL included.
 MAX_SOCK_PATH = 107
 CREATED_MARKER = ".gpusim-created"
-LAYOUT = ("lib", "bin", "ctbin", "dev", "run", "ct", "lxc", "services", "scenario", "scenario.json", "scenario.lock",
+LAYOUT = ("lib", "bin", "ctbin", "dev", "run", "ct", "lxc", "etc", "services", "scenario", "scenario.json", "scenario.lock",
           "procs", "kmsg", CREATED_MARKER)
 # The simulated kernel log (README "Health"): /dev/kmsg records, Xid lines appended by fault(xid=...).
 KMSG = "kmsg"
@@ -226,6 +226,8 @@ class SimHost:
             with open(host.path(KMSG), "a", encoding="utf-8"):
                 pass  # the simulated kernel log: empty until a fault logs an Xid
             scn.save(simdir, sc)
+            from . import container  # noqa: PLC0415
+            container.make_pve(simdir)  # the node's /etc/pve: .vmlist, nodes/<node>/lxc (README "The node's files")
             try:
                 cgroups.make_host(simdir)
             except cgroups.CgroupError as e:
@@ -306,6 +308,10 @@ class SimHost:
             "GPUOPS_KERNEL_LOG": self.path(KMSG),
             # Each simulated node has its own /run for the release locks (plugins/module_utils/_lock.py).
             "GPUOPS_LOCK_DIR": self.path("run", "gpuops.gpu"),
+            # The node's /etc/pve (pmxcfs) and LXC's lxcpath (the monitors' command sockets): the fence reads them
+            # (plugins/module_utils/_fence.py, README "The node's files").
+            "GPUOPS_PVE_DIR": self.path("etc", "pve"),
+            "GPUOPS_LXC_PATH": os.path.join(os.path.realpath(self.dir), "lxc"),
         }
 
     def env(self) -> Dict[str, str]:

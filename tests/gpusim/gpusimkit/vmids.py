@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import os
 import re
 import time
@@ -112,7 +113,11 @@ def _ours(rec: Dict[str, str]) -> bool:
 
 def _stale(rec: Dict[str, str], vmid: int) -> bool:
     own = rec.get("owner", "")
-    if not own or not os.path.isfile(os.path.join(own, "ct", str(vmid), "config")):
+    # The scenario's PVE config of the container: DIR/etc/pve/nodes/<node>/lxc/<vmid>.conf (gpusimkit.container
+    # config_path), or DIR/ct/<vmid>/config (a link to it; where earlier simulators kept it: a simulator of another
+    # checkout on this machine may hold a vmid with that layout, and its reservation is live).
+    if not own or not (os.path.isfile(os.path.join(own, "ct", str(vmid), "config")) or glob.glob(
+            os.path.join(glob.escape(own), "etc", "pve", "nodes", "*", "lxc", f"{vmid}.conf"))):
         return True
     words = rec.get("holder", "").split()
     holder_alive = len(words) == 2 and words[0].isdigit() and words[1].isdigit() \

@@ -14,4 +14,8 @@ if GPUSIM not in sys.path:
 
 from gpusimkit.pytest_plugin import gpusim, gpusim_factory  # noqa: E402  (fixtures)
 
+# The simulator's own tests check pct's formats, not its cost: its start-up (gpusimkit/pct.py STARTUP_S) is not spent
+# here unless a test asks for it (test_containers.py's test of the cost sets it).
+os.environ.setdefault("GPUSIM_PCT_STARTUP_S", "0")
+
 __all__ = ["gpusim", "gpusim_factory"]

@@ -7,6 +7,7 @@ If LXC is not installed or cannot start a container here, the tests FAIL naming 
 vmids 9100-9199 are reserved for this file (other suites run at the same time).
 """
 
+import json
 import os
 import re
 import signal
@@ -21,6 +22,7 @@ if KIT_ROOT not in sys.path:
     sys.path.insert(0, KIT_ROOT)
 
 from gpusimkit import container, scenario, vmids  # noqa: E402
+from gpusimkit import pct as pct_mod  # noqa: E402
 
 NODE = container.nodename()
 HEADER = "VMID       Status     Lock         Name                \n"
@@ -657,3 +659,45 @@ def test_create_without_gpus(sim):
     for v in (9130, 9131):
         out = sim.pct("config", v).stdout
         assert "nvidia" not in out and "lxc." not in out
+
+
+def test_the_node_files_are_as_pmxcfs_shows_them(sim):
+    """DIR/etc/pve: pmxcfs' links, .vmlist in pmxcfs' JSON (its entries of this node's containers), and the configs
+    that pct config reads (README "The node's files")."""
+    d = container.pve_dir(sim.dir)
+    node = container.nodename()
+    sim.create(9180)
+    first = json.load(open(os.path.join(d, ".vmlist"), encoding="utf-8"))
+    sim.create(9181, gpus="1", devices_style="dev")
+    with open(os.path.join(d, ".vmlist"), encoding="utf-8") as f:
+        text = f.read()
+    vmlist = json.loads(text)
+    assert vmlist["version"] == first["version"] + 1
+    assert vmlist["ids"] == {"9180": {"node": node, "type": "lxc", "version": first["version"]},
+                             "9181": {"node": node, "type": "lxc", "version": vmlist["version"]}}
+    assert text.startswith('{\n"version": ') and f'"9180": {{ "node": "{node}", "type": "lxc", ' in text  # status.c's
+    assert os.readlink(os.path.join(d, "local")) == f"nodes/{node}"
+    assert os.readlink(os.path.join(d, "lxc")) == f"nodes/{node}/lxc"
+    assert container.config_path(sim.dir, 9181) == os.path.join(d, "nodes", node, "lxc", "9181.conf")
+    assert os.path.realpath(os.path.join(sim.dir, "ct", "9181", "config")) == container.config_path(sim.dir, 9181)
+    with open(container.config_path(sim.dir, 9181), "a", encoding="utf-8") as f:
+        f.write("\n[pve:pending]\ndelete: dev0\n")
+    assert "dev0: /dev/nvidia1" not in sim.pct("config", 9181).stdout          # one source of truth: the .conf
+    assert "dev0: /dev/nvidia1" in sim.pct("config", 9181, "--current", "1").stdout
+    assert container.list(sim.dir) == [9180, 9181]
+    # a node with no guest: no "ids" at all
+    assert container.vmlist_text(3, {}) == '{\n"version": 3\n\n}\n'
+
+
+@pytest.mark.parametrize("setting, at_least", [(None, pct_mod.STARTUP_S), ("0.5", 0.5)])
+def test_pct_costs_what_a_real_one_costs_to_start(sim, setting, at_least):
+    """Each pct invocation first spends a real pct's start-up (assumed: README "What pct costs"), even for its usage;
+    GPUSIM_PCT_STARTUP_S sets it."""
+    env = sim.env()
+    env.pop("GPUSIM_PCT_STARTUP_S", None)
+    if setting is not None:
+        env["GPUSIM_PCT_STARTUP_S"] = setting
+    start = time.monotonic()
+    proc = subprocess.run([sim.pct_path, "help"], capture_output=True, text=True, env=env, timeout=30, check=False)
+    assert proc.returncode == 0 and time.monotonic() - start >= at_least
+    assert pct_mod.STARTUP_S == 0.3

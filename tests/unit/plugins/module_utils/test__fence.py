@@ -4,25 +4,26 @@
 
 """The fence (_fence.Fence) against a fake node.
 
-A fake, because a unit test has no Proxmox VE node: the node's ``pct`` answers from a table (outputs in
-pve-container's formats, as tests/gpusim's pct prints them), the GPUs are a list and the release is a
-recorder. The real pct shim, containers and release run in tests/functional/test_proxmox_gpu_containers.py.
+A fake, because a unit test has no Proxmox VE node: the node's files (its containers, which run, their config
+files in pve-container's format) and its ``pct`` answer from tables, the GPUs are a list and the release is a
+recorder. NodeIO's reading of the files is tested at the end, against real files and real sockets. The real pct
+shim, containers and release run in tests/functional/test_proxmox_gpu_containers.py.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
+import types
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _fence
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _fence, _pct
 
-LIST = """VMID       Status     Lock         Name
-129        running                 gpu-a
-130        running                 gpu-b
-131        stopped                 gpu-c
-132        running                 plain
-"""
+# The node's containers as its files say them: which run (their LXC monitors' sockets), and each one's config file
+# (/etc/pve/lxc/<vmid>.conf).
+RUNNING = {129, 130, 132}
 CONFIGS = {
     129: "hostname: gpu-a\ndev0: /dev/nvidia7\ndev1: /dev/nvidia6\n",
     130: "hostname: gpu-b\nlxc.cgroup2.devices.allow: c 195:5 rwm\n"
@@ -35,8 +36,10 @@ GPUS = [{"index": i, "uuid": f"GPU-{i}", "minor_number": 7 - i} for i in range(8
 
 
 class FakeNode:
-    def __init__(self, frozen=(), active=(), stop_rc=0, release_failure=None, gpus=GPUS):
-        self.calls = []
+    def __init__(self, frozen=(), active=(), stop_rc=0, release_failure=None, gpus=GPUS, configs=None):
+        self.calls = []                   # the pct calls
+        self.reads = []                   # the node's files read: "node", then each vmid whose config was read
+        self.configs = dict(CONFIGS if configs is None else configs)
         self.lock = threading.Lock()
         self.frozen = set(frozen)
         self.active = set(active)         # (vmid, unit) that systemctl says are active
@@ -57,14 +60,24 @@ class FakeNode:
     def warn(self, msg):
         self.warnings.append(msg)
 
+    def node(self):
+        self.reads.append("node")
+        return sorted(self.configs), set(RUNNING)
+
+    def config(self, vmid):
+        self.reads.append(vmid)
+        return self.configs.get(vmid)
+
+    def where(self):
+        return "/etc/pve"
+
+    def pct_calls(self):
+        return len(self.calls)
+
     def pct(self, argv, timeout, what):
         with self.lock:
             self.calls.append(tuple(argv))
-        if argv[0] == "list":
-            return 0, LIST, ""
         vmid = int(argv[1])
-        if argv[0] == "config":
-            return 0, CONFIGS[vmid], ""
         if argv[0] == "exec":
             if vmid in self.frozen:
                 self.t += timeout
@@ -97,26 +110,22 @@ def fence(node, check_mode=False, diff=False, **params):
 
 
 @pytest.mark.parametrize("params, containers, running, gpus, configs_read", [
-    # Only running containers' configs are read (twice: --current and with the pending changes)
-    ({}, [129, 130], [129, 130], [0, 1, 2], {129, 130, 132}),
-    # include_stopped: the stopped one's config too (once)
-    ({"include_stopped": True}, [129, 130, 131], [129, 130], [0, 1, 2], {129, 130, 131, 132}),
+    # Only running containers' configs are read (once: the file has the current and the pending values)
+    ({}, [129, 130], [129, 130], [0, 1, 2], [129, 130, 132]),
+    # include_stopped: the stopped one's config too
+    ({"include_stopped": True}, [129, 130, 131], [129, 130], [0, 1, 2], [129, 130, 131, 132]),
     # Named: whatever their status; none running - the GPUs of their configs
-    ({"containers": [131]}, [131], [], [3], {131}),
-    ({"containers": [130, 131]}, [130, 131], [130], [2], {130, 131}),
-    ({"containers": [132]}, [132], [132], [], {132}),
+    ({"containers": [131]}, [131], [], [3], [131]),
+    ({"containers": [130, 131]}, [130, 131], [130], [2], [130, 131]),
+    ({"containers": [132]}, [132], [132], [], [132]),
 ])
 def test_discovery(params, containers, running, gpus, configs_read):
     node = FakeNode()
     res = fence(node, **params).run()
     assert [c["vmid"] for c in res["containers"]] == containers
     assert res["running"] == running and res["gpus"] == gpus
-    assert {int(c[1]) for c in node.calls if c[0] == "config"} == configs_read
-    current = [int(c[1]) for c in node.calls if c[0] == "config" and "--current" in c]
-    # A named container's two configs are read beside pct list, before its status is known; the stopped one's
-    # --current is then not used.
-    named = set(params.get("containers") or ())
-    assert sorted(current) == sorted(v for v in configs_read if v != 131 or v in named)
+    # The node's files, not pct: no pct ran at all, and the result says so.
+    assert node.reads == ["node"] + configs_read and node.calls == [] and res["pct_calls"] == 0
     assert res["skipped_containers"] == [{"vmid": 131, "reason": "stopped"}] * (131 in containers)
     assert not res["changed"] and "release" not in res and node.released == []
 
@@ -126,9 +135,18 @@ def test_an_unknown_container_fails_before_anything_runs():
     with pytest.raises(_fence.FenceFailed) as exc:
         fence(node, containers=[129, 999], units=["sglang"], state="released").run()
     assert exc.value.kind == "no_such_container"
-    assert "no container 999 on this node (pct list shows 129, 130, 131, 132)" in exc.value.msg
-    # Only reads ran (pct list, and the named containers' configs beside it): nothing was stopped or released.
-    assert ("list",) in node.calls and {c[0] for c in node.calls} == {"list", "config"} and node.released == []
+    assert "no container 999 on this node (its containers: 129, 130, 131, 132)" in exc.value.msg
+    # Only the node's list was read: no pct ran, nothing was stopped or released.
+    assert node.reads == ["node"] and node.calls == [] and node.released == []
+
+
+def test_a_named_container_whose_config_is_gone_fails():
+    node = FakeNode()
+    node.configs[129] = None      # listed in .vmlist, its file gone (destroyed meanwhile)
+    with pytest.raises(_fence.FenceFailed) as exc:
+        fence(node, containers=[129], state="released").run()
+    assert exc.value.kind == "no_such_container" and "CT 129's config is gone" in exc.value.msg
+    assert fence(FakeNode(configs={**CONFIGS, 129: None})).run()["running"] == [130]  # unnamed: left out
 
 
 @pytest.mark.parametrize("state, check_mode, released, shut_down, stops", [
@@ -150,6 +168,7 @@ def test_states(state, check_mode, released, shut_down, stops):
     assert [(s["vmid"], s["unit"]) for s in res["services_stopped"]] == [(129, "sglang")]
     assert len([c for c in node.calls if c[-2:] == ("stop", "sglang")]) == stops
     assert len([c for c in node.calls if c[0] == "shutdown"]) == (0 if check_mode else len(shut_down))
+    assert res["pct_calls"] == len(node.calls) > 0   # is-active in each container, and the stops
     assert res["changed"] is True
     assert ("release" in res) is (state == "released")
 
@@ -207,35 +226,43 @@ def test_a_failed_release_keeps_its_partial_result():
 
 
 def test_discovery_has_one_time_limit():
-    """Every pct call of the discovery gets what is left of pct_timeout, not pct_timeout each."""
+    """Reading the node's files (pmxcfs) gets pct_timeout: a read that hangs (pmxcfs stuck) fails the fence in time."""
     node = FakeNode()
-    seen = []
-    real = node.pct
+    release = threading.Event()
 
-    def pct(argv, timeout, what):
-        seen.append(timeout)
-        node.t += 4.0
-        return real(argv, timeout, what)
-    node.pct = pct
-    with pytest.raises(_fence.FenceFailed) as exc:
-        fence(node, pct_timeout=10.0).run()
-    assert exc.value.kind == "container_timeout" and "pct_timeout (10 s, the limit of the whole discovery)" in exc.value.msg
-    assert seen[0] == 10.0 and all(t < 10.0 for t in seen[1:])
+    def hung():
+        release.wait(10)
+        return [], set()
+    node.node = hung
+    try:
+        with pytest.raises(_fence.FenceFailed) as exc:
+            fence(node, pct_timeout=0.2).run()
+    finally:
+        release.set()
+    assert exc.value.kind == "container_timeout"
+    assert "did not finish within pct_timeout (0.2 s): the cluster filesystem (pmxcfs) hangs" in exc.value.msg
 
 
-def test_pending_passthrough_changes_are_a_warning():
-    node = FakeNode()
-    real = node.pct
-
-    def pct(argv, timeout, what):
-        if argv[:2] == ["config", "129"] and "--current" not in argv:
-            return 0, "hostname: gpu-a\ndev0: /dev/nvidia7\n", ""   # dev1 deleted, pending
-        return real(argv, timeout, what)
-    node.pct = pct
+@pytest.mark.parametrize("file, removed, added, minors", [
+    # dev1 deleted, pending (pct set --delete dev1 on a running container)
+    ("[pve:pending]\ndelete: dev1\n", ["dev1: /dev/nvidia6"], [], [7]),
+    # dev0 changed to another GPU, pending; a forced deletion (!) of a key that is not there
+    ("[pve:pending]\ndev0: /dev/nvidia3\ndelete: !swap\n", ["dev0: /dev/nvidia7"], ["dev0: /dev/nvidia3"], [3, 6]),
+    # a snapshot section is not the config: no pending change
+    ("[before-upgrade]\ndev0: /dev/nvidia0\nhostname: gpu-a\n", None, None, None),
+])
+def test_pending_passthrough_changes_are_a_warning(file, removed, added, minors):
+    node = FakeNode(configs={**CONFIGS, 129: CONFIGS[129] + "\n" + file})
     res = fence(node, containers=[129]).run()
-    assert res["pending_passthrough"] == [{"vmid": 129, "removed": ["dev1: /dev/nvidia6"], "added": [], "minors": [7]}]
+    if removed is None:
+        assert res["pending_passthrough"] == [] and node.warnings == []
+    else:
+        assert res["pending_passthrough"] == [{"vmid": 129, "removed": removed, "added": added, "minors": minors}]
+        assert len(node.warnings) == 1 and "CT 129 has pending changes" in node.warnings[0]
     assert res["containers"][0]["gpus"] == [0, 1]   # what it has now
-    assert len(node.warnings) == 1 and "CT 129 has pending changes" in node.warnings[0]
+    # a stopped container gets its pending changes at its start: they are its GPUs
+    node = FakeNode(configs={**CONFIGS, 131: CONFIGS[131] + "\n[pve:pending]\ndev0: /dev/nvidia2\n"})
+    assert fence(node, containers=[131]).run()["containers"][0]["gpus"] == [5]
 
 
 def test_diff_says_which_services_stop_and_which_containers_shut_down():
@@ -276,3 +303,67 @@ def test_the_release_after_a_service_stop_knows_which_gpus_are_draining():
     node = FakeNode(gpus=looked)   # no service stopped: nothing draining
     fence(node, containers=[129], state="released").run()
     assert node.draining == []
+
+
+# --- NodeIO: the node's files and the kernel, for real ------------------------------------------------------------
+
+def node_io(pve_dir, lxc_path="/nonexistent/lxc"):
+    release_io = types.SimpleNamespace(warn=lambda msg: None, now=lambda: 0.0)
+    return _fence.NodeIO("/usr/sbin/pct", None, release_io, {}, None, pve_dir=str(pve_dir), lxc_path=str(lxc_path))
+
+
+def pve(tmp_path, vmlist, node="pve1", configs=None):
+    """A /etc/pve as pmxcfs shows it: .vmlist, nodes/<node>/lxc/<vmid>.conf and the links local and lxc."""
+    d = tmp_path / "pve"
+    (d / "nodes" / node / "lxc").mkdir(parents=True)
+    os.symlink(f"nodes/{node}", d / "local")
+    os.symlink(f"nodes/{node}/lxc", d / "lxc")
+    if vmlist is not None:
+        (d / ".vmlist").write_text(vmlist, encoding="utf-8")
+    for vmid, text in (configs or {}).items():
+        (d / "nodes" / node / "lxc" / f"{vmid}.conf").write_text(text, encoding="utf-8")
+    return d
+
+
+VMLIST = ('{\n"version": 4,\n"ids": {\n"129": { "node": "pve1", "type": "lxc", "version": 2 },\n'
+          '"130": { "node": "pve2", "type": "lxc", "version": 3 },\n"131": { "node": "pve1", "type": "lxc", "version": 4 }}\n\n}\n')
+
+
+def test_node_io_reads_the_node_and_which_containers_run(tmp_path):
+    """This node's containers from .vmlist (the node named by pmxcfs' "local" link), their configs, and which run: the
+    one whose LXC monitor's command socket is bound (a real abstract socket here, as lxc-start binds it)."""
+    lxc_path = tmp_path / "lxc"
+    io = node_io(pve(tmp_path, VMLIST, configs={129: "hostname: a\n"}), lxc_path)
+    monitor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        monitor.bind("\0" + _pct.command_socket(str(lxc_path), 129)[1:])
+        monitor.listen(1)
+        assert io.node() == ([129, 131], {129})
+    finally:
+        monitor.close()
+    assert io.node() == ([129, 131], set())
+    assert io.config(129) == "hostname: a\n" and io.config(131) is None   # listed, its file gone
+    assert io.pct_calls() == 0
+
+
+@pytest.mark.parametrize("vmlist, said", [
+    (None, "pve/.vmlist (No such file or directory): {d} is not mounted - the Proxmox VE cluster filesystem (pmxcfs)"
+           " is down"),
+    ("{", "pve/.vmlist: cannot read .vmlist ("),
+])
+def test_node_io_without_pmxcfs_is_a_clear_error(tmp_path, vmlist, said):
+    d = pve(tmp_path, vmlist)
+    with pytest.raises(_fence.FenceFailed) as exc:
+        node_io(d).node()
+    assert exc.value.kind == "pve_unavailable" and said.format(d=d) in exc.value.msg, exc.value.msg
+    assert "Nothing was stopped" in exc.value.msg
+
+
+def test_the_fence_on_a_node_without_pmxcfs_fails_before_anything_runs(tmp_path):
+    """/etc/pve is an empty directory while pmxcfs is down: the fence says so, it never guesses 'no containers'."""
+    empty = tmp_path / "etc-pve"
+    empty.mkdir()
+    io = node_io(empty)
+    with pytest.raises(_fence.FenceFailed) as exc:
+        fence(io).discover()
+    assert exc.value.kind == "pve_unavailable" and "pmxcfs" in exc.value.msg

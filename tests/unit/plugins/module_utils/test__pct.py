@@ -216,3 +216,125 @@ def test_passthrough_changes(name, current, pending, expected):
     now = _pct.parse_config(CONFIG_HEAD + current)
     later = _pct.parse_config(CONFIG_HEAD + pending)
     assert _pct.passthrough_changes(now, later) == expected
+
+
+# --- the node's files: /etc/pve/lxc/<vmid>.conf, .vmlist, the LXC monitors' sockets -------------------------------
+
+# A file as pve-container's write_pct_config writes it: the description as "#" lines, the keys, the raw lxc.* entries,
+# then [pve:pending] (pending values, "delete: a,b") and each snapshot.
+FILE = """#GPU%20server
+#line%3A two
+arch: amd64
+dev0: /dev/nvidia0
+dev1: path=/dev/nvidia1,mode=0666
+hostname: gpu-ct
+lock: backup
+lxc.cgroup2.devices.allow: c 195:* rwm
+lxc.mount.entry = /dev/nvidia2 dev/nvidia2 none bind,optional,create=file
+
+[pve:pending]
+dev1: /dev/nvidia3
+hostname: renamed
+lxc.mount.entry: /dev/nvidia4 dev/nvidia4 none bind,optional,create=file
+delete: dev0,!lock;swap
+
+[Before-Upgrade]
+dev0: /dev/nvidia7
+snaptime: 1700000000
+"""
+
+
+@pytest.mark.parametrize("text, keys, lxc, pending, delete, snapshots", [
+    (FILE,
+     {"arch": "amd64", "dev0": "/dev/nvidia0", "dev1": "path=/dev/nvidia1,mode=0666", "hostname": "gpu-ct", "lock": "backup"},
+     [("lxc.cgroup2.devices.allow", "c 195:* rwm"), ("lxc.mount.entry", "/dev/nvidia2 dev/nvidia2 none bind,optional,create=file")],
+     {"dev1": "/dev/nvidia3", "hostname": "renamed"}, ["dev0", "lock", "swap"],
+     {"Before-Upgrade": {"dev0": "/dev/nvidia7", "snaptime": "1700000000"}}),
+    # no sections at all; blank lines and a line that is nothing PVE knows are skipped
+    ("\n\nhostname: a\n  \nnot a line\n", {"hostname": "a"}, [], {}, [], {}),
+    # delete outside [pve:pending] is not a deletion (PVE: "only allowed in [pve:pending]")
+    ("hostname: a\ndelete: hostname\n", {"hostname": "a"}, [], {}, [], {}),
+    # [PVE:PENDING] in any case; a delete line with blanks only between the keys
+    ("dev0: /dev/nvidia0\n[PVE:PENDING]\ndelete: dev0 dev1\n", {"dev0": "/dev/nvidia0"}, [], {}, ["dev0", "dev1"], {}),
+    ("", {}, [], {}, [], {}),
+])
+def test_parse_conf_file(text, keys, lxc, pending, delete, snapshots):
+    conf = _pct.parse_conf_file(text)
+    assert (conf["keys"], conf["lxc"], conf["pending"], conf["delete"], conf["snapshots"]) == (keys, lxc, pending, delete, snapshots)
+
+
+@pytest.mark.parametrize("current, printed", [
+    # pct config --current 1: as it runs (sorted keys, no description, then the raw lxc entries in file order)
+    (True, ["arch: amd64", "dev0: /dev/nvidia0", "dev1: path=/dev/nvidia1,mode=0666", "hostname: gpu-ct", "lock: backup",
+            "lxc.cgroup2.devices.allow: c 195:* rwm",
+            "lxc.mount.entry: /dev/nvidia2 dev/nvidia2 none bind,optional,create=file"]),
+    # pct config: pending values applied, pending deletions removed; pending lxc entries never shown
+    (False, ["arch: amd64", "dev1: /dev/nvidia3", "hostname: renamed",
+             "lxc.cgroup2.devices.allow: c 195:* rwm",
+             "lxc.mount.entry: /dev/nvidia2 dev/nvidia2 none bind,optional,create=file"]),
+])
+def test_config_view_is_what_pct_config_prints(current, printed):
+    assert _pct.config_view(_pct.parse_conf_file(FILE), current).splitlines() == printed
+
+
+def test_the_views_give_the_passthrough_as_it_runs_and_as_it_will():
+    conf = _pct.parse_conf_file(FILE)
+    now, then = (_pct.parse_config(_pct.config_view(conf, c)) for c in (True, False))
+    assert (now["minors"], then["minors"]) == ([0, 1, 2], [2, 3])
+    assert _pct.passthrough_changes(now, then) == {"removed": ["dev0: /dev/nvidia0", "dev1: path=/dev/nvidia1,mode=0666"],
+                                                   "added": ["dev1: /dev/nvidia3"], "minors": [2, 3]}
+    assert _pct.list_row(129, _pct.config_keys(conf, True), True) == {"status": "running", "lock": "backup", "name": "gpu-ct"}
+    assert _pct.list_row(130, {}, False) == {"status": "stopped", "lock": "", "name": "CT130"}
+
+
+# pmxcfs' .vmlist (pve-cluster src/pmxcfs/status.c cfs_create_vmlist_msg), byte for byte as it prints it
+VMLIST = ('{\n"version": 7,\n"ids": {\n"129": { "node": "pve1", "type": "lxc", "version": 3 },\n'
+          '"200": { "node": "pve1", "type": "qemu", "version": 5 },\n"130": { "node": "pve2", "type": "lxc", "version": 4 },\n'
+          '"101": { "node": "pve1", "type": "lxc", "version": 6 }}\n\n}\n')
+
+
+@pytest.mark.parametrize("text, node, expected", [
+    (VMLIST, "pve1", [101, 129]),          # this node's containers only: not the VM, not another node's container
+    (VMLIST, "pve2", [130]),
+    (VMLIST, "pve3", []),
+    ('{\n"version": 1\n\n}\n', "pve1", []),  # no guest in the cluster: no "ids" at all
+])
+def test_node_containers(text, node, expected):
+    assert _pct.node_containers(text, node) == expected
+
+
+@pytest.mark.parametrize("text", ["", "{", "[]", '{"version": 1, "ids": []}'])
+def test_node_containers_refuses_what_is_not_a_vmlist(text):
+    with pytest.raises(ValueError, match="cannot read .vmlist"):
+        _pct.node_containers(text, "pve1")
+
+
+LONG = "/tmp/" + "x" * 100
+
+
+@pytest.mark.parametrize("lxcpath, vmid, name", [
+    ("/var/lib/lxc", 129, "@/var/lib/lxc/129/command"),       # PVE's (list_active_containers' pattern)
+    # too long for sun_path: liblxc hashes "<lxcpath>/<name>" (FNV-1a 64)
+    (LONG, 129, "@lxc/%016x/command" % _pct._fnv64a(f"{LONG}/129".encode())),
+])
+def test_command_socket(lxcpath, vmid, name):
+    assert _pct.command_socket(lxcpath, vmid) == name
+
+
+def test_fnv64a_is_fnv1a():
+    # FNV-1a 64 test vectors (Fowler/Noll/Vo, http://www.isthe.com/chongo/src/fnv/test_fnv.c)
+    assert (_pct._fnv64a(b""), _pct._fnv64a(b"a"), _pct._fnv64a(b"foobar")) == \
+        (0xcbf29ce484222325, 0xaf63dc4c8601ec8c, 0x85944171f73967e8)
+
+
+UNIX = """Num       RefCount Protocol Flags    Type St Inode Path
+0000000000000000: 00000002 00000000 00010000 0001 01 27861 @/var/lib/lxc/129/command
+0000000000000000: 00000002 00000000 00010000 0001 01 27862 @/var/lib/lxc/1290/command
+0000000000000000: 00000003 00000000 00000000 0001 03 27863
+0000000000000000: 00000002 00000000 00010000 0001 01 27864 /run/lxc/131/command
+"""
+
+
+def test_active_vmids():
+    # 129 runs; 1290's socket is not 130's; 131's is not abstract; 132 has none
+    assert _pct.active_vmids(UNIX, "/var/lib/lxc", [129, 130, 131, 132]) == {129}
