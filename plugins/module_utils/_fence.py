@@ -150,7 +150,7 @@ class Fence:
             config = _pct.parse_config(_pct.config_view(conf, current=up))
             if up:
                 self._pending(vmid, config, _pct.parse_config(_pct.config_view(conf, current=False)))
-            if self.p["containers"] or config["passthrough"]:
+            if self.p["containers"] or config["passthrough"] or config["unknown"]:
                 configs[vmid] = config
         return self._rows(listed, configs)
 
@@ -163,14 +163,19 @@ class Fence:
                          " devices until it restarts. The GPUs reported are those it has now.")
 
     def _rows(self, listed, configs) -> list:
-        gpu_minors = uuids = None
+        gpu_minors = uuids = node_gpus = held = None
         complete = False
-        if any(c["minors"] for c in configs.values()):
-            gpus = self.io.gpus()
-            if gpus is not None:
-                gpu_minors = {g["minor_number"]: g["index"] for g in gpus if g.get("minor_number") is not None}
-                uuids = {g["index"]: g.get("uuid") for g in gpus}
-                complete = len(gpu_minors) == len(gpus)
+        # A container whose config may pass GPUs in a way that cannot be read (_pct.parse_config's ``unknown``): what
+        # its processes hold decides, when it runs.
+        unread = [v for v, c in configs.items() if c["unknown"] and listed[v]["status"] == "running"]
+        if any(c["minors"] or c["visible"] for c in configs.values()) or unread:
+            node_gpus = self.io.gpus()
+            if node_gpus is not None:
+                gpu_minors = {g["minor_number"]: g["index"] for g in node_gpus if g.get("minor_number") is not None}
+                uuids = {g["index"]: g.get("uuid") for g in node_gpus}
+                complete = len(gpu_minors) == len(node_gpus)
+                if unread:
+                    held = self.io.held()
         rows = []
         for vmid, config in configs.items():
             gpus = None
@@ -188,11 +193,60 @@ class Fence:
                                      " gpus is null (its GPUs cannot be told)")
                         gpus = None
             row = listed[vmid]
+            running = row["status"] == "running"
+            gpus = self._toolkit_gpus(vmid, config, gpus, node_gpus)
+            if config["unknown"]:
+                gpus = self._held_gpus(vmid, config, gpus, running, held)
+                if gpus == [] and config["passthrough"] is None and not self.p["containers"]:
+                    continue  # nothing of it holds a GPU: nothing to fence (the warning says so)
+            minors = config["minors"]
+            if gpus and gpu_minors and (config["visible"] or config["unknown"]) and minors is not None:
+                index_minor = {i: m for m, i in gpu_minors.items()}
+                minors = sorted(set(minors) | {index_minor[i] for i in gpus if i in index_minor})
             rows.append(dict(
                 vmid=vmid, name=row["name"] or config["hostname"] or "", status=row["status"], lock=row["lock"],
-                running=row["status"] == "running", passthrough=config["passthrough"], minors=config["minors"],
-                gpus=gpus, gpu_uuids=None if gpus is None else [uuids[i] for i in gpus]))
+                running=running, passthrough=config["passthrough"], minors=minors,
+                gpus=gpus, gpu_uuids=None if gpus is None else [uuids[i] for i in gpus],
+                passthrough_unknown=list(config["unknown"])))
         return rows
+
+    def _toolkit_gpus(self, vmid, config, gpus, node_gpus):
+        """The GPUs of the container with those of the toolkit's hook (NVIDIA_VISIBLE_DEVICES) added; None when they
+        cannot be told (a warning says why)."""
+        visible = config["visible"]
+        if not visible or visible == "all" or gpus is None:
+            return gpus
+        if node_gpus is None:
+            return None  # the driver could not be read (NodeIO.gpus warned)
+        indexes, unmatched = _pct.visible_gpus(visible, node_gpus)
+        if unmatched:
+            have = describe("%s (%s)" % (g["index"], g.get("uuid")) for g in node_gpus)
+            self.io.warn(f"CT {vmid} gets the GPUs {describe(visible)} from the NVIDIA container toolkit's hook"
+                         f" ({_pct.VISIBLE}), and no GPU of this node matches {describe(unmatched)} (the GPUs: {have}):"
+                         " its gpus is null (its GPUs cannot be told)")
+            return None
+        return sorted(set(gpus) | set(indexes))
+
+    def _held_gpus(self, vmid, config, gpus, running, held):
+        """A container with config lines that may pass GPUs but cannot be read: its GPUs are what its processes hold
+        (with those its other lines give); a warning names the lines."""
+        what = (f"CT {vmid}: {describe(config['unknown'])} may pass NVIDIA devices through, and what it passes cannot be"
+                " read from the config (a hook script, a file elsewhere)")
+        if not running:
+            self.io.warn(f"{what}; it is not running: its gpus is null (its GPUs cannot be told)")
+            return None
+        mine = None if held is None else held.get(vmid, set())
+        if mine is None or gpus is None:
+            self.io.warn(f"{what}; the GPUs its processes hold cannot be read: its gpus is null (its GPUs cannot be told)")
+            return None
+        if mine:
+            self.io.warn(f"{what}; its processes hold GPU {describe(sorted(mine))} (a context or the GPU's /dev/nvidiaN"
+                         " open): they are fenced as its GPUs")
+        elif config["passthrough"] is None and not self.p["containers"]:
+            self.io.warn(f"{what}; its processes hold no GPU now: it is not fenced")
+        else:
+            self.io.warn(f"{what}; its processes hold no GPU now")
+        return sorted(set(gpus) | mine)
 
     # --- services ------------------------------------------------------------------------------------------
     def _service_states(self, running: list) -> dict:
@@ -446,6 +500,11 @@ class NodeIO:
                 raise
             self.warn(f"cannot read the GPUs ({exc.msg}): each container's gpus is null (its GPUs cannot be told)")
             return None
+
+    def held(self) -> dict:
+        """{vmid: set of GPU indexes} its processes hold now (_holding.container_gpus over a full snapshot: contexts,
+        /dev/nvidiaN holders)."""
+        return _holding.container_gpus(self.taker.take()["gpus"])
 
     def release(self, vmids: list, draining=(), gpus=None):
         """gpu_release's path over the containers' processes: (its result, None) or (the partial result, the error).

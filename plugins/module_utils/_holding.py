@@ -322,6 +322,20 @@ def context_gpus(gpus: list) -> dict:
     return out
 
 
+def container_gpus(gpus: list) -> dict:
+    """{container id: set of GPU indexes} that the containers' processes hold, over a snapshot (_snapshot.build): a
+    context there, or that GPU's ``/dev/nvidiaN`` open (``device`` evidence - a node that cannot be placed counts on
+    every GPU). Control nodes alone hold no GPU. What a container whose passthrough cannot be read holds (the fence)."""
+    out = {}
+    for g in gpus:
+        held = list(g.get("processes") or []) + [h for h in g.get("holders") or () if h.get("evidence") in (CONTEXT, DEVICE)]
+        for p in held:
+            ct = (p.get("container") or {}).get("id")
+            if ct is not None:
+                out.setdefault(ct, set()).add(g["index"])
+    return out
+
+
 def release_candidates(all_gpus: list, selected: set, include_device_holders=True, named_pids=()):
     """(candidates, skipped) for a release of the GPUs with indexes in ``selected``.
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _holding, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _holding, _snapshot, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import InvalidOption
 
 # systemctl is-active states in which the unit runs, or is about to (it is then stopped).
@@ -45,6 +45,17 @@ _CGROUP_KEYS = ("lxc.cgroup2.devices.allow", "lxc.cgroup.devices.allow")
 _ALLOW = re.compile(r"c\s+(\d+|\*):(\d+|\*)(?:\s+\S+)?", re.ASCII)
 # A raw LXC key takes ":" or "=" (pct.conf(5); parse_pct_config's ``^(lxc\.[a-z0-9_\-\.]+)(:|\s*=)``).
 _LXC_LINE = re.compile(r"^(lxc\.[a-z0-9_\-.]+)(?::|\s*=)\s*(.*?)\s*$")
+# The NVIDIA container toolkit's LXC hook (lxc's hooks/nvidia, installed as /usr/share/lxc/hooks/nvidia): a mount hook
+# that runs nvidia-container-cli for the GPUs of its environment's NVIDIA_VISIBLE_DEVICES (lxc.environment).
+TOOLKIT_HOOK = "nvidia"
+VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+# The hooks that run before the container's init starts, where a script can bind or create device nodes
+# (lxc.container.conf(5)); the stop, post-stop, clone and destroy hooks cannot give a running container a device.
+_DEVICE_HOOKS = ("lxc.hook.pre-start", "lxc.hook.pre-mount", "lxc.hook.mount", "lxc.hook.autodev", "lxc.hook.start-host",
+                 "lxc.hook.start")
+# Keys whose content is somewhere else: an included config, an fstab file.
+_ELSEWHERE_KEYS = ("lxc.include", "lxc.mount.fstab")
+_LXC_CONFIGS = "/usr/share/lxc/config/"   # LXC's own common configs pass no NVIDIA device
 
 
 def _split(values) -> list:
@@ -138,7 +149,7 @@ def _is_nvidia_path(path: str) -> bool:
 def parse_config(stdout: str) -> dict:
     """``pct config <vmid>`` (or the config file) -> which NVIDIA devices the container gets.
 
-    Returns {"hostname", "passthrough", "minors", "devices", "lines"}:
+    Returns {"hostname", "passthrough", "minors", "devices", "lines", "visible", "unknown"}:
 
     - ``devN: /dev/nvidiaK`` and ``devN: path=/dev/nvidiaK,mode=...`` (PVE 8.1+ device
       passthrough: the node and its cgroup permission) give GPU minor K;
@@ -152,16 +163,30 @@ def parse_config(stdout: str) -> dict:
       ``nvidia-caps/*``, minors 254 and 255 of major 195) are passthrough, but no GPU;
     - a cgroup line of another major (nvidia-uvm's is dynamic, 509 or so) cannot be told from any
       other device's: it is neither passthrough nor listed in ``lines``;
+    - ``lxc.mount.entry: /dev dev none bind,optional,create=dir`` (or ``rbind``; a bind of the node's
+      whole ``/dev``) gives every GPU: minors None;
+    - the NVIDIA container toolkit's hook, ``lxc.hook.mount: /usr/share/lxc/hooks/nvidia``, passes the GPUs
+      of ``lxc.environment: NVIDIA_VISIBLE_DEVICES=...`` (parse_visible): ``visible`` is ``"all"`` (then
+      minors None), a list of GPU ids (indexes, UUIDs: visible_gpus ties them to the node's GPUs), or [] for
+      ``none`` (the driver's control nodes, no GPU); ``void`` or an empty value: the hook passes nothing;
+    - a line that may pass NVIDIA devices but cannot be read here is listed in ``unknown`` (as printed): a
+      hook that runs before the container's init (``lxc.hook.mount``, ``autodev``, ``pre-start``, ...) other
+      than the toolkit's, the toolkit's hook with no readable ``NVIDIA_VISIBLE_DEVICES``, an ``lxc.include``
+      (outside LXC's own ``/usr/share/lxc/config/``) or ``lxc.mount.fstab``; with no other passthrough line,
+      passthrough is then None (unknown) - what the container's processes hold decides (the fence);
     - no NVIDIA line at all: passthrough False, minors [];
     - lines after a ``[name]`` header belong to a snapshot and are ignored, and so are comments.
 
     ``minors`` is sorted and unique; ``devices`` the NVIDIA paths of the devN and mount lines, in
-    order; ``lines`` the passthrough lines as printed (``key: value``).
+    order; ``lines`` the passthrough lines as printed (``key: value``), the hook's and its
+    ``NVIDIA_VISIBLE_DEVICES`` line among them.
     """
     hostname = None
     minors, devices, lines = set(), [], []
     every = False
     nodes = False
+    whole_dev = False
+    hooks, environment, unknown = [], {}, []
     for raw in (stdout or "").splitlines():
         line = raw.strip()
         if line.startswith("["):
@@ -185,12 +210,28 @@ def parse_config(stdout: str) -> dict:
         elif key == "lxc.mount.entry":
             words = value.split()
             path = words[0] if words else ""
+            if path.rstrip("/") == "/dev":
+                # the node's whole /dev: every /dev/nvidiaN there is, the control nodes too
+                lines.append(f"{key}: {value}")
+                whole_dev = True
+                continue
             if not _is_nvidia_path(path) and len(words) > 1 and _is_nvidia_path("/" + words[1].lstrip("/")):
                 # bound from another host path onto the container's /dev/nvidia*: passthrough, but which GPU
                 # cannot be told from the path (the cgroup lines say it)
                 lines.append(f"{key}: {value}")
                 devices.append(path)
                 continue
+        elif key in _DEVICE_HOOKS:
+            hooks.append((key, value))
+            continue
+        elif key == "lxc.environment":
+            name, eq, val = value.partition("=")
+            environment[name.strip()] = (f"{key}: {value}", val.strip() if eq else None)
+            continue
+        elif key in _ELSEWHERE_KEYS:
+            if not value.startswith(_LXC_CONFIGS):
+                unknown.append(f"{key}: {value}")
+            continue
         elif key in _CGROUP_KEYS:
             m = _ALLOW.fullmatch(value)
             if not m or m.group(1) != str(NVIDIA_MAJOR):
@@ -209,11 +250,90 @@ def parse_config(stdout: str) -> dict:
         if kind == "gpu":
             nodes = True
             minors.add(minor)
+    visible = None
+    for key, value in hooks:
+        line = f"{key}: {value}"
+        words = value.split()
+        if key != "lxc.hook.mount" or not words or words[0].rsplit("/", 1)[-1] != TOOLKIT_HOOK:
+            unknown.append(line)
+            continue
+        selection, env_line = toolkit_selection(environment)
+        if selection is False:
+            unknown.append(line)  # its NVIDIA_VISIBLE_DEVICES is not in the config
+            continue
+        if selection is None:
+            continue  # void, empty: the hook passes nothing
+        lines.append(line)
+        if env_line:
+            lines.append(env_line)
+        visible = selection
     result = sorted(minors)
-    if every and not nodes:
+    if (every and not nodes) or whole_dev or visible == "all":
         result = None
-    return {"hostname": hostname, "passthrough": bool(lines), "minors": result, "devices": _unique(devices),
-            "lines": lines}
+    passthrough = True if lines else (None if unknown else False)
+    return {"hostname": hostname, "passthrough": passthrough, "minors": result, "devices": _unique(devices),
+            "lines": lines, "visible": visible, "unknown": unknown}
+
+
+def toolkit_selection(environment: dict):
+    """(what the toolkit's hook passes, the line that says it) from the config's ``lxc.environment`` entries
+    ({name: (line, value or None)}, the last one of each name), as lxc's ``hooks/nvidia`` reads its environment:
+    NVIDIA_VISIBLE_DEVICES ``void`` or empty: (None, line) - nothing; unset with ``CUDA_VERSION`` and no
+    ``NVIDIA_REQUIRE_CUDA`` (a legacy CUDA image): ("all", line); else parse_visible. (False, None) when it cannot
+    be told: NVIDIA_VISIBLE_DEVICES unset (the hook would then take it from its own environment), or passed by name
+    only (``lxc.environment: NVIDIA_VISIBLE_DEVICES``, the value of lxc-start's environment)."""
+    if VISIBLE not in environment:
+        cuda = environment.get("CUDA_VERSION")
+        if cuda and cuda[1] and not (environment.get("NVIDIA_REQUIRE_CUDA") or (None, None))[1]:
+            return "all", cuda[0]
+        return False, None
+    line, value = environment[VISIBLE]
+    if value is None:
+        return False, None
+    return parse_visible(value), line
+
+
+def parse_visible(value: str):
+    """NVIDIA_VISIBLE_DEVICES (the toolkit's docs, "GPU Enumeration"): ``all`` -> "all"; ``none`` -> [] (the driver's
+    control nodes and libraries, no GPU); ``void`` or empty -> None (nothing); else the comma-separated GPU ids, in
+    order: indexes as int, the others (UUIDs, ``MIG-`` ids, PCI bus ids) as str."""
+    text = (value or "").strip().strip('"').strip("'").strip()
+    if text in ("", "void"):
+        return None
+    if text == "all":
+        return "all"
+    if text == "none":
+        return []
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if part:
+            out.append(int(part) if _validate.is_ascii_digits(part) else part)
+    return _unique(out)
+
+
+def visible_gpus(ids, gpus: list):
+    """(GPU indexes, ids no GPU of the node matches) of the toolkit's NVIDIA_VISIBLE_DEVICES ids, with the node's
+    GPUs (index, uuid, pci_bus_id): an index is nvidia-container-cli's (the driver's order, as nvidia-smi's), a UUID
+    may be a unique prefix (``GPU-fef8089b``), a PCI bus id any of its forms. A ``MIG-`` id is not tied to its GPU
+    here (it is unmatched). ``ids`` "all": (every index, [])."""
+    if ids == "all":
+        return sorted(g["index"] for g in gpus), []
+    found, unmatched = set(), []
+    for gpu_id in ids or []:
+        text = str(gpu_id).lower()
+        if isinstance(gpu_id, int):
+            match = [g for g in gpus if g["index"] == gpu_id]
+        elif text.startswith("gpu-"):
+            match = [g for g in gpus if (g.get("uuid") or "").lower().startswith(text)]
+        else:
+            bus = _snapshot.normalize_bus_id(text)
+            match = [g for g in gpus if bus and _snapshot.normalize_bus_id(g.get("pci_bus_id") or "") == bus]
+        if len(match) == 1:
+            found.add(match[0]["index"])
+        else:
+            unmatched.append(gpu_id)
+    return sorted(found), unmatched
 
 
 def passthrough_changes(current: dict, pending: dict):

@@ -25,6 +25,18 @@ description:
     of C(/dev/nvidiaN) and C(lxc.cgroup2.devices.allow) lines of major 195. C(c 195:* rwm) with no C(/dev/nvidiaN)
     line gives the container every GPU of the node (RV(containers[].gpus) is null). The minor numbers are tied
     to GPU indexes through the driver (O(backend)).
+  - "The NVIDIA container toolkit's LXC hook (C(lxc.hook.mount: /usr/share/lxc/hooks/nvidia)) passes the GPUs of
+    C(lxc.environment: NVIDIA_VISIBLE_DEVICES=...) - indexes or UUIDs (a unique prefix too), tied to the node's
+    GPUs through the driver (one that no GPU has - RV(containers[].gpus) null and a warning); C(all) every GPU;
+    C(none) the driver's control nodes, no GPU; C(void) or empty nothing. A bind of the node's whole C(/dev)
+    (C(lxc.mount.entry: /dev dev none bind,...)) gives every GPU."
+  - "A config line that may pass NVIDIA devices through in a way that cannot be read (another hook that runs before
+    the container's init - C(lxc.hook.mount), C(autodev), C(pre-start), ... -, the toolkit's hook with no
+    C(NVIDIA_VISIBLE_DEVICES) in the config, an C(lxc.include) or C(lxc.mount.fstab)) gets a warning naming it;
+    with no other passthrough line, RV(containers[].passthrough) is null (unknown). Such a running container's GPUs
+    are then those its processes hold (a context, or the GPU's C(/dev/nvidiaN) open - one more snapshot of the
+    GPUs, O(device_files)); with no O(containers), it is fenced when they hold a GPU, and left out (the warning says
+    so) when they hold none."
   - Only running containers are read when no O(containers) are named (stopped ones too with O(include_stopped));
     the whole discovery runs within O(pct_timeout). A node where C(/etc/pve) is not mounted (pmxcfs down) fails the
     task (C(error=pve_unavailable)) - its containers cannot be told - and nothing is stopped.
@@ -188,18 +200,33 @@ containers:
     status: {description: What C(pct list) would say - V(running) or V(stopped)., type: str, returned: always}
     lock: {description: "Its config's lock (V(backup), V(migrate), ...), or an empty string.", type: str, returned: always}
     running: {description: Whether it is running., type: bool, returned: always}
-    passthrough: {description: Whether its config passes NVIDIA devices (GPUs or control nodes) through., type: bool, returned: always}
+    passthrough:
+      description:
+        - Whether its config passes NVIDIA devices (GPUs or control nodes) through; null when that cannot be read
+          from the config (see C(passthrough_unknown)).
+      type: bool
+      returned: always
+    passthrough_unknown:
+      description:
+        - The config lines (as C(pct config) prints them) that may pass NVIDIA devices through but cannot be read
+          here - a hook script, a file elsewhere. When there are any, the running container's C(gpus) are those its
+          processes hold, with those of its other lines.
+      type: list
+      elements: str
+      returned: always
+      sample: ["lxc.hook.mount: /usr/local/lib/lxc/gpu-hook"]
     minors:
       description:
-        - The minor numbers of the C(/dev/nvidiaN) it gets, sorted; null when C(c 195:* rwm) gives it every GPU and
-          no line names one.
+        - The minor numbers of the C(/dev/nvidiaN) it gets, sorted; null when it gets every GPU (C(c 195:* rwm) and
+          no line names one, a bind of C(/dev), the toolkit's C(NVIDIA_VISIBLE_DEVICES=all)).
       type: list
       elements: int
       returned: always
     gpus:
       description:
-        - The indexes of the GPUs it gets; null means every GPU of the node (see C(minors)) or that the driver
-          could not be read (a warning says so).
+        - The indexes of the GPUs it gets; null means every GPU of the node (see C(minors)) or that they cannot be
+          told - the driver could not be read, a toolkit GPU id no GPU of the node has, a stopped container with
+          C(passthrough_unknown) lines (a warning says so).
       type: list
       elements: int
       returned: always
@@ -207,7 +234,7 @@ containers:
   sample:
     - {"vmid": 129, "name": "gpu-ct", "status": "running", "lock": "", "running": true, "passthrough": true,
        "minors": [0, 1], "gpus": [0, 1], "gpu_uuids": ["GPU-3fb142e7-7102-c7ac-bd5a-fc829e11ed84",
-       "GPU-8f0e2a51-1c3d-4b7a-9e21-5f0c8d7a6b42"]}
+       "GPU-8f0e2a51-1c3d-4b7a-9e21-5f0c8d7a6b42"], "passthrough_unknown": []}
 running:
   description: The ids of the selected containers that are running.
   returned: always

@@ -298,3 +298,92 @@ def test_a_notebook_beside_a_stopped_service_is_left_alone(node, collection):
     assert notebook in [int(pid) for pid in res["release"]["holder_processes"]], "the notebook was not seen at all"
     assert gone(worker) and alive(notebook), res["release"]
     assert notebook not in [r["pid"] for r in res["release"]["released"]]
+
+
+UNKNOWN_HOOK = "lxc.hook.mount: /usr/local/lib/lxc/gpu-hook"
+
+
+@pytest.fixture
+def toolkit_node(gpusim_factory):
+    """An 8-GPU node (GPU i has minor 7 - i) whose containers get their GPUs in the other ways a node is set up:
+    4150 through the NVIDIA container toolkit's LXC hook (NVIDIA_VISIBLE_DEVICES=2,3), 4151 through a bind of the
+    node's whole /dev, 4152 through a mount hook of the operator's that cannot be read (the simulator never runs it; a
+    workload there opens the node of its own GPU, as what such a hook binds), 4153 the classic lxc lines (GPU 0, another
+    tenant). All running."""
+    host = gpusim_factory(release_lag_ms=0)
+    with scn.edit(host.dir) as sc:
+        for gpu in sc.gpus:
+            gpu.minor = 7 - gpu.index
+    container.create(host.dir, 4150, "hook-ct", "2,3", devices_style="hook")
+    container.create(host.dir, 4151, "devdir-ct", "all", devices_style="devdir")
+    container.create(host.dir, 4152, "own-hook", None, devices_style="none")
+    with open(container.config_path(host.dir, 4152), "a", encoding="utf-8") as f:
+        f.write(UNKNOWN_HOOK + "\n")
+    container.create(host.dir, 4153, "tenant", "0", devices_style="lxc")
+    for vmid in (4150, 4151, 4152, 4153):
+        host.ct_start(vmid)
+    return host
+
+
+def test_toolkit_hook_and_dev_bind_are_passthrough_and_an_unreadable_hook_is_decided_by_its_processes(toolkit_node,
+                                                                                                    collection):
+    """The toolkit's hook gives the GPUs of NVIDIA_VISIBLE_DEVICES (indexes, UUIDs), a bind of /dev every GPU; a hook
+    that cannot be read is passthrough null with a warning naming it, and is a GPU container when its processes hold a
+    GPU. (They were all passthrough false, with no warning: the node-level fence skipped them.)"""
+    node = toolkit_node
+    res = run(node, collection)
+    assert not res.get("failed"), res
+    cts = by_vmid(res)
+    assert sorted(cts) == [4150, 4151, 4153], cts  # 4152: its processes hold nothing, it is not fenced
+    assert (cts[4150]["passthrough"], cts[4150]["gpus"], cts[4150]["minors"]) == (True, [2, 3], [4, 5])
+    uuids = {g["index"]: g["uuid"] for g in node.status()["gpus"]}
+    assert cts[4150]["gpu_uuids"] == [uuids[2], uuids[3]]
+    assert (cts[4151]["passthrough"], cts[4151]["gpus"], cts[4151]["minors"]) == (True, None, None)
+    assert res["gpus"] is None  # 4151 has every GPU
+    said = json.dumps(res.get("warnings"))
+    assert UNKNOWN_HOOK in said and "it is not fenced" in said, said
+
+    worker = node.hold(gpus=[6], mib=2048, ct=4152)
+    res = run(node, collection)
+    cts = by_vmid(res)
+    assert sorted(cts) == [4150, 4151, 4152, 4153]
+    assert (cts[4152]["passthrough"], cts[4152]["gpus"], cts[4152]["passthrough_unknown"]) == (None, [6], [UNKNOWN_HOOK])
+    assert "its processes hold GPU 6" in json.dumps(res["warnings"]), res["warnings"]
+    assert alive(worker)
+
+    # UUIDs (a unique prefix, as the toolkit's docs write them) are the node's GPUs; one that no GPU has: null, a warning
+    path = container.config_path(node.dir, 4150)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    for value, gpus in ((f"{uuids[1][:12]},{uuids[5]}", [1, 5]), ("all", None),
+                        ("GPU-00000000-1111-2222-3333-444444444444", None), ("none", [])):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text.replace("NVIDIA_VISIBLE_DEVICES=2,3", "NVIDIA_VISIBLE_DEVICES=" + value))
+        res = run(node, collection, containers=[4150])
+        (ct,) = res["containers"]
+        assert (ct["passthrough"], ct["gpus"]) == (True, gpus), (value, ct)
+        if value.startswith("GPU-0000"):
+            assert "no GPU of this node matches GPU-00000000-1111-2222-3333-444444444444" in json.dumps(res["warnings"])
+
+
+def test_the_fence_fences_toolkit_and_unreadable_passthrough_and_a_named_one_selects_only_its_gpus(toolkit_node,
+                                                                                                  collection):
+    """A named fence of the hook's container selects its GPUs only (it selected every GPU, with gpus []); the
+    node-level fence releases the workload of the container whose hook cannot be read, because it holds a GPU (it
+    skipped it, rc 0, with its server still running)."""
+    node = toolkit_node
+    hooked = node.hold(gpus=[2, 3], mib=4096, ct=4150, tree=True)
+    own = node.hold(gpus=[6], mib=2048, ct=4152)
+    tenant = node.hold(gpus=[0], mib=2048, ct=4153)
+    res = run(node, collection, containers=[4150], state="released", grace_period=5)
+    assert not res.get("failed") and res["changed"], res
+    assert res["gpus"] == [2, 3]
+    assert [g["index"] for g in res["release"]["gpus"]] == [2, 3], res["release"]
+    assert hooked in [r["pid"] for r in res["release"]["released"]] and gone(hooked)
+    assert alive(own) and alive(tenant)
+
+    res = run(node, collection, state="released", grace_period=5)
+    assert not res.get("failed"), res
+    assert 4152 in res["running"], res["containers"]
+    assert own in [r["pid"] for r in res["release"]["released"]], res["release"]
+    assert gone(own)

@@ -50,7 +50,9 @@ from . import scenario as _scenario
 
 VMID_MIN = 100
 VMID_MAX = 999999999
-DEVICES_STYLES = ("lxc", "dev", "none")
+DEVICES_STYLES = ("lxc", "dev", "hook", "devdir", "none")
+# The NVIDIA container toolkit's LXC hook (lxc's hooks/nvidia), as its users configure it.
+TOOLKIT_HOOK = "/usr/share/lxc/hooks/nvidia"
 KINDS = ("busybox", "systemd")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 START_TIMEOUT = 60.0
@@ -325,6 +327,11 @@ def _check_hostname(name: str) -> None:
 
 
 def _gpu_minors(simdir: str, gpus) -> List[int]:
+    sc = _scenario.load(simdir) if _gpu_indexes(simdir, gpus) else None
+    return [sc.gpus[i].minor for i in _gpu_indexes(simdir, gpus)] if sc else []
+
+
+def _gpu_indexes(simdir: str, gpus) -> List[int]:
     if gpus is None or (isinstance(gpus, str) and gpus.strip() in ("", "none")) or (
             isinstance(gpus, (builtins.list, tuple)) and not gpus):
         return []
@@ -335,13 +342,12 @@ def _gpu_minors(simdir: str, gpus) -> List[int]:
     if isinstance(gpus, (builtins.list, tuple)):
         gpus = ",".join(str(int(g)) for g in gpus)
     try:
-        idx = _scenario.parse_gpu_list(str(gpus), sc.gpu_count)
+        return builtins.list(_scenario.parse_gpu_list(str(gpus), sc.gpu_count))
     except _scenario.ScenarioError as e:
         raise ContainerError(str(e)) from None
-    return [sc.gpus[i].minor for i in idx]
 
 
-def render_config(vmid: int, hostname: str, minors: Sequence[int], devices_style: str) -> str:
+def render_config(vmid: int, hostname: str, minors: Sequence[int], devices_style: str, indexes: Sequence[int] = ()) -> str:
     keys = {
         "arch": "amd64",
         "cores": "8",
@@ -365,6 +371,15 @@ def render_config(vmid: int, hostname: str, minors: Sequence[int], devices_style
     elif devices_style == "dev":
         for i, p in enumerate(paths):
             keys[f"dev{i}"] = p
+    elif devices_style == "hook" and minors:
+        # The toolkit's hook mounts the nodes of NVIDIA_VISIBLE_DEVICES's GPUs (indexes), the control nodes too.
+        raw.append(("lxc.hook.mount", TOOLKIT_HOOK))
+        raw.append(("lxc.environment", "NVIDIA_VISIBLE_DEVICES=" + ",".join(str(i) for i in indexes)))
+        raw.append(("lxc.environment", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"))
+    elif devices_style == "devdir" and minors:
+        # The node's whole /dev: every GPU (whichever were asked for). No cgroup line: a privileged container, or
+        # one whose device permissions are set elsewhere.
+        raw.append(("lxc.mount.entry", "/dev dev none bind,optional,create=dir"))
     lines = [f"{k}: {keys[k]}" for k in sorted(keys)]
     lines += [f"{k}: {v}" for k, v in raw]
     return "\n".join(lines) + "\n"
@@ -457,18 +472,54 @@ def read_config(simdir: str, vmid: Union[int, str], current: bool = True
 NODE_RE = re.compile(r"^/dev/nvidia(\d+)$")
 
 
-def _device_paths(keys: Dict[str, str], raw: Sequence[Tuple[str, str]]) -> List[str]:
+def _is_dev_bind(key: str, value: str) -> bool:
+    """``lxc.mount.entry: /dev dev none bind,...``: the node's whole /dev."""
+    return key == "lxc.mount.entry" and bool(value.split()) and value.split()[0].rstrip("/") == "/dev"
+
+
+def _toolkit_paths(simdir: Optional[str], raw: Sequence[Tuple[str, str]]) -> List[str]:
+    """The nodes the NVIDIA container toolkit's hook would mount (lxc's hooks/nvidia: nvidia-container-cli
+    ``--device=$NVIDIA_VISIBLE_DEVICES``): none without ``lxc.hook.mount: .../nvidia``, or when NVIDIA_VISIBLE_DEVICES
+    (the last ``lxc.environment`` of it) is unset, empty or ``void``; the control nodes for ``none``; with them, every
+    GPU's node for ``all``, else those of the GPUs named by index or UUID (an id that no GPU has: nothing, where
+    nvidia-container-cli fails the start)."""
+    if simdir is None or not any(k == "lxc.hook.mount" and v.split() and os.path.basename(v.split()[0]) == "nvidia"
+                                 for k, v in raw):
+        return []
+    env = dict(v.split("=", 1) for k, v in raw if k == "lxc.environment" and "=" in v)
+    value = env.get("NVIDIA_VISIBLE_DEVICES", "").strip()
+    if value in ("", "void"):
+        return []
+    control = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    if value == "none":
+        return control
+    sc = _scenario.load(simdir)
+    if value == "all":
+        chosen = builtins.list(sc.gpus)
+    else:
+        ids = [t.strip() for t in value.split(",") if t.strip()]
+        chosen = [g for g in sc.gpus if str(g.index) in ids or any(g.uuid.lower().startswith(t.lower()) for t in ids
+                                                                    if t.lower().startswith("gpu-"))]
+    return [f"/dev/nvidia{g.minor}" for g in chosen] + control
+
+
+def _device_paths(keys: Dict[str, str], raw: Sequence[Tuple[str, str]], simdir: Optional[str] = None) -> List[str]:
     """Host paths of the devices the config passes through: the sources of ``lxc.mount.entry`` lines
-    under /dev and the paths of ``devN:`` entries."""
+    under /dev, the paths of ``devN:`` entries, the nodes of the toolkit's hook (_toolkit_paths) and, for a bind of
+    the whole /dev, every simulated ``DIR/dev/nvidia*`` node (the hook and the bind need ``simdir``)."""
     paths = [v.split()[0] for k, v in raw if k == "lxc.mount.entry" and v.split() and v.split()[0].startswith("/dev/")]
     paths += [v.split(",")[0].strip() for k, v in sorted(keys.items()) if re.fullmatch(r"dev\d+", k)]
+    paths += _toolkit_paths(simdir, raw)
+    if simdir is not None and any(_is_dev_bind(k, v) for k, v in raw):
+        with contextlib.suppress(FileNotFoundError):
+            paths += ["/dev/" + n for n in sorted(os.listdir(os.path.join(simdir, "dev"))) if n.startswith("nvidia")]
     return builtins.list(dict.fromkeys(p[len("path="):] if p.startswith("path=") else p for p in paths))
 
 
 def config_gpu_minors(simdir: str, vmid: Union[int, str]) -> List[int]:
     """Minors of the /dev/nvidia<N> nodes the container's current config passes through (sorted, unique)."""
     keys, raw = read_config(simdir, vmid)
-    return sorted({int(m.group(1)) for m in (NODE_RE.match(p) for p in _device_paths(keys, raw)) if m})
+    return sorted({int(m.group(1)) for m in (NODE_RE.match(p) for p in _device_paths(keys, raw, simdir)) if m})
 
 
 def create(simdir: str, vmid: Union[int, str], hostname: Optional[str] = None, gpus="all",
@@ -479,7 +530,9 @@ def create(simdir: str, vmid: Union[int, str], hostname: Optional[str] = None, g
 
     gpus: "all", "0,1", "0-3", a list of indexes, or None/"none"/[] (no GPU lines, as
     devices_style="none").  devices_style: "lxc" (lxc.cgroup2.devices.allow + lxc.mount.entry),
-    "dev" (devN: /dev/nvidiaN ...) or "none".  systemd: boot a Debian 12 rootfs with systemd as PID 1
+    "dev" (devN: /dev/nvidiaN ...), "hook" (the NVIDIA container toolkit's lxc.hook.mount with
+    lxc.environment: NVIDIA_VISIBLE_DEVICES=<indexes>), "devdir" (a bind of the node's whole /dev: every
+    GPU, whichever ``gpus`` names) or "none".  systemd: boot a Debian 12 rootfs with systemd as PID 1
     (services started in it are systemd units) instead of busybox.  unprivileged: map the container's
     uids and gids as pve-container does for ``unprivileged: 1`` (``lxc.idmap = u 0 100000 65536``, the
     same for g; see ensure_subids): its root is node uid 100000; else the container runs unmapped (what
@@ -494,6 +547,7 @@ def create(simdir: str, vmid: Union[int, str], hostname: Optional[str] = None, g
     name = hostname if hostname is not None else f"CT{v}"
     _check_hostname(name)
     minors = [] if devices_style == "none" else _gpu_minors(simdir, gpus)
+    indexes = _gpu_indexes(simdir, gpus) if devices_style == "hook" else []
     check_lxc()
     if systemd:
         rootfs.ensure_systemd_rootfs()
@@ -506,7 +560,7 @@ def create(simdir: str, vmid: Union[int, str], hostname: Optional[str] = None, g
         if exists(simdir, v):
             raise ContainerError(f"CT {v} already exists ({config_path(simdir, v)})") from None
     vmids.reserve(simdir, v)
-    text = render_config(v, name, minors, devices_style)
+    text = render_config(v, name, minors, devices_style, indexes)
     # O_EXCL: two concurrent creates of the same vmid cannot both succeed.
     try:
         fd = os.open(config_path(simdir, v), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -672,8 +726,9 @@ def lxc_config(simdir: str, vmid: int) -> str:
             continue  # the container's root may not mount it (e.g. a Python under /root): see container_python
         out.append(f"lxc.mount.entry = {p} {p.lstrip('/')} none ro,bind,create=dir 0 0")
     out.append(f"lxc.mount.entry = {sim} {sim.lstrip('/')} none bind,create=dir 0 0")
-    # The passthrough: each /dev/nvidia* node of the config, from the simulated device files.
-    for p in _device_paths(keys, raw):
+    # The passthrough: each /dev/nvidia* node of the config, from the simulated device files (the toolkit hook's
+    # mounts and a bind of the whole /dev imitated so: the hooks are never run, the node's /dev is never bound).
+    for p in _device_paths(keys, raw, sim):
         name = os.path.basename(p)
         src = os.path.join(sim, "dev", name)
         if p.startswith("/dev/nvidia") and os.path.exists(src):
@@ -681,6 +736,8 @@ def lxc_config(simdir: str, vmid: int) -> str:
     for key, value in raw:
         if key == "lxc.mount.entry" and value.split() and value.split()[0].startswith("/dev/nvidia"):
             continue  # the real host's node: the simulated one is bound above
+        if key.startswith("lxc.hook.") or _is_dev_bind(key, value):
+            continue  # imitated above (the toolkit's hook, /dev), or not run (any other hook: assumed harmless here)
         out.append(f"{key} = {value}")
     return "\n".join(out) + "\n"
 

@@ -307,6 +307,38 @@ def test_config_all_gpus_dev_style_and_none(sim):
     assert out.splitlines()[0] == "arch: amd64"
 
 
+def test_config_toolkit_hook_and_dev_bind_styles_bind_the_simulated_nodes_only(sim):
+    """The toolkit's hook (lxc's hooks/nvidia: the nodes of NVIDIA_VISIBLE_DEVICES's GPUs and the control nodes) and
+    a bind of the whole /dev are imitated by binding the simulated nodes; neither the hook nor the node's /dev reaches
+    LXC's config."""
+    for name in [f"nvidia{i}" for i in range(8)] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]:
+        open(os.path.join(sim.dir, "dev", name), "w").close()  # the simulated nodes, as SimHost makes them
+    sim.create(9114, gpus="2,5", devices_style="hook")
+    out = sim.pct("config", 9114).stdout
+    assert out.endswith("lxc.hook.mount: /usr/share/lxc/hooks/nvidia\nlxc.environment: NVIDIA_VISIBLE_DEVICES=2,5\n"
+                        "lxc.environment: NVIDIA_DRIVER_CAPABILITIES=compute,utility\n"), out
+    assert container.config_gpu_minors(sim.dir, 9114) == [2, 5]
+    uuids = {g.index: g.uuid for g in scenario.load(sim.dir).gpus}
+    conf = container.config_path(sim.dir, 9114)
+    for value, minors in ((uuids[6][:12], [6]), ("all", list(range(8))), ("none", []), ("void", []), ("", [])):
+        with open(conf, "w", encoding="utf-8") as f:
+            f.write(out.replace("NVIDIA_VISIBLE_DEVICES=2,5", "NVIDIA_VISIBLE_DEVICES=" + value))
+        assert container.config_gpu_minors(sim.dir, 9114) == minors, value
+    with open(conf, "w", encoding="utf-8") as f:
+        f.write(out)
+    lxc = container.lxc_config(sim.dir, 9114)
+    bound = re.findall(r"^lxc\.mount\.entry = \S+/dev/(nvidia\S*) dev/", lxc, re.M)
+    assert bound == ["nvidia2", "nvidia5", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"], bound
+    assert "lxc.hook" not in lxc
+    sim.create(9115, gpus="0", devices_style="devdir")
+    out = sim.pct("config", 9115).stdout
+    assert out.endswith("lxc.mount.entry: /dev dev none bind,optional,create=dir\n") and "cgroup" not in out, out
+    assert container.config_gpu_minors(sim.dir, 9115) == list(range(8))
+    lxc = container.lxc_config(sim.dir, 9115)
+    assert "= /dev dev " not in lxc
+    assert f"lxc.mount.entry = {os.path.realpath(sim.dir)}/dev/nvidia7 dev/nvidia7 none bind,create=file 0 0" in lxc
+
+
 def test_config_sorts_keys_and_keeps_raw_lines_in_file_order(sim):
     sim.create(9113, hostname="gpu-ct", gpus="1")
     path = container.config_path(sim.dir, 9113)

@@ -305,6 +305,59 @@ def test_the_release_after_a_service_stop_knows_which_gpus_are_draining():
     assert node.draining == []
 
 
+TOOLKIT_RUNNING = {140, 141, 142}  # 143 is stopped
+TOOLKIT_CONFIGS = {
+    140: "hostname: hook\nlxc.hook.mount: /usr/share/lxc/hooks/nvidia\nlxc.environment: NVIDIA_VISIBLE_DEVICES=GPU-5,1\n",
+    141: "hostname: own-hook\nlxc.hook.mount: /opt/gpu-hook\n",
+    142: "hostname: own-idle\nlxc.hook.mount: /opt/gpu-hook\n",
+    143: "hostname: own-stopped\nlxc.hook.mount: /opt/gpu-hook\n",
+}
+
+
+class ToolkitNode(FakeNode):
+    """A node whose containers get GPUs through the toolkit's hook or a hook of their own; ``holding``: what the
+    processes of each container hold ({vmid: GPU indexes})."""
+
+    def __init__(self, holding, **kw):
+        super().__init__(configs=TOOLKIT_CONFIGS, **kw)
+        self.holding = holding
+        self.held_calls = 0
+
+    def node(self):
+        self.reads.append("node")
+        return sorted(self.configs), set(TOOLKIT_RUNNING)
+
+    def held(self):
+        self.held_calls += 1
+        return {vmid: set(gpus) for vmid, gpus in self.holding.items()}
+
+
+@pytest.mark.parametrize("params, holding, rows, gpus", [
+    # Node-level: the hook's GPUs by UUID and index; an unreadable hook counts when its processes hold a GPU
+    ({}, {141: [6], 142: []}, {140: (True, [1, 5], [2, 6]), 141: (None, [6], [1])}, [1, 5, 6]),
+    ({}, {}, {140: (True, [1, 5], [2, 6])}, [1, 5]),
+    # Named: reported whatever they hold; a stopped one's GPUs cannot be told
+    ({"containers": [142]}, {}, {142: (None, [], [])}, []),
+    ({"containers": [141, 143]}, {141: [0, 1]}, {141: (None, [0, 1], [6, 7]), 143: (None, None, [])}, [0, 1]),
+])
+def test_toolkit_hook_and_unreadable_passthrough(params, holding, rows, gpus):
+    node = ToolkitNode(holding)
+    res = fence(node, **params).run()
+    got = {c["vmid"]: (c["passthrough"], c["gpus"], c["minors"]) for c in res["containers"]}
+    assert got == rows and res["gpus"] == gpus
+    for vmid in rows:
+        if vmid != 140:
+            assert any(m.startswith(f"CT {vmid}: lxc.hook.mount: /opt/gpu-hook may pass NVIDIA devices") for m in node.warnings)
+    assert node.held_calls == 1
+
+
+def test_a_toolkit_uuid_no_gpu_has_is_null_with_a_warning():
+    node = ToolkitNode({}, gpus=[g for g in GPUS if g["index"] != 5])
+    res = fence(node, containers=[140]).run()
+    assert res["containers"][0]["gpus"] is None and res["gpus"] is None
+    assert any("no GPU of this node matches GPU-5" in m for m in node.warnings), node.warnings
+
+
 # --- NodeIO: the node's files and the kernel, for real ------------------------------------------------------------
 
 def node_io(pve_dir, lxc_path="/nonexistent/lxc"):

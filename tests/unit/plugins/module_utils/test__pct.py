@@ -338,3 +338,66 @@ UNIX = """Num       RefCount Protocol Flags    Type St Inode Path
 def test_active_vmids():
     # 129 runs; 1290's socket is not 130's; 131's is not abstract; 132 has none
     assert _pct.active_vmids(UNIX, "/var/lib/lxc", [129, 130, 131, 132]) == {129}
+
+
+HOOK = "lxc.hook.mount: /usr/share/lxc/hooks/nvidia\n"
+
+
+@pytest.mark.parametrize("text, passthrough, minors, visible, unknown", [
+    # The NVIDIA container toolkit's hook: NVIDIA_VISIBLE_DEVICES decides (lxc's hooks/nvidia; the toolkit's docs)
+    (HOOK + "lxc.environment: NVIDIA_VISIBLE_DEVICES=0,1\nlxc.environment: NVIDIA_DRIVER_CAPABILITIES=compute,utility\n",
+     True, [], [0, 1], []),
+    ("lxc.hook.mount = /usr/share/lxc/hooks/nvidia\nlxc.environment = NVIDIA_VISIBLE_DEVICES=all\n", True, None, "all", []),
+    (HOOK + "lxc.environment: NVIDIA_VISIBLE_DEVICES=GPU-fef8089b,3\n", True, [], ["GPU-fef8089b", 3], []),
+    (HOOK + "lxc.environment: NVIDIA_VISIBLE_DEVICES=none\n", True, [], [], []),       # control nodes, no GPU
+    (HOOK + "lxc.environment: NVIDIA_VISIBLE_DEVICES=void\n", False, [], None, []),    # the hook exits at once
+    (HOOK + "lxc.environment: NVIDIA_VISIBLE_DEVICES=\n", False, [], None, []),
+    # the last value counts; a legacy CUDA image (CUDA_VERSION, no NVIDIA_REQUIRE_CUDA) gets every GPU
+    (HOOK + "lxc.environment: NVIDIA_VISIBLE_DEVICES=all\nlxc.environment: NVIDIA_VISIBLE_DEVICES=2\n", True, [], [2], []),
+    (HOOK + "lxc.environment: CUDA_VERSION=12.4.1\n", True, None, "all", []),
+    # with the hook's GPUs, the cgroup and mount lines still count
+    (HOOK + "lxc.environment: NVIDIA_VISIBLE_DEVICES=1\ndev0: /dev/nvidia4\n", True, [4], [1], []),
+    # the hook with no readable NVIDIA_VISIBLE_DEVICES, or used as another kind of hook: unknown
+    (HOOK, None, [], None, ["lxc.hook.mount: /usr/share/lxc/hooks/nvidia"]),
+    (HOOK + "lxc.environment: NVIDIA_VISIBLE_DEVICES\n", None, [], None, ["lxc.hook.mount: /usr/share/lxc/hooks/nvidia"]),
+    ("lxc.hook.pre-start: /usr/share/lxc/hooks/nvidia\nlxc.environment: NVIDIA_VISIBLE_DEVICES=0\n", None, [], None,
+     ["lxc.hook.pre-start: /usr/share/lxc/hooks/nvidia"]),
+    # An environment without the hook passes nothing
+    ("lxc.environment: NVIDIA_VISIBLE_DEVICES=all\n", False, [], None, []),
+    # A bind of the node's whole /dev: every GPU, whatever else is there
+    ("lxc.mount.entry: /dev dev none bind,optional,create=dir\n", True, None, None, []),
+    ("lxc.mount.entry: /dev/ dev none rbind,create=dir 0 0\ndev0: /dev/nvidia2\n", True, None, None, []),
+    ("lxc.mount.entry: /dev/dri dev/dri none bind,optional,create=dir\n", False, [], None, []),
+    # Hooks and files that cannot be read: unknown, beside what the other lines say
+    ("lxc.hook.autodev: /var/lib/lxc/129/gpu.sh\n", None, [], None, ["lxc.hook.autodev: /var/lib/lxc/129/gpu.sh"]),
+    ("lxc.include: /etc/pve/gpu.conf\ndev0: /dev/nvidia1\n", True, [1], None, ["lxc.include: /etc/pve/gpu.conf"]),
+    ("lxc.mount.fstab: /etc/lxc/gpu.fstab\n", None, [], None, ["lxc.mount.fstab: /etc/lxc/gpu.fstab"]),
+    # LXC's own configs, and the hooks that run after the container stops, pass nothing
+    ("lxc.include: /usr/share/lxc/config/nesting.conf\nlxc.hook.post-stop: /usr/local/bin/cleanup\n"
+     "lxc.hook.version: 1\n", False, [], None, []),
+])
+def test_parse_config_hooks_and_dev_binds(text, passthrough, minors, visible, unknown):
+    parsed = _pct.parse_config(CONFIG_HEAD + text)
+    assert (parsed["passthrough"], parsed["minors"], parsed["visible"], parsed["unknown"]) == \
+        (passthrough, minors, visible, unknown)
+    if visible is not None:  # the hook's lines are passthrough lines (a pending change to them is seen)
+        assert HOOK.strip() in parsed["lines"] or parsed["lines"][0].startswith("lxc.hook.mount")
+
+
+NODE = [{"index": i, "uuid": f"GPU-{i}aaaaaaa-{i}000-0000-0000-00000000000{i}", "pci_bus_id": f"00000000:{0x18 + i:02X}:00.0"}
+        for i in range(4)]
+
+
+@pytest.mark.parametrize("ids, indexes, unmatched", [
+    ("all", [0, 1, 2, 3], []),
+    ([2, 0], [0, 2], []),
+    (["GPU-1aaaaaaa-1000-0000-0000-000000000001"], [1], []),
+    (["gpu-3AAAAAAA"], [3], []),                    # a unique prefix, any case
+    (["0000:1a:00.0"], [2], []),                    # a PCI bus id, short form
+    (["GPU-"], [], ["GPU-"]),                       # a prefix of every GPU: none
+    ([7, "GPU-ffffffff"], [], [7, "GPU-ffffffff"]),
+    (["MIG-5c2e5ac4-bd5b-5b7a-a6d6-4e2f1e8ca3b5"], [], ["MIG-5c2e5ac4-bd5b-5b7a-a6d6-4e2f1e8ca3b5"]),
+    ([], [], []),
+])
+def test_visible_gpus(ids, indexes, unmatched):
+    assert _pct.visible_gpus(ids, NODE) == (indexes, unmatched)
