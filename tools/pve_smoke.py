@@ -51,13 +51,13 @@ def pct(path, *args):
 
 
 def timed(path, args, runs):
-    seconds = [pct(path, *args)[3] for _ in range(runs)]
+    seconds = [pct(path, *args)[3] for _run in range(runs)]
     return {"argv": ["pct", *args], "runs": runs, "min_s": round(min(seconds), 3),
             "median_s": round(statistics.median(seconds), 3)}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--json", help="write the report here")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--pct", default="/usr/sbin/pct")

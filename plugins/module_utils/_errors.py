@@ -66,6 +66,23 @@ class BackendError(GpuError):
     kind = "backend"
 
 
+class UnreadableOutput(GpuError, ValueError):
+    """What a program or a kernel file printed, and a parser cannot read (nvidia-smi, /proc, pct, pmxcfs' files).
+
+    ``source`` names what printed it, ``problem`` what is wrong with it, ``sample`` the input that broke it (cut to
+    SAMPLE_CHARS: driver, /proc and pct output carry no command-line arguments), ``todo`` what to do. A ValueError
+    too, so that a caller that reads on past one bad line can say so."""
+
+    kind = "unreadable_output"
+    SAMPLE_CHARS = 200
+
+    def __init__(self, source: str, problem: str, sample: str = "", todo: str = ""):
+        shown = (sample or "")[:self.SAMPLE_CHARS]
+        msg = f"{source}: {problem}" + (f": {shown!r}" if shown else "") + ". " + (
+            todo or "Report it with the output of that command; nothing was signalled")
+        super().__init__(msg, source=source, problem=problem, sample=shown)
+
+
 class InvalidOption(GpuError, ValueError):
     """Bad input, found before anything is read or signalled; ``option`` names it."""
 

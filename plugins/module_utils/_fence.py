@@ -97,7 +97,7 @@ class Fence:
         def target():
             try:
                 box["value"] = read()
-            except BaseException as exc:  # pylint: disable=broad-exception-caught (raised again below)
+            except BaseException as exc:  # pylint: disable=broad-exception-caught  # raised again below
                 box["error"] = exc
 
         thread = threading.Thread(target=target, daemon=True)
@@ -460,9 +460,10 @@ class NodeIO:
             self._node = os.uname().nodename.split(".")[0]              # PVE::INotify::nodename
         try:
             vmids = _pct.node_containers(vmlist, self._node)
-        except ValueError as exc:
-            raise FenceFailed("pve_unavailable", f"{os.path.join(self.pve_dir, '.vmlist')}: {exc}. Is pmxcfs healthy"
-                                                 " (systemctl status pve-cluster)? Nothing was stopped.") from None
+        except _errors.UnreadableOutput as exc:
+            raise FenceFailed("pve_unavailable", f"{os.path.join(self.pve_dir, '.vmlist')}: {exc.details['problem']}. Is"
+                                                 " pmxcfs healthy (systemctl status pve-cluster)? Nothing was stopped.",
+                              sample=exc.details["sample"]) from None
         try:
             with open("/proc/net/unix", encoding="utf-8", errors="replace") as f:
                 sockets = f.read()

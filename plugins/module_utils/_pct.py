@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _holding, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _snapshot, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import InvalidOption
 
 # systemctl is-active states in which the unit runs, or is about to (it is then stopped).
@@ -116,7 +116,7 @@ def parse_list(stdout: str) -> dict:
             name_col = line.find("Name")
             continue
         if not _validate.is_ascii_digits(words[0]) or len(words) < 2 or len(words) > 4:
-            raise ValueError(f"pct list: cannot read the line {line.strip()!r} (expected VMID Status [Lock] [Name])")
+            raise _errors.UnreadableOutput("pct list", "expected VMID Status [Lock] [Name]", line.strip())
         lock, name = "", ""
         if len(words) == 4:
             lock, name = words[2], words[3]
@@ -452,10 +452,10 @@ def node_containers(vmlist_text: str, node: str) -> list:
     try:
         data = json.loads(vmlist_text)
     except ValueError as exc:
-        raise ValueError(f"cannot read .vmlist ({exc})") from None
+        raise _errors.UnreadableOutput("/etc/pve/.vmlist", f"not JSON ({exc})", vmlist_text) from None
     ids = data.get("ids", {}) if isinstance(data, dict) else None
     if not isinstance(ids, dict):
-        raise ValueError("cannot read .vmlist (no JSON object with ids)")
+        raise _errors.UnreadableOutput("/etc/pve/.vmlist", "no JSON object with ids", vmlist_text)
     out = []
     for vmid, entry in ids.items():
         if _validate.is_ascii_digits(vmid) and int(vmid) and isinstance(entry, dict) \

@@ -21,6 +21,7 @@ import re
 from collections import namedtuple
 from stat import S_ISCHR, S_ISDIR, S_ISREG
 
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
 from ansible_collections.gpuops.gpu.plugins.module_utils._redact import redact_argv
 
 ProcStat = namedtuple("ProcStat", ["pid", "comm", "state", "ppid", "pgrp", "session", "tty_nr", "starttime"])
@@ -43,12 +44,12 @@ def parse_stat(text: str) -> ProcStat:
     open_paren = text.find("(")
     close_paren = text.rfind(")")
     if open_paren < 1 or close_paren < open_paren:
-        raise ValueError(f"malformed /proc/<pid>/stat line: {text[:80]!r}")
+        raise _errors.UnreadableOutput("/proc/<pid>/stat", "no (comm) in the line", text)
     pid = int(text[:open_paren].strip())
     comm = text[open_paren + 1:close_paren]
     rest = text[close_paren + 1:].split()
     if len(rest) < 20:
-        raise ValueError(f"malformed /proc/<pid>/stat line (only {len(rest) + 2} fields): {text[:80]!r}")
+        raise _errors.UnreadableOutput("/proc/<pid>/stat", f"only {len(rest) + 2} fields", text)
     return ProcStat(
         pid=pid,
         comm=comm,

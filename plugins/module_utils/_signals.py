@@ -37,19 +37,20 @@ def signal_number(value) -> int:
     """'SIGTERM', 'TERM', 'sigint', 15 or '15' -> the number; ValueError naming the value otherwise."""
     text = str(value).strip()
     if text.isdigit() and not (text.isascii() and len(text) <= 3):
-        raise ValueError(f"signal: {value!r} is not a valid signal number")
+        raise _errors.InvalidOption(f"signal: {value!r} is not a valid signal number", option="signal")
     if text.isdigit():
         num = int(text)
         valid = {int(s) for s in signal.valid_signals()}
         if num not in valid or num == 0:
-            raise ValueError(f"signal: {value!r} is not a valid signal number")
+            raise _errors.InvalidOption(f"signal: {value!r} is not a valid signal number", option="signal")
         return num
     name = text.upper()
     if not name.startswith("SIG"):
         name = "SIG" + name
     sig = getattr(signal.Signals, name, None) if name in signal.Signals.__members__ else None
     if sig is None:
-        raise ValueError(f"signal: {value!r} is not a signal name (like SIGTERM, SIGINT, SIGKILL)")
+        raise _errors.InvalidOption(f"signal: {value!r} is not a signal name (like SIGTERM, SIGINT, SIGKILL)",
+                                    option="signal")
     return int(sig)
 
 

@@ -142,8 +142,8 @@ def parse_gpus(out: str, fields=None) -> list:
             continue
         cells = [c.strip() for c in line.split(", ")]
         if len(cells) != len(fields):
-            raise ValueError(f"nvidia-smi --query-gpu: expected {len(fields)} fields, got {len(cells)}: {line!r}. "
-                             + NVML_HINT)
+            raise _errors.UnreadableOutput("nvidia-smi --query-gpu", f"expected {len(fields)} fields, got {len(cells)}",
+                                           line, NVML_HINT)
         row = dict(zip(fields, cells))
         mode = value(row.get("compute_mode"))
         gpu = _raw.empty_gpu(int(row["index"]))
@@ -183,10 +183,12 @@ def parse_apps(out: str) -> list:
             continue
         head = line.split(", ", 2)
         if len(head) != 3:
-            raise ValueError(f"nvidia-smi --query-compute-apps: cannot parse {line!r}")
+            raise _errors.UnreadableOutput("nvidia-smi --query-compute-apps", "expected gpu_uuid, pid, process_name,"
+                                           " used_memory", line, NVML_HINT)
         name, sep, used = head[2].rpartition(", ")
         if not sep:
-            raise ValueError(f"nvidia-smi --query-compute-apps: cannot parse {line!r}")
+            raise _errors.UnreadableOutput("nvidia-smi --query-compute-apps", "expected gpu_uuid, pid, process_name,"
+                                           " used_memory", line, NVML_HINT)
         pid = to_int(head[1])
         if pid is None:
             continue
@@ -201,7 +203,7 @@ def parse_minor_numbers(xml_text: str) -> dict:
     try:
         root = ET.fromstring(xml_text)
     except ET.ParseError as exc:
-        raise ValueError(f"nvidia-smi -q -x: not XML ({exc})") from None
+        raise _errors.UnreadableOutput("nvidia-smi -q -x", f"not XML ({exc})", xml_text) from None
     out = {}
     for gpu in root.iter("gpu"):
         uuid = (gpu.findtext("uuid") or "").strip()
@@ -382,7 +384,8 @@ def parse_health(fields, out: str) -> dict:
             continue
         cells = [c.strip() for c in line.split(", ")]
         if len(cells) != len(fields) + 1:
-            raise ValueError(f"nvidia-smi --query-gpu (health): expected {len(fields) + 1} fields, got {len(cells)}: {line!r}")
+            raise _errors.UnreadableOutput("nvidia-smi --query-gpu (health)", f"expected {len(fields) + 1} fields, got"
+                                           f" {len(cells)}", line, NVML_HINT)
         row = dict(zip(fields, cells[1:]))
         health = {}
         if "remapped_rows.pending" in row:

@@ -325,8 +325,8 @@ def toolkit_node(gpusim_factory):
     return host
 
 
-def test_toolkit_hook_and_dev_bind_are_passthrough_and_an_unreadable_hook_is_decided_by_its_processes(toolkit_node,
-                                                                                                    collection):
+def test_toolkit_hook_and_dev_bind_are_passthrough_and_an_unreadable_hook_is_decided_by_its_processes(
+        toolkit_node, collection):
     """The toolkit's hook gives the GPUs of NVIDIA_VISIBLE_DEVICES (indexes, UUIDs), a bind of /dev every GPU; a hook
     that cannot be read is passthrough null with a warning naming it, and is a GPU container when its processes hold a
     GPU. (They were all passthrough false, with no warning: the node-level fence skipped them.)"""
@@ -366,8 +366,8 @@ def test_toolkit_hook_and_dev_bind_are_passthrough_and_an_unreadable_hook_is_dec
             assert "no GPU of this node matches GPU-00000000-1111-2222-3333-444444444444" in json.dumps(res["warnings"])
 
 
-def test_the_fence_fences_toolkit_and_unreadable_passthrough_and_a_named_one_selects_only_its_gpus(toolkit_node,
-                                                                                                  collection):
+def test_the_fence_fences_toolkit_and_unreadable_passthrough_and_a_named_one_selects_only_its_gpus(
+        toolkit_node, collection):
     """A named fence of the hook's container selects its GPUs only (it selected every GPU, with gpus []); the
     node-level fence releases the workload of the container whose hook cannot be read, because it holds a GPU (it
     skipped it, rc 0, with its server still running)."""

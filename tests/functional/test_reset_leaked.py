@@ -89,8 +89,8 @@ REFUSALS = [
      ["holds the device node of GPU 2: the driver refuses a reset while any process holds it"]),
     # Issue 28: with protect set, the node holders' protection was asked with the compiled patterns where
     # _snapshot.is_protected took strings - TypeError (first argument must be string or compiled pattern).
-    ("a plain process holds the node, protect set", {}, "gpu-probe", {"include_device_holders": False,
-                                                                     "protect": ["jupyter", r"dcgm-\w+"]},
+    ("a plain process holds the node, protect set", {}, "gpu-probe",
+     {"include_device_holders": False, "protect": ["jupyter", r"dcgm-\w+"]},
      ["holds the device node of GPU 2: the driver refuses a reset while any process holds it"]),
     ("a protected process holds the node, by the protect option", {}, "gpu-probe", {"protect": ["gpu-pro+be"]},
      ["holds the device node of GPU 2"]),

@@ -498,8 +498,8 @@ def _toolkit_paths(simdir: Optional[str], raw: Sequence[Tuple[str, str]]) -> Lis
         chosen = builtins.list(sc.gpus)
     else:
         ids = [t.strip() for t in value.split(",") if t.strip()]
-        chosen = [g for g in sc.gpus if str(g.index) in ids or any(g.uuid.lower().startswith(t.lower()) for t in ids
-                                                                    if t.lower().startswith("gpu-"))]
+        prefixes = [t.lower() for t in ids if t.lower().startswith("gpu-")]
+        chosen = [g for g in sc.gpus if str(g.index) in ids or any(g.uuid.lower().startswith(t) for t in prefixes)]
     return [f"/dev/nvidia{g.minor}" for g in chosen] + control
 
 

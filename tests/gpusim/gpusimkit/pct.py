@@ -47,6 +47,7 @@ def startup_cost() -> float:
     except ValueError:
         return STARTUP_S
 
+
 # command -> (positional parameters, {option: type}); types: boolean, integer, string
 COMMANDS: Dict[str, Tuple[List[str], Dict[str, str]]] = {
     "config": (["vmid"], {"current": "boolean", "snapshot": "string"}),

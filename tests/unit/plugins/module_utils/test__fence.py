@@ -402,7 +402,7 @@ def test_node_io_reads_the_node_and_which_containers_run(tmp_path):
 @pytest.mark.parametrize("vmlist, said", [
     (None, "pve/.vmlist (No such file or directory): {d} is not mounted - the Proxmox VE cluster filesystem (pmxcfs)"
            " is down"),
-    ("{", "pve/.vmlist: cannot read .vmlist ("),
+    ("{", "pve/.vmlist: not JSON ("),
 ])
 def test_node_io_without_pmxcfs_is_a_clear_error(tmp_path, vmlist, said):
     d = pve(tmp_path, vmlist)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _pct
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _pct
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import InvalidOption
 
 FMT = "%-10s %-10s %-12s %-20s"  # pve-container src/PVE/CLI/pct.pm, `pct list`
@@ -305,7 +305,7 @@ def test_node_containers(text, node, expected):
 
 @pytest.mark.parametrize("text", ["", "{", "[]", '{"version": 1, "ids": []}'])
 def test_node_containers_refuses_what_is_not_a_vmlist(text):
-    with pytest.raises(ValueError, match="cannot read .vmlist"):
+    with pytest.raises(_errors.UnreadableOutput, match="/etc/pve/.vmlist: (not JSON|no JSON object with ids)"):
         _pct.node_containers(text, "pve1")
 
 
