@@ -161,8 +161,12 @@ options:
       - "V(inforom) - the infoROM is corrupted (C(nvmlDeviceValidateInforom); nvidia-smi prints C(WARNING: infoROM is
         corrupted at gpu ...) and exits 14, read as a warning) - the GPU runs, but its ECC and retirement records may
         not be kept; have it reflashed or RMA it."
-      - V(xid) - an Xid that needs a reset, a reboot or an RMA (48, 61-64, 74, 79, 94, 95, 119, 120) in the kernel
-        log since boot (read at the full scans; see O(kernel_log)).
+      - V(xid) - an Xid in the kernel log since boot (read at the full scans; see O(kernel_log)) whose immediate action
+        in NVIDIA's Xid catalog (U(https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), Ampere and
+        newer, no version on the page; read 2026-12-04, Xid 1-172, newest rows R575) is a reset, a reboot, a site check
+        or support - 46, 48, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143, 155, 156, 158, and 154 unless the
+        recovery action it names is None. Xids the catalog answers with IGNORE or RESTART_APP (13, 31, 43, 45, 63, 92,
+        94, 137, 157) and Xids it lists as Unused (61) are reported, never blocking.
       - A check whose data the driver or GPU cannot give (listed in C(unsupported)) passes.
     type: list
     elements: str

@@ -14,7 +14,8 @@ backends (_nvml, _smi) fill the raw fields of each GPU; this file judges them:
   it, the driver branches where it exists, whether it blocks a wait by default, and what to do.
 - ``fit``: whether the free memory of a GPU is enough for the next server (``min_free_mib``,
   ``min_free_pct`` of the total: the larger of the two).
-- ``XID``: the meaning of the common Xid codes, and the parser of the kernel log's Xid lines.
+- ``XID``: the Xid codes of NVIDIA's Xid catalog (XID_CATALOG) with the catalog's immediate action each, whether
+  that action blocks (``xid_needs_action``), and the parser of the kernel log's Xid lines.
 
 A field a driver or GPU cannot give is None (and listed in the GPU's ``unsupported``): its check
 passes, never fails, and never raises.
@@ -140,11 +141,12 @@ def _inforom(gpu):
 
 
 def _xid(gpu):
-    bad = [e for e in gpu.get("xid_events") or [] if e["xid"] in XID_NEEDS_ACTION]
+    bad = [e for e in gpu.get("xid_events") or [] if xid_needs_action(e["xid"], e.get("message", ""))]
     if bad:
         last = bad[-1]
-        return f"Xid {last['xid']} ({last['meaning']}) in the kernel log since boot" + (
-            f", and {len(bad) - 1} more" if len(bad) > 1 else "")
+        _mnemonic, meaning, bucket, action = XID[last["xid"]]
+        return (f"Xid {last['xid']} ({meaning}; NVIDIA's Xid catalog: {bucket}, {action}) in the kernel log since"
+                " boot") + (f", and {len(bad) - 1} more" if len(bad) > 1 else "")
     return ""
 
 
@@ -266,34 +268,105 @@ def fit_text(gpu: dict, result: dict) -> str:
 
 # --- Xid events -----------------------------------------------------------------------------------
 
-# Xid: (meaning, what to do). NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors) for the codes
-# operators meet most.
-XID = {
-    13: ("graphics engine exception (an illegal instruction or address in a kernel)",
-         "usually the application's error; run diagnostics (dcgmi diag) if other programs hit it too"),
-    31: ("GPU memory page fault (an illegal memory access)",
-         "usually the application's error; check the application, then the driver"),
-    43: ("GPU stopped processing (a faulting application's context was stopped)",
-         "nothing for the GPU: the application faulted and the GPU recovered"),
-    45: ("preemptive cleanup (contexts ended after another error, or a process was killed)",
-         "nothing by itself; read the error logged before it"),
-    48: ("double-bit ECC error (an uncorrectable memory error)", "reset the GPU; drain and RMA it if it comes back"),
-    61: ("internal micro-controller breakpoint or warning", "reset the GPU; report it if it comes back"),
-    62: ("internal micro-controller halt", "reset the GPU, or reboot the node"),
-    63: ("ECC page retirement or row remapping recorded", "reset the GPU to apply the pending retirement or remap"),
-    64: ("ECC page retirement or row remapping failed", "drain the GPU, run diagnostics and RMA it"),
-    74: ("NVLink error", "reset the GPU with its NVLink peers; check the NVLink/NVSwitch; RMA if it comes back"),
-    79: ("GPU has fallen off the bus", "drain the node and reboot it; check power, cooling and the PCIe slot"),
-    92: ("high single-bit ECC error rate", "run diagnostics; plan an RMA if the rate stays high"),
-    94: ("contained ECC error (the affected application was stopped)",
-         "reset the GPU once nothing holds it (a row remap is pending)"),
-    95: ("uncontained ECC error (every application on the GPU is affected)",
-         "reset the GPU; drain and RMA it if it comes back"),
-    119: ("GSP RPC timeout (the GPU System Processor did not answer)", "reset the GPU, or reboot the node"),
-    120: ("GSP error", "reset the GPU, or reboot the node"),
+# The Xid table comes from NVIDIA's Xid catalog for Ampere and newer GPUs: "Analyzing Xid Errors with the Xid Catalog",
+# https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html (its spreadsheet: docs.nvidia.com/Xid-Catalog.xlsx).
+# The page carries no version number; the text read (2026-12-04) lists Xid 1-172, its newest rows gated on
+# "CUDA 12.9; GPU driver R575". Each code keeps the catalog's mnemonic and its "Resolution Bucket (Immediate Action)",
+# the action "immediately needed in order to recover the system and get it back into service".
+XID_CATALOG = ("NVIDIA Xid Catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, Ampere and newer;"
+               " no version on the page; read 2026-12-04: Xid 1-172, newest rows CUDA 12.9 / R575)")
+
+# The catalog's immediate actions, and whether the GPU must not take work until someone acts (the check ``xid``):
+# a reset, a reboot, a site check or a vendor's look blocks; restarting the application or nothing does not.
+XID_ACTIONS = {
+    "RESET_GPU": True, "RESTART_BM": True, "RESTART_VM": True, "CHECK_MECHANICALS": True, "CONTACT_SUPPORT": True,
+    # WORKFLOW_XID_48 (Xid 48) and WORKFLOW_NVLINK_ERR (Xid 74): the catalog's trigger text of both says "A GPU reset
+    # or node reboot is needed to clear this error"; WORKFLOW_NVLINK5_ERR (Xid 144-150) is the NVLink5 form of it.
+    "WORKFLOW_XID_48": True, "WORKFLOW_NVLINK_ERR": True, "WORKFLOW_NVLINK5_ERR": True,
+    "RESTART_APP": False, "IGNORE": False,
+    # Xid 45: "Solo: RESTART_FM Not Solo: IGNORE (follow other Xid)" - the application was torn down (Ctrl-C, a
+    # kill, a reset); the Xid logged with it says what the GPU needs.
+    "WORKFLOW_XID_45": False,
+    # Xid 154 "summarizes the recovery action required for other Xids": judged by the action it names (xid_needs_action).
+    "XID_154": None,
 }
-# The Xids after which the GPU should not take work until someone acts (the check ``xid``).
-XID_NEEDS_ACTION = (48, 61, 62, 63, 64, 74, 79, 94, 95, 119, 120)
+
+# code: (mnemonic, meaning, the catalog's immediate action, what to do). An "Unused" code (the catalog: applies to
+# none of A100/H100/B100/GB200, "N/A; Unused") is kept, described as such: Volta and older have their own catalog.
+XID = {
+    13: ("ROBUST_CHANNEL_GR_EXCEPTION", "graphics engine exception (an out-of-bounds access, an illegal instruction)",
+         "RESTART_APP", "restart the application; it is usually the application's fault (run it under compute-sanitizer)"),
+    31: ("ROBUST_CHANNEL_FIFO_ERROR_MMU_ERR_FLT", "GPU memory page fault (an illegal memory access)",
+         "RESTART_APP", "restart the application; it is usually the application's fault (run it under compute-sanitizer)"),
+    43: ("ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR", "GPU stopped processing (an application's software-induced fault)",
+         "IGNORE", "nothing for the GPU: it remains healthy, the application faulted"),
+    45: ("ROBUST_CHANNEL_PREEMPTIVE_REMOVAL", "preemptive cleanup (an application torn down: Ctrl-C, a kill, a reset)",
+         "WORKFLOW_XID_45", "nothing by itself; follow the Xid logged with it"),
+    46: ("ROBUST_CHANNEL_GPU_TIMEOUT_ERROR", "GPU stopped processing", "RESET_GPU", "reset the GPU"),
+    48: ("ROBUST_CHANNEL_GPU_ECC_DBE", "double-bit ECC error (an uncorrectable memory error)", "WORKFLOW_XID_48",
+         "reset the GPU or reboot the node to clear it; if the SRAM threshold is exceeded, run field diagnostics (RMA)"),
+    61: ("PMU_BREAKPOINT", "internal micro-controller breakpoint (the catalog: Unused on Ampere and newer)",
+         "CONTACT_SUPPORT", "nothing on Ampere and newer (no GPU of theirs logs it); on older GPUs see NVIDIA's archived"
+         " Xid catalog"),
+    62: ("PMU_HALT_ERROR", "internal micro-controller halt", "RESET_GPU", "reset the GPU; contact support if it comes back"),
+    63: ("INFOROM_DRAM_RETIREMENT_EVENT", "GPU memory remapping event (a row remap or page retirement recorded)", "IGNORE",
+         "nothing for the Xid; a remap or retirement pending a reset is the row_remap_pending / retired_pages_pending check"),
+    64: ("INFOROM_DRAM_RETIREMENT_FAILURE", "GPU memory remapping failure", "RESET_GPU",
+         "reset the GPU; contact support if it comes back"),
+    74: ("NVLINK_ERROR", "NVLink error", "WORKFLOW_NVLINK_ERR",
+         "reset the GPU or reboot the node to clear it (nvidia-smi nvlink for the links); if it stays, contact the vendor"),
+    79: ("ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", "GPU has fallen off the bus", "RESTART_BM",
+         "drain the node and reboot it; check power, cooling and the PCIe slot"),
+    92: ("EXCESSIVE_SBE_INTERRUPTS", "high single-bit ECC error rate", "IGNORE",
+         "nothing now (corrected errors); contact support if it persists"),
+    94: ("ROBUST_CHANNEL_CONTAINED_ERROR", "contained memory error (one application stopped, the others unaffected)",
+         "RESTART_APP", "restart the application; reset the GPU when convenient"),
+    95: ("ROBUST_CHANNEL_UNCONTAINED_ERROR", "uncontained memory error (every application on the GPU is affected)",
+         "RESET_GPU", "reset the GPU before applications restart"),
+    109: ("ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR", "context switch timeout", "RESET_GPU", "reset the GPU"),
+    110: ("SEC_FAULT_ERROR", "security fault", "RESET_GPU",
+          "revert recent hardware changes and cold-reset the system; contact the vendor if it stays"),
+    119: ("GSP_RPC_TIMEOUT", "GSP RPC timeout (the GPU System Processor did not answer)", "RESET_GPU",
+          "reset the GPU; power-cycle the node if it persists"),
+    120: ("GSP_ERROR", "GSP error", "RESET_GPU", "reset the GPU; power-cycle the node if it persists"),
+    136: ("ALI_TRAINING_FAIL", "NVLink link training failed", "RESET_GPU", "reset the GPU; investigate the link"),
+    137: ("NVLINK_PRIV_ERR", "NVLink privilege error (an illegal peer-to-peer access)", "IGNORE",
+          "nothing for the GPU: usually the application's fault"),
+    140: ("UNRECOVERABLE_ECC_ERROR_ESCAPE", "ECC unrecovered error (pages could not be offlined or rows remapped)",
+          "RESET_GPU", "reset the GPU; contact the vendor if it persists"),
+    143: ("GPU_INIT_ERROR", "GPU initialization error", "RESET_GPU", "reset the GPU; contact support if it comes back"),
+    154: ("GPU_RECOVERY_ACTION_CHANGED", "GPU recovery action changed (the action the other Xids need)", "XID_154",
+          "do the recovery action it names (None, Drain P2P, Drain and Reset, GPU Reset Required, Node Reboot Required)"),
+    155: ("NVLINK_SW_DEFINED_ERROR", "NVLink software-defined error (a link taken down intentionally)", "RESET_GPU",
+          "reset the GPU"),
+    156: ("RESOURCE_RETIREMENT_EVENT", "resource retirement event", "RESET_GPU", "reset the GPU to apply the retirement"),
+    157: ("RESOURCE_RETIREMENT_FAILURE", "resource retirement failure (no spare resources left)", "IGNORE",
+          "nothing now: work may run and may meet the same Xid again; contact support"),
+    158: ("GPU_FATAL_TIMEOUT", "GPU fatal timeout", "RESET_GPU", "reset the GPU; contact support if it comes back"),
+}
+# The codes the catalog calls "Unused" (description Unused, applies to none of A100/H100/B100/GB200; its action column
+# CONTACT_SUPPORT with "N/A; Unused"): no Ampere or newer GPU logs them, so they never block.
+XID_UNUSED = frozenset((61,))
+# Xid 154's text: "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)".
+_XID_154_TO = re.compile(r"\bto\s+0x[0-9a-fA-F]+\s*\(([^)]*)\)")
+
+
+def xid_needs_action(code: int, message: str = "") -> bool:
+    """Whether an Xid keeps the GPU from taking work until someone acts (the check ``xid``): from the catalog's
+    immediate action (XID_ACTIONS); Xid 154 by the recovery action its message names (None: no), an Xid the
+    table does not hold never (its event says to look it up)."""
+    entry = XID.get(code)
+    if entry is None or code in XID_UNUSED:
+        return False
+    blocks = XID_ACTIONS[entry[2]]
+    if blocks is None:  # Xid 154
+        m = _XID_154_TO.search(message or "")
+        return m is None or m.group(1).strip().lower() != "none"
+    return blocks
+
+
+# The codes whose catalog action blocks (Xid 154 by its message, above).
+XID_NEEDS_ACTION = tuple(sorted(c for c, e in XID.items() if XID_ACTIONS[e[2]] and c not in XID_UNUSED))
 MAX_XID_EVENTS = 20
 
 # "NVRM: Xid (PCI:0000:18:00): 79, pid=0, name=..., GPU has fallen off the bus."
@@ -332,11 +405,12 @@ def parse_xid_events(text: str) -> list:
         if not x:
             continue
         code = int(x.group(4))
-        meaning, action = XID.get(code, ("an Xid this collection does not describe",
-                                         "look it up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors)"))
+        _mnemonic, meaning, bucket, action = XID.get(code, (
+            None, "an Xid this collection does not describe", None,
+            "look it up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html)"))
         events.append({"bus": bus_key(x.group(1), x.group(2), x.group(3)), "xid": code, "meaning": meaning,
-                       "action": action, "seconds": None if seconds is None else round(seconds, 6),
-                       "message": x.group(5)[:300]})
+                       "action": action, "catalog_action": bucket, "needs_action": xid_needs_action(code, x.group(5)),
+                       "seconds": None if seconds is None else round(seconds, 6), "message": x.group(5)[:300]})
     return events
 
 

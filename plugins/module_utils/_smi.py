@@ -322,6 +322,12 @@ def query(run, executable: str, minor_numbers=None) -> dict:
     if rc != 0:
         raise error_for_exit(rc, out, err)
     gpus = parse_gpus(out, fields)
+    if not gpus:
+        # exit 0 and no row is no answer, never "no GPU": nvidia-smi says that with exit 6 (above).
+        raise _errors.BackendError(
+            f"nvidia-smi --query-gpu exited 0 and gave no GPU row (asked: {', '.join(fields)}; not asked, as this"
+            f" nvidia-smi does not list or refused them: {', '.join(missing) or 'none'}; output: {(out + err).strip()!r})."
+            f" {NVML_HINT}", backend="nvidia-smi", rc=rc, missing_fields=missing)
     rc, out, err = apps
     if rc != 0:
         raise error_for_exit(rc, out, err)

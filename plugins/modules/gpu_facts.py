@@ -257,12 +257,15 @@ ansible_facts:
         xid_events:
           description:
             - The Xid events of this GPU in the kernel log since boot (the last 20) - C(xid), C(meaning), C(action),
-              C(seconds) (since boot) and C(message); null when the log was not read (see C(gpu_kernel_log)).
+              C(catalog_action) (the immediate action of NVIDIA's Xid catalog, null for a code the collection does not
+              hold), C(needs_action) (whether it fails the check C(xid)), C(seconds) (since boot) and C(message); null
+              when the log was not read (see C(gpu_kernel_log)).
           type: list
           elements: dict
           returned: always
           sample: [{"xid": 79, "meaning": "GPU has fallen off the bus", "seconds": 5123.45,
                     "action": "drain the node and reboot it; check power, cooling and the PCIe slot",
+                    "catalog_action": "RESTART_BM", "needs_action": true,
                     "message": "pid=0, name=<unknown>, GPU has fallen off the bus."}]
         fit:
           description:

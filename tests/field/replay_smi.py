@@ -6,7 +6,11 @@ environment:
 - ``FIELD_SMI_HOST``: the host's directory; ``FIELD_SMI_STATE``: ``idle`` (default) or ``load``, which
   capture of a host that has both is answered;
 - ``FIELD_SMI_LOG``: a file that gets one JSON line per call (the argv), for the tests;
-- ``FIELD_SMI_NO_HELP=1``: ``--help-query-*`` fail (exit 255), as an nvidia-smi that cannot list its fields.
+- ``FIELD_SMI_NO_HELP=1``: ``--help-query-*`` fail (exit 255), as an nvidia-smi that cannot list its fields;
+- ``FIELD_SMI_ROWS``: another host's directory whose CSV captures answer the ``--query-*`` (the fields
+  accepted or refused are still the ``FIELD_SMI_HOST`` listing's): a host of the corpus that has a listing and
+  no capture (the pre-R510 and R510-R525 listings) is read with real rows of another driver, taken column by
+  column as for any capture. Both halves are real files; the pairing is the test's, and says so.
 
 What it answers, and how:
 
@@ -73,9 +77,11 @@ def split_row(line: str, width: int, names: list) -> list:
     return cells
 
 
-def answer_query(host: str, kind: str, spec: str, fmt: str, state: str) -> int:
+def answer_query(host: str, kind: str, spec: str, fmt: str, state: str, rows_host=None) -> int:
     listing_file = "help-query-gpu.txt" if kind == "gpu" else "help-query-compute-apps.txt"
     listing = read(host, listing_file)
+    if listing is None and rows_host:
+        listing = read(rows_host, listing_file)  # (a host without a compute-apps listing: the rows' own)
     aliases = listing_names(listing.decode()) if listing is not None else None
     asked = [f.strip() for f in spec.split(",")]
     for field in asked:
@@ -83,6 +89,7 @@ def answer_query(host: str, kind: str, spec: str, fmt: str, state: str) -> int:
             sys.stdout.write(f'Field "{field}" is not a valid field to query.\n\n')
             return 2
     base = "query-gpu" if kind == "gpu" else "query-compute-apps"
+    host = rows_host or host
     data = read(host, f"{base}.{state}.csv") or read(host, f"{base}.csv")
     if data is None:
         return no_answer(f"no {base} capture for {os.path.basename(host)}")
@@ -161,7 +168,7 @@ def main(argv) -> int:
             return no_answer(f"the option {arg}")
     if kind is None or fmt is None:
         return no_answer(" ".join(argv))
-    return answer_query(host, kind, spec, fmt, state)
+    return answer_query(host, kind, spec, fmt, state, os.environ.get("FIELD_SMI_ROWS") or None)
 
 
 if __name__ == "__main__":

@@ -67,10 +67,11 @@ def utils(tmp_path_factory):
 
 @pytest.fixture
 def replay(tmp_path, utils):
-    """replay(host, state="idle", no_help=False) -> (run, executable, calls): run(argv) -> (rc, out, err) runs
-    the replaying nvidia-smi (installed as DIR/bin/nvidia-smi); calls() lists the argvs it was given. Each
-    replay is a run of its own for the backend (its field list is read anew)."""
-    def make(host, state="idle", no_help=False):
+    """replay(host, state="idle", no_help=False, rows_from=None) -> (run, executable, calls): run(argv) -> (rc, out,
+    err) runs the replaying nvidia-smi (installed as DIR/bin/nvidia-smi); calls() lists the argvs it was given. Each
+    replay is a run of its own for the backend (its field list is read anew). ``rows_from``: the host whose CSV
+    captures answer the queries (FIELD_SMI_ROWS), the fields accepted being ``host``'s listing's."""
+    def make(host, state="idle", no_help=False, rows_from=None):
         utils["_smi"]._LISTED.clear()
         utils["_smi"]._DROPPED.clear()
         bindir = tmp_path / host / state / "bin"
@@ -80,7 +81,7 @@ def replay(tmp_path, utils):
         exe.chmod(0o755)
         log = tmp_path / host / state / "calls.jsonl"
         env = dict(os.environ, FIELD_SMI_HOST=os.path.join(SMI, host), FIELD_SMI_STATE=state, FIELD_SMI_LOG=str(log),
-                   FIELD_SMI_NO_HELP="1" if no_help else "0")
+                   FIELD_SMI_NO_HELP="1" if no_help else "0", FIELD_SMI_ROWS=os.path.join(SMI, rows_from) if rows_from else "")
 
         def run(argv):
             p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
@@ -250,6 +251,54 @@ def test_backend_asks_only_listed_fields(host, utils, replay):
     else:
         assert set(smi.GPU_FIELDS) <= names
         assert asked == [smi.GPU_FIELDS] and helps == []
+
+
+# Real rows for the listings that come without a capture of their own (pre-R510, R510-R525): an R590 capture
+# that has every column the backend asks; only the columns that listing accepts are taken from it.
+ROWS_FOR_LISTING_ONLY = "exporter-linux-h200-590.48.01"
+
+
+@pytest.mark.parametrize("host", LISTING_HOSTS)
+def test_every_listing_gives_the_gpus_and_names_what_it_lacks(host, utils, replay):
+    """Issue 27 item 3, one test per real --help-query-gpu listing: the backend, with an nvidia-smi that accepts
+    exactly what that listing names, ends with the GPUs (never an empty success), the fields it could give, and
+    missing_fields naming the ones it could not (memory.reserved before R510)."""
+    smi = utils["_smi"]
+    names = listed(host, utils)
+    rows_from = None if has(host, "query-gpu.idle.csv") else ROWS_FOR_LISTING_ONLY
+    run, exe, calls = replay(host, rows_from=rows_from)
+    raw = smi.query(run, exe)
+    _names, rows = capture(rows_from or host, "query-gpu.idle.csv")
+    assert len(raw["gpus"]) == len(rows) >= 1
+    lacking = [f for f in smi.GPU_FIELDS if f not in names]
+    assert raw["driver"]["missing_fields"] == lacking
+    asked = [c[0].split("=", 1)[1].split(",") for c in calls() if c[0].startswith("--query-gpu=")]
+    assert set(asked[-1]) == set(smi.GPU_FIELDS) - set(lacking)
+    for gpu, row in zip(raw["gpus"], rows):
+        assert (gpu["index"], gpu["uuid"]) == (int(row["index"]), row["uuid"])
+        assert gpu["memory"]["used"] == int(number(row["memory.used"]))
+        if "memory.reserved" in lacking:
+            # that nvidia-smi reads NVML's v1 figures: used includes what it cannot report apart
+            assert gpu["memory"]["reserved"] is None and gpu["memory"]["used_includes_reserved"] is True
+        else:
+            assert gpu["memory"]["reserved"] == int(number(row["memory.reserved"]))
+
+
+def test_exit_0_without_a_row_is_a_failure_naming_the_fields(utils, replay, tmp_path):
+    """nvidia-smi that exits 0 and prints no GPU row (the corpus's pre-R510 listing, rows from a capture with its
+    header only): a failure that names the fields asked and those it lacks, never 'no GPU' with no message."""
+    rows = tmp_path / "header-only"
+    rows.mkdir()
+    real = text(ROWS_FOR_LISTING_ONLY, "query-gpu.idle.csv").splitlines(True)
+    (rows / "query-gpu.idle.csv").write_text(real[0], encoding="utf-8")  # the real header, no row
+    (rows / "query-compute-apps.idle.csv").write_text(text(ROWS_FOR_LISTING_ONLY, "query-compute-apps.idle.csv"),
+                                                      encoding="utf-8")
+    run, exe, _calls = replay("exporter-2021-help-query-gpu", rows_from=str(rows))
+    with pytest.raises(utils["_errors"].BackendError) as info:
+        utils["_smi"].query(run, exe)
+    msg = info.value.msg
+    assert "exited 0 and gave no GPU row" in msg and "memory.reserved" in msg and "backend: nvml" in msg
+    assert info.value.details["missing_fields"] == ["memory.reserved"]
 
 
 def test_pre_r510_refusal_without_a_listing_drops_the_field(utils, replay):

@@ -78,7 +78,8 @@ def test_health_fault_blocks_the_wait(gpusim_factory, collection, name, driver, 
     ("utilization_latched", lambda host: _util(host, 1, 100),
      ["health check utilization_latched failed: 100% utilization with no process on it", "nvidia-smi -r -i 1"]),
     ("xid", lambda host: host.fault(xid={1: 79}),
-     ["health check xid failed: Xid 79 (GPU has fallen off the bus) in the kernel log since boot", "reboot"]),
+     ["health check xid failed: Xid 79 (GPU has fallen off the bus; NVIDIA's Xid catalog: RESTART_BM,",
+      "in the kernel log since boot", "reboot"]),
 ])
 def test_checks_that_block_only_when_asked(gpusim_factory, collection, check, setup, words):
     host = gpusim_factory(gpus=2)
@@ -227,12 +228,25 @@ def test_xid_events_with_their_meaning(gpusim_factory, collection):
     assert log["readable"] and log["source"] == host.path("kmsg") and log["xid_events"] == 2
     g0, g1 = res["ansible_facts"]["gpu_devices"]
     assert g0["xid_events"] == []
-    assert [(e["xid"], e["meaning"]) for e in g1["xid_events"]] == [
-        (13, "graphics engine exception (an illegal instruction or address in a kernel)"),
-        (79, "GPU has fallen off the bus")]
+    assert [(e["xid"], e["meaning"], e["catalog_action"], e["needs_action"]) for e in g1["xid_events"]] == [
+        (13, "graphics engine exception (an out-of-bounds access, an illegal instruction)", "RESTART_APP", False),
+        (79, "GPU has fallen off the bus", "RESTART_BM", True)]
     assert "reboot" in g1["xid_events"][1]["action"] and g1["xid_events"][1]["seconds"] > 0
     # nvidia-smi backend: the same log, the same events
     assert facts(host, collection, backend="nvidia-smi")["ansible_facts"]["gpu_devices"][1]["xid_events"] == g1["xid_events"]
+
+
+def test_a_benign_xid_never_blocks_and_a_newer_one_does(gpusim_factory, collection):
+    """Issue 27: the verdict is NVIDIA's Xid catalog's immediate action. GPU 0 logged Xids the catalog calls
+    IGNORE (63, the remap itself is row_remap_pending), RESTART_APP (94) and Unused (61): ready. GPU 1 logged
+    Xid 140 (ECC unrecovered error, RESET_GPU), which the table of before did not know: not ready."""
+    host = gpusim_factory(gpus=2)
+    host.fault(xid={0: [63, 94, 61], 1: [140]})
+    res = wait(host, collection, health_checks=["xid"])
+    assert res.get("failed") and "GPU 1: health check xid failed: Xid 140" in res["msg"], res.get("msg")
+    assert "RESET_GPU" in res["msg"] and "GPU 0" not in res["msg"]
+    assert res["idle_gpus"] == [0]
+    assert wait(host, collection, health_checks=["xid"], gpus=["0"], timeout=10).get("ready")
 
 
 def test_a_kernel_log_that_cannot_be_read_is_said(gpusim_factory, collection):

@@ -46,8 +46,18 @@ CHECK_CASES = [
     ("latched utilization", {"utilization": {"gpu": 100}}, ["utilization_latched"], "100%", "nvidia-smi -r -i 3"),
     ("busy with a process is not latched", {"utilization": {"gpu": 100}, "processes": [{"pid": 1}]}, [], None, None),
     ("an Xid that needs a reboot", {"xid_events": [{"xid": 79, "meaning": "GPU has fallen off the bus"}]}, ["xid"],
-     "Xid 79", "reboot"),
+     "RESTART_BM", "reboot"),
     ("an application's Xid", {"xid_events": [{"xid": 13, "meaning": "graphics engine exception"}]}, [], None, None),
+    # NVIDIA's Xid catalog: 63 IGNORE (the remap itself is row_remap_pending), 61 Unused on Ampere and newer,
+    # 94 RESTART_APP; newer codes that need a reset: 136, 140, 143
+    ("benign Xids never block", {"xid_events": [{"xid": c, "meaning": ""} for c in (63, 61, 94, 92, 43, 45, 137)]},
+     [], None, None),
+    ("Xid 140 needs a reset", {"xid_events": [{"xid": 63, "meaning": ""}, {"xid": 140, "meaning": ""}]}, ["xid"],
+     "RESET_GPU", "reset"),
+    ("Xid 154 naming a reboot", {"xid_events": [{"xid": 154, "meaning": "", "message": "GPU recovery action changed from"
+                                                 " 0x0 (None) to 0x2 (Node Reboot Required)"}]}, ["xid"], "Xid 154", "reboot"),
+    ("Xid 154 back to None", {"xid_events": [{"xid": 154, "meaning": "", "message": "GPU recovery action changed from"
+                                              " 0x2 (Node Reboot Required) to 0x0 (None)"}]}, [], None, None),
 ]
 
 
@@ -136,11 +146,43 @@ def test_parse_xid_events(text, expected):
 
 
 def test_common_xids_have_a_meaning():
-    for code in (13, 31, 43, 45, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120):
-        meaning, action = _health.XID[code]
-        assert meaning and action
+    for code in (13, 31, 43, 45, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 136, 140, 143, 154):
+        mnemonic, meaning, bucket, action = _health.XID[code]
+        assert mnemonic.isupper() and meaning and action and bucket in _health.XID_ACTIONS
     unknown = _health.parse_xid_events(KMSG)[-1]
     assert "does not describe" in unknown["meaning"] and "xid-errors" in unknown["action"]
+
+
+# (code, NVIDIA's Xid catalog's "Resolution Bucket (Immediate Action)", blocks readiness): the catalog's own rows
+# (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), issue 27.
+XID_CATALOG_ROWS = [
+    (13, "RESTART_APP", False), (31, "RESTART_APP", False), (43, "IGNORE", False), (45, "WORKFLOW_XID_45", False),
+    (46, "RESET_GPU", True), (48, "WORKFLOW_XID_48", True), (61, "CONTACT_SUPPORT", True), (62, "RESET_GPU", True),
+    (63, "IGNORE", False), (64, "RESET_GPU", True), (74, "WORKFLOW_NVLINK_ERR", True), (79, "RESTART_BM", True),
+    (92, "IGNORE", False), (94, "RESTART_APP", False), (95, "RESET_GPU", True), (109, "RESET_GPU", True),
+    (110, "RESET_GPU", True), (119, "RESET_GPU", True), (120, "RESET_GPU", True), (136, "RESET_GPU", True),
+    (137, "IGNORE", False), (140, "RESET_GPU", True), (143, "RESET_GPU", True), (155, "RESET_GPU", True),
+    (156, "RESET_GPU", True), (157, "IGNORE", False), (158, "RESET_GPU", True),
+]
+
+
+@pytest.mark.parametrize("code, bucket, blocks", XID_CATALOG_ROWS)
+def test_xid_verdicts_come_from_the_catalog_action(code, bucket, blocks):
+    assert _health.XID[code][2] == bucket
+    # 61 is "Unused" on Ampere and newer: CONTACT_SUPPORT in the catalog, never logged by those GPUs - not a block
+    assert _health.xid_needs_action(code) is (blocks and code != 61)
+    assert (code in _health.XID_NEEDS_ACTION) is (blocks and code != 61)
+
+
+def test_unknown_xid_does_not_block_and_says_where_to_look():
+    (event,) = _health.parse_xid_events("NVRM: Xid (PCI:0000:3b:00): 999, pid=1, something new\n")
+    assert event["catalog_action"] is None and event["needs_action"] is False and "xid-catalog" in event["action"]
+
+
+def test_xid_events_carry_the_catalog_action():
+    events = _health.parse_xid_events(KMSG + DMESG)
+    assert [(e["xid"], e["catalog_action"], e["needs_action"]) for e in events] == [
+        (79, "RESTART_BM", True), (48, "WORKFLOW_XID_48", True), (999, None, False), (94, "RESTART_APP", False)]
 
 
 def test_xid_events_of_one_gpu():
@@ -171,3 +213,14 @@ def test_read_kernel_log_falls_back_to_dmesg(monkeypatch):
     got = _health.read_kernel_log(None, lambda argv: (1, "", "dmesg: read kernel buffer failed: Operation not permitted"))
     assert got["text"] is None
     assert "/dev/kmsg: Operation not permitted" in got["problem"] and "dmesg: exit 1" in got["problem"]
+
+
+def test_the_docs_list_the_blocking_xids():
+    """The health_checks doc (doc_fragments/gpu.py) names the codes that block, as the table derives them."""
+    import re
+    from ansible_collections.gpuops.gpu.plugins.doc_fragments.gpu import ModuleDocFragment
+
+    text = " ".join(next(v for k, v in vars(ModuleDocFragment).items() if isinstance(v, str) and "V(xid)" in v).split())
+    listed = text.split("V(xid)", 1)[1].split("or support - ", 1)[1].split(", and 154", 1)[0]
+    assert tuple(int(c) for c in re.findall(r"\d+", listed)) == _health.XID_NEEDS_ACTION
+    assert "analyzing-xid-catalog" in text and "(61)" in text

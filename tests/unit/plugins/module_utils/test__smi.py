@@ -141,6 +141,19 @@ def test_query_scripted_runner_joins_apps_to_gpus():
     assert raw["gpus"][0]["processes"] == [{"pid": 8812, "types": ["compute"], "used_mib": 81920}]
 
 
+@pytest.mark.parametrize("gpu_answer", [(0, "", ""), (0, "\n", ""), (0, "", "some text on stderr\n")])
+def test_query_exit_0_without_a_row_is_not_an_empty_success(gpu_answer):
+    """Issue 27 item 3: no row with exit 0 fails, naming the fields asked and lacking; 'no GPU' is exit 6 only."""
+    run, _calls = scripted({"--help-query-gpu": (0, listing(PRE_R510_FIELDS), ""),
+                            "--query-gpu=": lambda argv: (2, 'Field "memory.reserved" is not a valid field to query.\n\n', "")
+                            if "memory.reserved" in argv[1] else gpu_answer,
+                            "--query-compute-apps=": (0, "", "")})
+    with pytest.raises(_errors.BackendError) as info:
+        query(run, "nvidia-smi")
+    assert "gave no GPU row" in info.value.msg and "memory.reserved" in info.value.msg
+    assert info.value.details["missing_fields"] == ["memory.reserved"]
+
+
 def test_query_no_devices_is_zero_gpus():
     raw = query(lambda argv: (6, "No devices were found\n", ""), "nvidia-smi")
     assert raw["gpus"] == []
