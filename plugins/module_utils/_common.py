@@ -351,3 +351,21 @@ def fail(module, exc: _errors.GpuError, **extra):
     result = exc.result()
     result.update(extra)
     module.fail_json(**result)
+
+
+def run_module(module, body, partial=None) -> None:
+    """The one failure boundary of every module: ``body()`` returns (ok, result) - exit_json(**result) when ok, else
+    fail_json(**result), a result that carries its ``error`` kind. A GpuError that ``body`` raises (an option, a
+    driver, a parser that cannot read what nvidia-smi, /proc or pct printed: _errors.UnreadableOutput) fails the task
+    with its kind and message, and ``partial(exc)`` - what was done until then - beside them.
+
+    Anything else is a bug of this collection and stays a traceback, which ansible-core reports as a module failure
+    (and the roles as a crash): it is not turned into a failure that looks handled."""
+    try:
+        ok, result = body()
+    except _errors.GpuError as exc:
+        fail(module, exc, **(partial(exc) if partial else {}))
+        return
+    if ok:
+        module.exit_json(**result)
+    module.fail_json(**result)

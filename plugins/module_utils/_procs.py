@@ -38,28 +38,24 @@ def parse_stat(text: str) -> ProcStat:
     ``comm`` (field 2) is in parentheses, is at most 15 characters long and may itself contain
     spaces and ')', so the line is split at the LAST ')'. After that split the remaining tokens
     start at field 3 (state); field 22 (starttime, clock ticks since boot) is then rest[19].
-    Raises ValueError on a malformed line.
+    Raises _errors.UnreadableOutput (a ValueError) on a malformed line.
     """
     text = text.strip()
     open_paren = text.find("(")
     close_paren = text.rfind(")")
     if open_paren < 1 or close_paren < open_paren:
         raise _errors.UnreadableOutput("/proc/<pid>/stat", "no (comm) in the line", text)
-    pid = int(text[:open_paren].strip())
     comm = text[open_paren + 1:close_paren]
     rest = text[close_paren + 1:].split()
     if len(rest) < 20:
         raise _errors.UnreadableOutput("/proc/<pid>/stat", f"only {len(rest) + 2} fields", text)
-    return ProcStat(
-        pid=pid,
-        comm=comm,
-        state=rest[0],
-        ppid=int(rest[1]),
-        pgrp=int(rest[2]),
-        session=int(rest[3]),
-        tty_nr=int(rest[4]),
-        starttime=int(rest[19]),
-    )
+    numbers = [text[:open_paren].strip()] + [rest[i] for i in (1, 2, 3, 4, 19)]
+    if not all(n.lstrip("-").isdigit() and n.isascii() for n in numbers):
+        raise _errors.UnreadableOutput("/proc/<pid>/stat", "pid, ppid, pgrp, session, tty_nr or starttime is not a"
+                                                           " number", text)
+    pid, ppid, pgrp, session, tty_nr, starttime = (int(n) for n in numbers)
+    return ProcStat(pid=pid, comm=comm, state=rest[0], ppid=ppid, pgrp=pgrp, session=session, tty_nr=tty_nr,
+                    starttime=starttime)
 
 
 def parse_status(text: str) -> dict:
@@ -74,16 +70,18 @@ def parse_status(text: str) -> dict:
         key, sep, value = line.partition(":")
         if sep:
             fields[key] = value.strip()
-    uid = fields.get("Uid")
+    uid = (fields.get("Uid") or "").split()
     ppid = fields.get("PPid")
     state = fields.get("State")
-    nspid = fields.get("NSpid")
+    nspid = (fields.get("NSpid") or "").split()
+    if not all(n.isdigit() and n.isascii() for n in (uid[:1] + ([ppid] if ppid else []) + nspid)):
+        raise _errors.UnreadableOutput("/proc/<pid>/status", "Uid, PPid or NSpid is not a number", text)
     return {
         "name": fields.get("Name"),
         "state": state.split()[0] if state else None,
         "ppid": int(ppid) if ppid else None,
-        "uid": int(uid.split()[0]) if uid else None,
-        "nspid": [int(p) for p in nspid.split()] if nspid else [],
+        "uid": int(uid[0]) if uid else None,
+        "nspid": [int(p) for p in nspid],
     }
 
 

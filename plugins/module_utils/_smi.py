@@ -132,6 +132,13 @@ def to_bool_mode(text):
     return None if v is None else v.lower() == "enabled"
 
 
+def _index(text: str, source: str, line: str) -> int:
+    """A row's GPU index, or UnreadableOutput naming the row."""
+    if not (text.isdigit() and text.isascii()):
+        raise _errors.UnreadableOutput(source, f"the GPU index {text[:20]!r} is not a number", line, NVML_HINT)
+    return int(text)
+
+
 def parse_gpus(out: str, fields=None) -> list:
     """Rows of ``--query-gpu=<fields> --format=csv,noheader,nounits``; ``fields``: the ones asked (GPU_FIELDS
     by default), a field not asked reads as null."""
@@ -146,7 +153,7 @@ def parse_gpus(out: str, fields=None) -> list:
                                            line, NVML_HINT)
         row = dict(zip(fields, cells))
         mode = value(row.get("compute_mode"))
-        gpu = _raw.empty_gpu(int(row["index"]))
+        gpu = _raw.empty_gpu(_index(row["index"], "nvidia-smi --query-gpu", line))
         used = to_int(row.get("memory.used"))
         gpu.update(
             uuid=value(row["uuid"]), name=value(row.get("name")), serial=value(row.get("serial")),
@@ -414,7 +421,7 @@ def parse_health(fields, out: str) -> dict:
                 health["clock_event_reasons"] = None if mask is None else _clock_names(int(mask, 16))
             except ValueError:
                 health["clock_event_reasons"] = None
-        rows[int(cells[0])] = health
+        rows[_index(cells[0], "nvidia-smi --query-gpu (health)", line)] = health
     return rows
 
 

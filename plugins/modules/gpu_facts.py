@@ -376,8 +376,8 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     IDLE_ARGS,
     SNAPSHOT_ARGS,
     SnapshotTaker,
-    fail,
     new_module,
+    run_module,
     validate_snapshot_params,
 )
 
@@ -393,40 +393,51 @@ def main() -> None:
     )
     module = new_module(argument_spec, supports_check_mode=True)
     params = module.params
-    try:
+
+    def body():
         validate_snapshot_params(params, module)
         taker = SnapshotTaker(module)
-        snap = taker.take(gather_processes="processes" in params["gather"], gather_holders="holders" in params["gather"],
-                          gather_xid="xid" in params["gather"])
+        try:
+            snap = taker.take(gather_processes="processes" in params["gather"],
+                              gather_holders="holders" in params["gather"], gather_xid="xid" in params["gather"])
+        except _errors.GpuError as exc:
+            if params["missing"] == "ignore" and exc.kind in NO_GPU_KINDS:
+                return True, dict(changed=False, msg=exc.msg, ansible_facts=_snapshot.compact_facts(dict(
+                    gpu_driver={"backend": None, "driver_version": None, "cuda_driver_version": None, "nvml_version": None},
+                    gpu_count=0, gpu_devices=[], gpu_kernel_log=None)))
+            raise
         selected = _snapshot.select_gpus(snap["gpus"], params["gpus"])
-    except _errors.GpuError as exc:
-        if params["missing"] == "ignore" and exc.kind in NO_GPU_KINDS:
-            module.exit_json(changed=False, msg=exc.msg, ansible_facts=_snapshot.compact_facts(dict(
-                gpu_driver={"backend": None, "driver_version": None, "cuda_driver_version": None, "nvml_version": None},
-                gpu_count=0, gpu_devices=[], gpu_kernel_log=None)))
-        fail(module, exc)
-        return
-    for warning in _snapshot.visibility_warnings(selected, taker.in_container()) + _snapshot.read_warnings(selected):
-        module.warn(warning)
-    if "holders" in params["gather"]:
+        for warning in facts_warnings(taker, selected, params["gather"]):
+            module.warn(warning)
+        kernel_log = taker.kernel_log if "xid" in params["gather"] else None
+        # Each holder once: gpu_devices' holders name pids, gpu_holder_processes has their details (compact_facts).
+        return True, dict(changed=False, ansible_facts=_snapshot.compact_facts(dict(
+            gpu_driver=snap["driver"], gpu_count=len(snap["gpus"]), gpu_devices=selected, gpu_kernel_log=kernel_log)))
+
+    run_module(module, body)
+
+
+def facts_warnings(taker, selected: list, gather) -> list:
+    """What the task warns of: GPUs not visible from here, read warnings, holders incomplete without root, a GPU off
+    the bus, a kernel log that cannot be read, a fit that cannot be checked."""
+    out = _snapshot.visibility_warnings(selected, taker.in_container()) + _snapshot.read_warnings(selected)
+    if "holders" in gather:
         # Without root, /proc/<pid>/fd of other users' processes is refused: say that holders are incomplete.
         denied = _procs.holders_incomplete_warning(_procs.fd_scan_denied(), os.geteuid())
         if denied:
-            module.warn(denied)
+            out.append(denied)
     for gpu in selected:
         if gpu["health"]["status"] == "lost":
-            module.warn(f"GPU {gpu['index']} ({gpu.get('pci_bus_id')}) has fallen off the bus: reboot the host to"
-                        " recover it; check dmesg for Xid 79")
-    kernel_log = taker.kernel_log if "xid" in params["gather"] else None
+            out.append(f"GPU {gpu['index']} ({gpu.get('pci_bus_id')}) has fallen off the bus: reboot the host to"
+                       " recover it; check dmesg for Xid 79")
+    kernel_log = taker.kernel_log if "xid" in gather else None
     if kernel_log and not kernel_log["readable"]:
-        module.warn(kernel_log["problem"])
+        out.append(kernel_log["problem"])
     for gpu in selected:
         if gpu.get("fit") and gpu["fit"]["fits"] is None:
-            module.warn(f"GPU {gpu['index']}: min_free_mib/min_free_pct cannot be checked: the driver reports no memory"
-                        " for it (a unified-memory GPU)")
-    # Each holder once: gpu_devices' holders name pids, gpu_holder_processes has their details (_snapshot.compact_facts).
-    module.exit_json(changed=False, ansible_facts=_snapshot.compact_facts(dict(
-        gpu_driver=snap["driver"], gpu_count=len(snap["gpus"]), gpu_devices=selected, gpu_kernel_log=kernel_log)))
+            out.append(f"GPU {gpu['index']}: min_free_mib/min_free_pct cannot be checked: the driver reports no memory"
+                       " for it (a unified-memory GPU)")
+    return out
 
 
 if __name__ == "__main__":

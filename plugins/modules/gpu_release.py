@@ -337,15 +337,15 @@ gpu_errors:
   sample: [{"index": 5, "pci_bus_id": "00000000:AB:00.0", "error": "processes could not be read: Unknown Error"}]
 """
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _lock, _release, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _lock, _release, _snapshot, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     RELEASE_ARGS,
     SNAPSHOT_ARGS,
     SnapshotTaker,
-    fail,
     find_pct,
     new_module,
     programs,
+    run_module,
     validate_snapshot_params,
 )
 from ansible_collections.gpuops.gpu.plugins.module_utils._signals import signal_number
@@ -369,7 +369,8 @@ ARGUMENT_SPEC = dict(
 def main() -> None:
     module = new_module(dict(ARGUMENT_SPEC), supports_check_mode=True)
     p = module.params
-    try:
+
+    def body():
         # Everything is validated before anything is read or signalled (_validate has the bounds).
         validate_snapshot_params(p, module)
         first_signal = signal_number(p["signal"])
@@ -377,18 +378,12 @@ def main() -> None:
         io = _release.HostIO(SnapshotTaker(module), run_in_group, module.warn, programs(module, find_pct(module, False)))
         if not module.check_mode:  # one release at a time per container and node (held until the module exits)
             _lock.Locks("gpu_release", filters["containers"], p["lock_timeout"], module.warn).acquire()
-        result = _release.run_release(p, filters, io, first_signal, module.check_mode, module._diff)
-    except _release.ReleaseFailed as exc:
         # Each holder once (_snapshot.compact_result): gpus_before and gpus name pids, holder_processes has the details.
-        fail(module, exc, **_snapshot.compact_result(exc.partial))
-        return
-    except _errors.GpuError as exc:
-        fail(module, exc)
-        return
-    except ValueError as exc:
-        fail(module, _errors.InvalidOption(str(exc)))
-        return
-    module.exit_json(**_snapshot.compact_result(result))
+        return True, _snapshot.compact_result(_release.run_release(p, filters, io, first_signal, module.check_mode,
+                                                                   module._diff))
+
+    # A release that failed after it began says what it did until then (its partial result).
+    run_module(module, body, partial=lambda exc: _snapshot.compact_result(getattr(exc, "partial", None) or {}))
 
 
 if __name__ == "__main__":

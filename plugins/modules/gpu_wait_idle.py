@@ -347,15 +347,15 @@ resets:
             "used_mib": 2048, "rc": 0, "output": "GPU 00000000:3A:00.0 was successfully reset."}]
 """
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _snapshot, _validate, _wait
+from ansible_collections.gpuops.gpu.plugins.module_utils import _snapshot, _validate, _wait
 from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import run_in_group
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     SBIN_DIRS,
     IDLE_ARGS,
     SNAPSHOT_ARGS,
     SnapshotTaker,
-    fail,
     new_module,
+    run_module,
     validate_snapshot_params,
 )
 
@@ -390,29 +390,25 @@ ARGUMENT_SPEC.update(
 def main() -> None:
     module = new_module(dict(ARGUMENT_SPEC), supports_check_mode=True)
     p = module.params
-    try:
-        # Every option is checked before anything is read (_validate has the bounds).
-        validate_snapshot_params(p)
-        _validate.wait(p)
-        taker = SnapshotTaker(module)
-    except _errors.GpuError as exc:
-        fail(module, exc)
-        return
-    for warning in _validate.device_pattern_warnings(p):
-        module.warn(warning)
 
     def bin_path(name):
         return module.get_bin_path(name, required=False, opt_dirs=SBIN_DIRS)
 
-    # The wait itself (check mode's look, the polls, nvidia-smi's confirmation, reset_leaked, the timeout's
-    # diagnosis) is _wait.Wait, over the real host; every failure it returns carries its error kind.
-    io = _wait.HostIO(taker, p, bin_path, run_in_group)
-    ok, result = _wait.Wait(p, io, check_mode=module.check_mode, diff=module._diff).run()
-    # Each holder once (_snapshot.compact_result): gpus_before and gpus name pids, holder_processes has the details.
-    result = _snapshot.compact_result(result)
-    if ok:
-        module.exit_json(**result)
-    module.fail_json(**result)
+    def body():
+        # Every option is checked before anything is read (_validate has the bounds).
+        validate_snapshot_params(p)
+        _validate.wait(p)
+        taker = SnapshotTaker(module)
+        for warning in _validate.device_pattern_warnings(p):
+            module.warn(warning)
+        # The wait itself (check mode's look, the polls, nvidia-smi's confirmation, reset_leaked, the timeout's
+        # diagnosis) is _wait.Wait, over the real host; every failure it returns carries its error kind.
+        io = _wait.HostIO(taker, p, bin_path, run_in_group)
+        ok, result = _wait.Wait(p, io, check_mode=module.check_mode, diff=module._diff).run()
+        # Each holder once (_snapshot.compact_result): gpus_before and gpus name pids, holder_processes has the details.
+        return ok, _snapshot.compact_result(result)
+
+    run_module(module, body)
 
 
 if __name__ == "__main__":

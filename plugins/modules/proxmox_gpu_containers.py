@@ -311,15 +311,15 @@ release:
            "signals": ["SIGTERM"], "seconds": 1.2}], "survivors": [], "respawned": [], "stopped_units": []}
 """
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _fence, _release
+from ansible_collections.gpuops.gpu.plugins.module_utils import _fence, _release
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     RELEASE_ARGS,
     SNAPSHOT_ARGS,
     SnapshotTaker,
-    fail,
     find_pct,
     new_module,
     programs,
+    run_module,
 )
 from ansible_collections.gpuops.gpu.plugins.module_utils._signals import signal_number
 from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import run_in_group
@@ -340,8 +340,9 @@ ARGUMENT_SPEC = dict(
 def main() -> None:
     module = new_module(dict(ARGUMENT_SPEC), supports_check_mode=True)
     p = module.params
-    fence = None
-    try:
+    fence = []
+
+    def body():
         # Everything is validated before anything runs (_pct and _validate have the rules and bounds).
         params = _fence.validate(p)
         first_signal = signal_number(p["signal"])
@@ -350,15 +351,11 @@ def main() -> None:
         runner = _fence.PctCounter(run_in_group, pct)   # every pct this run starts, counted (pct_calls)
         host = _release.HostIO(taker, runner, module.warn, programs(module, pct))
         io = _fence.NodeIO(pct, taker, host, p, first_signal, module.check_mode, module._diff, runner=runner)
-        fence = _fence.Fence(params, io, module.check_mode, module._diff)
-        result = fence.run()
-    except _errors.GpuError as exc:
-        fail(module, exc, **(fence.finish() if fence is not None else {}))
-        return
-    except ValueError as exc:
-        fail(module, _errors.InvalidOption(str(exc)))
-        return
-    module.exit_json(**result)
+        fence.append(_fence.Fence(params, io, module.check_mode, module._diff))
+        return True, fence[0].run()
+
+    # A fence that failed after it began says what it did until then.
+    run_module(module, body, partial=lambda exc: fence[0].finish() if fence else {})
 
 
 if __name__ == "__main__":
