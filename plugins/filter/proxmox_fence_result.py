@@ -168,7 +168,8 @@ def proxmox_fence_result(containers, release=None, method="processes", check_mod
              "shut_down": shut_down, "changed": changed, "check_mode": in_check, "error": error,
              "failure": {"module": failure["module"], "kind": failure["kind"]} if failure else None}
     return dict(method=method, containers=running, skipped=list(containers.get("skipped_containers") or []), gpus=per_ct,
-                gpus_from={c["vmid"]: c.get("gpus_from", "config") for c in rows}, container_gpus=union, services_stopped=services, released=released, respawned=respawned,
+                gpus_from={c["vmid"]: c.get("gpus_from", "config") for c in rows}, container_gpus=union,
+                services_stopped=services, released=released, respawned=respawned,
                 stopped_units=units, shut_down=shut_down, gpus_before=release.get("gpus_before"),
                 holder_processes=release.get("holder_processes") or {}, quiet_since=release.get("quiet_since"),
                 left_holders=list(release.get("left_holders") or []), gpu_errors=gpu_errors, changed=changed,

@@ -84,7 +84,7 @@ class Fence:
         self.io = io               # pct_timeout, stop_timeout
         self.check_mode = check_mode
         self.diff = diff
-        self.result = dict(changed=False, containers=[], running=[], skipped_containers=[], gpus=None,
+        self.result = dict(changed=False, containers=[], running=[], skipped_containers=[], gpus=None, wait_gpus=None,
                            services_stopped=[], shut_down=[], check_mode=check_mode, pending_passthrough=[], pct_calls=0)
         self.before = {}
         self._node_state = (set(), None)   # the running vmids and the discovery's deadline (discover)
