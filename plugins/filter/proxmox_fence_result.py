@@ -56,8 +56,11 @@ RETURN = r"""
 _value:
   description:
     - C(method), C(containers) (the running vmids fenced), C(skipped) (C({vmid, reason})), C(gpus) (per vmid, the
-      GPU indexes passed through, null for every GPU), C(container_gpus) (their union - or, when none of the named
-      containers runs, the GPUs of their configs; null for every GPU),
+      GPU indexes passed through, null for every GPU), C(gpus_from) (per vmid, what the wait covers of it: V(config),
+      or for a config that passes every GPU of a node whose other containers pass GPUs too, V(processes) - the GPUs
+      its workload held - or V(unheld) - it held none: the GPUs no other container's processes held; the module's
+      C(containers[].gpus_from)), C(container_gpus) (what a wait after the fence covers: the union of the containers'
+      C(wait_gpus) - or, when none of the named containers runs, the GPUs of their configs; null for every GPU),
       C(services_stopped) (C({vmid, unit})), C(released), C(respawned) and C(stopped_units) (from
       M(gpuops.gpu.gpu_release)), C(shut_down) (vmids), C(gpus_before) (the GPUs before the release),
       C(holder_processes) (their device-file holders' details, each once), C(gpu_errors) (the GPUs the release did
@@ -106,11 +109,15 @@ def proxmox_fence_result(containers, release=None, method="processes", check_mod
         release = containers.get("release")
     release = release if isinstance(release, dict) else {}
     running = list(containers.get("running") or [])
-    per_ct = {c["vmid"]: c.get("gpus") for c in containers.get("containers") or [] if c.get("vmid") in running}
-    if any(g is None for g in per_ct.values()):
+    rows = [c for c in containers.get("containers") or [] if c.get("vmid") in running]
+    per_ct = {c["vmid"]: c.get("gpus") for c in rows}
+    # What the wait covers of each: its wait_gpus (the GPUs its workload held, when its config passes every GPU of a
+    # node whose other containers pass GPUs too; gpus_from says which), else the GPUs of its config.
+    wait = {c["vmid"]: c.get("wait_gpus", c.get("gpus")) for c in rows}
+    if any(g is None for g in wait.values()):
         union = None
     else:
-        union = sorted({i for g in per_ct.values() for i in g})
+        union = sorted({i for g in wait.values() for i in g})
     if not running and containers.get("gpus"):
         # None of the named containers runs: a wait after the fence covers the GPUs of their configs.
         union = list(containers["gpus"])
@@ -161,7 +168,8 @@ def proxmox_fence_result(containers, release=None, method="processes", check_mod
              "shut_down": shut_down, "changed": changed, "check_mode": in_check, "error": error,
              "failure": {"module": failure["module"], "kind": failure["kind"]} if failure else None}
     return dict(method=method, containers=running, skipped=list(containers.get("skipped_containers") or []), gpus=per_ct,
-                container_gpus=union, services_stopped=services, released=released, respawned=respawned,
+                gpus_from={c["vmid"]: c.get("gpus_from", "config") for c in rows}, container_gpus=union,
+                services_stopped=services, released=released, respawned=respawned,
                 stopped_units=units, shut_down=shut_down, gpus_before=release.get("gpus_before"),
                 holder_processes=release.get("holder_processes") or {}, quiet_since=release.get("quiet_since"),
                 left_holders=list(release.get("left_holders") or []), gpu_errors=gpu_errors, changed=changed,

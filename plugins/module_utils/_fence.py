@@ -84,9 +84,13 @@ class Fence:
         self.io = io               # pct_timeout, stop_timeout
         self.check_mode = check_mode
         self.diff = diff
-        self.result = dict(changed=False, containers=[], running=[], skipped_containers=[], gpus=None,
+        self.result = dict(changed=False, containers=[], running=[], skipped_containers=[], gpus=None, wait_gpus=None,
                            services_stopped=[], shut_down=[], check_mode=check_mode, pending_passthrough=[], pct_calls=0)
         self.before = {}
+        self._node_state = (set(), None)   # the running vmids and the discovery's deadline (discover)
+        self._configs = {}                 # the parsed configs read, and those of other running containers read later
+        self._shared = {}                  # {vmid: the other running containers that pass GPUs}: see _cover
+        self._holding = {}                 # {vmid: GPU indexes} its processes kept busy at the discovery (_cover)
 
     # --- discovery ---------------------------------------------------------------------------------------
     def _within(self, deadline, read):
@@ -143,6 +147,7 @@ class Fence:
         deadline = self.io.now() + self.p["pct_timeout"]
         _vmids, running, texts = self._within(deadline, self._read_node)
         listed, configs = {}, {}
+        self._node_state = (running, deadline)
         for vmid, text in texts.items():
             conf = _pct.parse_conf_file(text)
             up = vmid in running
@@ -150,6 +155,8 @@ class Fence:
             config = _pct.parse_config(_pct.config_view(conf, current=up))
             if up:
                 self._pending(vmid, config, _pct.parse_config(_pct.config_view(conf, current=False)))
+            if up:
+                self._configs[vmid] = config
             if self.p["containers"] or config["passthrough"] or config["unknown"]:
                 configs[vmid] = config
         return self._rows(listed, configs)
@@ -168,7 +175,9 @@ class Fence:
         # A container whose config may pass GPUs in a way that cannot be read (_pct.parse_config's ``unknown``): what
         # its processes hold decides, when it runs.
         unread = [v for v, c in configs.items() if c["unknown"] and listed[v]["status"] == "running"]
-        if any(c["minors"] or c["visible"] for c in configs.values()) or unread:
+        # A running one that gets every GPU (minors null) asks for the GPUs too: is another container sharing them (_cover)?
+        every = [v for v, c in configs.items() if c["minors"] is None and c["passthrough"] and listed[v]["status"] == "running"]
+        if any(c["minors"] or c["visible"] for c in configs.values()) or unread or every:
             node_gpus = self.io.gpus()
             if node_gpus is not None:
                 gpu_minors = {g["minor_number"]: g["index"] for g in node_gpus if g.get("minor_number") is not None}
@@ -203,12 +212,77 @@ class Fence:
             if gpus and gpu_minors and (config["visible"] or config["unknown"]) and minors is not None:
                 index_minor = {i: m for m, i in gpu_minors.items()}
                 minors = sorted(set(minors) | {index_minor[i] for i in gpus if i in index_minor})
+            if running and _passes_every_gpu(config, gpus, node_gpus):
+                sharers = self._sharers(vmid)
+                if sharers:
+                    self._shared[vmid] = sharers
             rows.append(dict(
                 vmid=vmid, name=row["name"] or config["hostname"] or "", status=row["status"], lock=row["lock"],
                 running=running, passthrough=config["passthrough"], minors=minors,
                 gpus=gpus, gpu_uuids=None if gpus is None else [uuids[i] for i in gpus],
-                passthrough_unknown=list(config["unknown"])))
+                passthrough_unknown=list(config["unknown"]), gpus_from="config", wait_gpus=gpus))
+        if self._shared:
+            self._holding = self.io.holding()
         return rows
+
+    def _sharers(self, vmid) -> list:
+        """The other running containers of the node whose configs pass GPUs (or may: passthrough that cannot be read).
+        With named containers only theirs were read: the other running ones' configs are read now, within the
+        discovery's time limit."""
+        running, deadline = self._node_state
+        out = []
+        for other in sorted(running):
+            if other == vmid:
+                continue
+            if other not in self._configs:
+                if not self.p["containers"]:
+                    continue  # every running container's config was read
+                text = self._within(deadline, lambda v=other: self.io.config(v))
+                conf = None if text is None else _pct.parse_conf_file(text)
+                self._configs[other] = None if conf is None else _pct.parse_config(_pct.config_view(conf, current=True))
+            config = self._configs[other]
+            if config is not None and (config["passthrough"] is None or (
+                    config["passthrough"] and (config["minors"] is None or config["minors"] or config["visible"]))):
+                out.append(other)
+        return out
+
+    def _cover(self, containers, release) -> None:
+        """What a wait after the fence covers of each container (``wait_gpus``, ``gpus_from``): its config's GPUs
+        (``config``), except for a running container whose config passes every GPU of the node while other running
+        containers pass GPUs too (helper scripts write a ``devN`` line for every /dev/nvidia* node into every GPU
+        container, so such a config says nothing of which GPUs are its work's): then the GPUs its workload kept busy
+        before the fence - at the discovery, before any service stopped, and in the release's look (``processes``);
+        when they held none, the GPUs no other container's processes kept busy (``unheld``), or, when others keep every
+        one busy, the config's (``config``: the wait then names them). The release itself is never narrowed: it stops
+        the container's processes on whatever they hold."""
+        if not self._shared:
+            return
+        busy = {k: set(v) for k, v in self._holding.items()}
+        if release and isinstance(release.get("gpus_before"), list):
+            looked = _snapshot.expand_gpus(release["gpus_before"], release.get("holder_processes"))
+            for vmid, gpus in _holding.workload_gpus(looked).items():
+                busy.setdefault(vmid, set()).update(gpus)
+        every = sorted(g["index"] for g in self.io.gpus() or [])
+        for c in containers:
+            vmid = c["vmid"]
+            if vmid not in self._shared:
+                continue
+            config_gpus = every if c["gpus"] is None else c["gpus"]
+            said = (f"CT {vmid}'s config passes every GPU of the node, and CT {describe(self._shared[vmid])} pass GPUs"
+                    " too")
+            mine = sorted(busy.get(vmid, set()) & set(config_gpus))
+            others = {i for v, gpus in busy.items() if v != vmid for i in gpus}
+            unheld = sorted(set(config_gpus) - others)
+            if mine:
+                c.update(gpus_from="processes", wait_gpus=mine)
+                self.io.warn(f"{said}: fenced by what its processes hold: GPU {describe(mine)} (the wait covers those)")
+            elif unheld:
+                c.update(gpus_from="unheld", wait_gpus=unheld)
+                self.io.warn(f"{said}; its processes hold no GPU: the wait covers the GPUs no other container's"
+                             f" processes hold: GPU {describe(unheld)}")
+            else:
+                self.io.warn(f"{said}; its processes hold no GPU and other containers' processes hold every one: the"
+                             " wait covers them all (and will name their holders)")
 
     def _toolkit_gpus(self, vmid, config, gpus, node_gpus):
         """The GPUs of the container with those of the toolkit's hook (NVIDIA_VISIBLE_DEVICES) added; None when they
@@ -337,6 +411,7 @@ class Fence:
         res.update(containers=containers, running=[c["vmid"] for c in running],
                    skipped_containers=[{"vmid": c["vmid"], "reason": c["status"]} for c in containers if not c["running"]],
                    gpus=None if union is None else sorted(union))
+        res["wait_gpus"] = res["gpus"]
         if running and (self.p["state"] != "present" or self.p["units"]) and not self.check_mode:
             # One release at a time per container (and node): taken before the services' states are read, so a
             # second fence that waited sees what the first left, not what it stopped.
@@ -360,6 +435,12 @@ class Fence:
             res["release"] = release
             if failure is not None:
                 raise failure
+        self._cover(containers, res.get("release"))
+        # What a wait after this fence covers: the union of the counted containers' wait_gpus (null: every GPU).
+        wait = set()
+        for c in counted:
+            wait = None if wait is None or c["wait_gpus"] is None else wait | set(c["wait_gpus"])
+        res["wait_gpus"] = None if wait is None else sorted(wait)
         return self.finish()
 
     def finish(self) -> dict:
@@ -375,6 +456,17 @@ class Fence:
                 after[str(vmid)] = dict(status="stopped", services={u: "inactive" for u in self.p["units"]})
             res["diff"] = dict(before=self.before, after=after)
         return res
+
+
+def _passes_every_gpu(config, gpus, node_gpus) -> bool:
+    """Whether a config passes every GPU of the node: a devN or mount line for each /dev/nvidiaN, or a line that gives
+    them all (c 195:* with no node named, a bind of /dev, the toolkit's NVIDIA_VISIBLE_DEVICES=all). False when the
+    node's GPUs or the config's cannot be told."""
+    if not node_gpus or config["unknown"] or not config["passthrough"]:
+        return False
+    if gpus is None:
+        return config["minors"] is None
+    return {g["index"] for g in node_gpus} <= set(gpus)
 
 
 def validate(p: dict) -> dict:
@@ -427,6 +519,7 @@ class NodeIO:
         self.lxc_path = lxc_path or os.environ.get(LXC_PATH_ENV) or LXC_PATH
         self._node = None
         self._gpus = None
+        self._look_gpus = None
 
     def pct(self, argv, timeout, what):
         return self.runner([self.pct_path] + list(argv), timeout, what, C_LOCALE)
@@ -502,10 +595,21 @@ class NodeIO:
             self.warn(f"cannot read the GPUs ({exc.msg}): each container's gpus is null (its GPUs cannot be told)")
             return None
 
+    def _look(self) -> list:
+        """A full snapshot's GPUs (processes, device-file holders and their containers), taken once."""
+        if self._look_gpus is None:
+            self._look_gpus = self.taker.take()["gpus"]
+        return self._look_gpus
+
     def held(self) -> dict:
         """{vmid: set of GPU indexes} its processes hold now (_holding.container_gpus over a full snapshot: contexts,
         /dev/nvidiaN holders)."""
-        return _holding.container_gpus(self.taker.take()["gpus"])
+        return _holding.container_gpus(self._look())
+
+    def holding(self) -> dict:
+        """{vmid: set of GPU indexes} its processes keep busy now (_holding.workload_gpus: contexts, and device nodes
+        only where the GPU's process list cannot be trusted), from the same snapshot as held()."""
+        return _holding.workload_gpus(self._look())
 
     def release(self, vmids: list, draining=(), gpus=None):
         """gpu_release's path over the containers' processes: (its result, None) or (the partial result, the error).

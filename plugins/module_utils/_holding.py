@@ -336,6 +336,21 @@ def container_gpus(gpus: list) -> dict:
     return out
 
 
+def workload_gpus(gpus: list) -> dict:
+    """{container id: set of GPU indexes} that the containers' processes keep busy by the holding model, over a snapshot
+    (_snapshot.build, or a result's GPUs through _snapshot.expand_gpus): the GPU's ``blockers`` - a context there, or
+    its ``/dev/nvidiaN`` open while its process list cannot be trusted. Unlike container_gpus, the nodes CUDA opens of
+    every GPU it can see do not count (they hold no memory): what a container whose config passes every GPU holds (the
+    fence)."""
+    out = {}
+    for g in gpus:
+        for p in holders_of(g):
+            ct = (p.get("container") or {}).get("id")
+            if ct is not None:
+                out.setdefault(ct, set()).add(g["index"])
+    return out
+
+
 def release_candidates(all_gpus: list, selected: set, include_device_holders=True, named_pids=()):
     """(candidates, skipped) for a release of the GPUs with indexes in ``selected``.
 

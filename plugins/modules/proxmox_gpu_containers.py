@@ -231,6 +231,25 @@ containers:
       elements: int
       returned: always
     gpu_uuids: {description: The UUIDs of C(gpus); null when C(gpus) is null., type: list, elements: str, returned: always}
+    gpus_from:
+      description:
+        - Where C(wait_gpus) comes from. V(config) - C(gpus). For a running container whose config passes every GPU of
+          the node (a C(devN) line for each C(/dev/nvidiaN), as Proxmox helper scripts write into every GPU container;
+          C(c 195:*) with no node named; a bind of C(/dev)) while another running container passes GPUs too, such a
+          config says nothing of which GPUs its work uses - V(processes) - the GPUs its processes kept busy before the
+          fence (a context, or a node of a GPU whose process list cannot be trusted; not the nodes CUDA opens of every
+          GPU it sees), at the discovery and in the release's look; V(unheld) - it held none - the GPUs of its config
+          that no other container's processes held; V(config) again when they held every one (the wait then names
+          them). A warning says which. The release is never narrowed - it stops the container's processes on whatever
+          they hold.
+      type: str
+      returned: always
+      choices: [config, processes, unheld]
+    wait_gpus:
+      description: What a wait after the fence covers of it (see C(gpus_from)); null means every GPU.
+      type: list
+      elements: int
+      returned: always
   sample:
     - {"vmid": 129, "name": "gpu-ct", "status": "running", "lock": "", "running": true, "passthrough": true,
        "minors": [0, 1], "gpus": [0, 1], "gpu_uuids": ["GPU-3fb142e7-7102-c7ac-bd5a-fc829e11ed84",
@@ -282,6 +301,15 @@ gpus:
   type: list
   elements: int
   sample: [0, 1]
+wait_gpus:
+  description:
+    - What a wait after the fence covers - the union of the counted containers' C(wait_gpus) (the running ones', or,
+      when none of the named ones runs, theirs); it differs from RV(gpus) only for a config that passes every GPU of
+      a node shared with other GPU containers (RV(containers[].gpus_from)). Null means every GPU.
+  returned: always
+  type: list
+  elements: int
+  sample: [0, 1, 2, 3]
 services_stopped:
   description:
     - The services that were (in check mode - would be) stopped, each with C(vmid), C(unit), C(state_before) (what

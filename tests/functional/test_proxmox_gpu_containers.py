@@ -3,6 +3,7 @@ pct and systemctl, and the simulated driver for the GPUs' minor numbers."""
 
 import json
 import subprocess
+import sys
 import time
 
 import pytest
@@ -387,3 +388,57 @@ def test_the_fence_fences_toolkit_and_unreadable_passthrough_and_a_named_one_sel
     assert 4152 in res["running"], res["containers"]
     assert own in [r["pid"] for r in res["release"]["released"]], res["release"]
     assert gone(own)
+
+
+@pytest.fixture
+def shared_node(gpusim_factory):
+    """An 8-GPU node (GPU i has minor 7 - i) whose two GPU containers were set up by a helper script that writes a
+    devN line for every /dev/nvidia* node into every GPU container: 4170 (CT A) and 4171 (CT B) both pass all 8 GPUs.
+    Both run."""
+    host = gpusim_factory(release_lag_ms=0)
+    with scn.edit(host.dir) as sc:
+        for gpu in sc.gpus:
+            gpu.minor = 7 - gpu.index
+    container.create(host.dir, 4170, "ct-a", "all", devices_style="dev")
+    container.create(host.dir, 4171, "ct-b", "all", devices_style="dev")
+    for vmid in (4170, 4171):
+        host.ct_start(vmid)
+    return host
+
+
+def test_a_config_that_passes_every_gpu_is_fenced_by_what_its_processes_hold(shared_node, collection):
+    """CT A's server holds GPUs 0-3, CT B's job 4-7 by right; both configs pass all 8 (and CUDA opens all 8 nodes in
+    each). Fencing A releases A's server, and the wait after it - over proxmox_fence_result's container_gpus, as the
+    predeploy playbook runs it - covers 0-3 and is ready while B's job runs on. (It covered A's config, all 8: the wait
+    timed out on B's job.)"""
+    if collection not in sys.path:
+        sys.path.insert(0, collection)
+    from ansible_collections.gpuops.gpu.plugins.filter.proxmox_fence_result import proxmox_fence_result  # noqa: PLC0415
+
+    node = shared_node
+    server = node.hold(gpus="0-3", mib=8192, ct=4170, tree=True)
+    job = node.hold(gpus="4-7", mib=8192, ct=4171)
+    res = run(node, collection, containers=[4170], state="released", grace_period=5)
+    assert not res.get("failed"), res.get("msg")
+    (ct,) = res["containers"]
+    assert (ct["gpus"], ct["gpus_from"], ct["wait_gpus"]) == (list(range(8)), "processes", [0, 1, 2, 3]), ct
+    assert res["gpus"] == list(range(8)) and res["wait_gpus"] == [0, 1, 2, 3]
+    assert "CT 4170's config passes every GPU of the node, and CT 4171 pass GPUs too: fenced by what its processes" \
+           " hold: GPU 0, 1, 2, 3" in json.dumps(res.get("warnings")), res.get("warnings")
+    assert server in [r["pid"] for r in res["release"]["released"]] and gone(server)
+    assert alive(job) and job not in [r["pid"] for r in res["release"]["released"]]
+
+    fenced = proxmox_fence_result(res, method="processes")
+    assert fenced["error"] is None and fenced["container_gpus"] == [0, 1, 2, 3], fenced
+    assert fenced["gpus_from"] == {4170: "processes"}
+    wait = run_module_text(node, collection, "gpu_wait_idle", {
+        "gpus": [str(i) for i in fenced["container_gpus"]], "device_files": [node.dir + "/dev/nvidia*"],
+        "timeout": 10, "settle": 0.5, "quiet_since": fenced["quiet_since"], "left_holders": fenced["left_holders"]})[0]
+    assert not wait.get("failed"), wait.get("msg")
+    assert wait["idle_gpus"] == [0, 1, 2, 3] and alive(job)
+
+    # A again, now holding nothing: the wait covers the GPUs no other container's processes hold (B's 4-7 are B's)
+    res = run(node, collection, containers=[4170], state="released")
+    (ct,) = res["containers"]
+    assert (ct["gpus_from"], ct["wait_gpus"]) == ("unheld", [0, 1, 2, 3]), ct
+    assert alive(job)

@@ -100,6 +100,12 @@ CTS_UNKNOWN = {"changed": False, "failed_when_result": False,
                   "services_stopped": [{"vmid": 129, "unit": "sglang"}], "gpus_before": [BUSY]}, id="processes"),
     pytest.param(CTS_ALL_GPUS, RELEASE_NOTHING, "processes",
                  {"container_gpus": None, "changed": False, "released": [], "error": None}, id="every-gpu"),
+    # A config that passes every GPU of a node shared with another GPU container: the wait covers what its workload
+    # held (wait_gpus, gpus_from processes), not the config's GPUs
+    pytest.param(dict(CTS, containers=[{"vmid": 129, "gpus": list(range(8)), "wait_gpus": [0, 1, 2, 3], "running": True,
+                                        "gpus_from": "processes"}]), RELEASE_OK, "processes",
+                 {"container_gpus": [0, 1, 2, 3], "gpus": {129: list(range(8))}, "gpus_from": {129: "processes"}},
+                 id="every-gpu-config-fenced-by-processes"),
     pytest.param(dict(CTS, shut_down=[129]), SKIPPED, "shutdown",
                  {"shut_down": [129], "changed": True}, id="shutdown"),
     pytest.param(CTS_UNKNOWN, SKIPPED, "processes",

@@ -93,6 +93,10 @@ class FakeNode:
     def gpus(self):
         return self._gpus
 
+    def holding(self):
+        self.holding_calls = getattr(self, "holding_calls", 0) + 1
+        return {vmid: set(gpus) for vmid, gpus in getattr(self, "busy", {}).items()}
+
     def release(self, vmids, draining=(), gpus=None):
         self.released.append(list(vmids))
         self.draining = list(draining)
@@ -420,3 +424,80 @@ def test_the_fence_on_a_node_without_pmxcfs_fails_before_anything_runs(tmp_path)
     with pytest.raises(_fence.FenceFailed) as exc:
         fence(io).discover()
     assert exc.value.kind == "pve_unavailable" and "pmxcfs" in exc.value.msg
+
+
+# --- configs that pass every GPU --------------------------------------------------------------------------------
+# Helper scripts (tests/field/pct/phoenix-hypervisor-drdevstral-lines.conf) write a devN line for every /dev/nvidia*
+# node into every GPU container: such a config says nothing of which GPUs its work uses.
+EVERY_DEV = "".join(f"dev{i}: /dev/nvidia{i}\n" for i in range(8)) + (
+    "dev8: /dev/nvidiactl\ndev9: /dev/nvidia-uvm\ndev10: /dev/nvidia-caps/nvidia-cap1\n")
+EVERY_CGROUP = "lxc.cgroup2.devices.allow: c 195:* rwm\nlxc.cgroup2.devices.allow: c 509:* rwm\n"
+SHARED = {160: "hostname: ct-a\n" + EVERY_DEV, 161: "hostname: ct-b\n" + EVERY_DEV, 162: "hostname: plain\n",
+          163: "hostname: one\ndev0: /dev/nvidia0\n", 164: "hostname: ct-c\n" + EVERY_CGROUP}
+
+
+class SharedNode(FakeNode):
+    """A node with containers whose configs pass every GPU; ``busy``: what each container's processes keep busy."""
+
+    def __init__(self, running, busy, configs=None, **kw):
+        super().__init__(configs={**SHARED, **(configs or {})}, **kw)
+        self.running = set(running)
+        self.busy = busy
+
+    def node(self):
+        self.reads.append("node")
+        return sorted(self.configs), set(self.running)
+
+
+@pytest.mark.parametrize("running, busy, containers, wait, gpus_from, said", [
+    # A's config passes all 8, its server holds 0-3, B's job 4-7 (B's config passes all 8 too): the wait covers 0-3
+    ([160, 161], {160: [0, 1, 2, 3], 161: [4, 5, 6, 7]}, [160], {160: [0, 1, 2, 3]}, {160: "processes"},
+     "CT 160's config passes every GPU of the node, and CT 161 pass GPUs too: fenced by what its processes hold: GPU 0,"
+     " 1, 2, 3"),
+    # A holds nothing: the GPUs no other container's processes hold
+    ([160, 161], {161: [4, 5, 6, 7]}, [160], {160: [0, 1, 2, 3]}, {160: "unheld"}, "its processes hold no GPU: the wait"
+     " covers the GPUs no other container's processes hold: GPU 0, 1, 2, 3"),
+    # A holds nothing and B every GPU: the config's (the wait names B's holders)
+    ([160, 161], {161: list(range(8))}, [160], {160: list(range(8))}, {160: "config"}, "other containers' processes"
+     " hold every one"),
+    # The other container passes one GPU (minor 0: GPU 7) by name
+    ([160, 163], {160: [0, 1], 163: [7]}, [160], {160: [0, 1]}, {160: "processes"}, "CT 163 pass GPUs too"),
+    # c 195:* with no node named (every GPU, gpus null)
+    ([164, 161], {164: [2], 161: [4]}, [164], {164: [2]}, {164: "processes"}, "CT 164's config passes every GPU"),
+    # Alone among GPU containers (the other passes nothing, or is stopped): its config is its GPUs
+    ([160, 162], {160: [0, 1, 2, 3]}, [160], {160: list(range(8))}, {160: "config"}, None),
+    ([160], {160: [0, 1, 2, 3]}, [160], {160: list(range(8))}, {160: "config"}, None),
+    # The node-level fence: each by what its processes hold
+    ([160, 161], {160: [0, 1, 2, 3], 161: [4, 5]}, [], {160: [0, 1, 2, 3], 161: [4, 5]},
+     {160: "processes", 161: "processes"}, "CT 161's config passes every GPU of the node, and CT 160 pass GPUs too"),
+])
+def test_a_config_that_passes_every_gpu_is_fenced_by_what_its_processes_hold(running, busy, containers, wait, gpus_from,
+                                                                             said):
+    node = SharedNode(running, busy)
+    res = fence(node, containers=containers, state="released").run()
+    rows = {c["vmid"]: c for c in res["containers"] if c["running"]}
+    assert {v: c["wait_gpus"] for v, c in rows.items()} == wait
+    assert {v: c["gpus_from"] for v, c in rows.items()} == gpus_from
+    assert res["wait_gpus"] == sorted({i for g in wait.values() for i in (g or range(8))})
+    # The release is not narrowed: it stops the container's processes on every GPU its config passes.
+    every = None if 164 in rows else list(range(8))   # c 195:*: every GPU, gpus null
+    assert node.release_gpus == res["gpus"] == every and node.released == [sorted(rows)]
+    if said is None:
+        assert not [m for m in node.warnings if "passes every GPU" in m] and not getattr(node, "holding_calls", 0)
+    else:
+        assert any(said in m for m in node.warnings), node.warnings
+        assert node.holding_calls == 1
+    if containers and len(running) > 1:
+        assert [r for r in node.reads if r != "node"][0] == containers[0]  # the other running configs read after
+
+
+def test_what_the_release_saw_counts_too():
+    """A process of the container that the discovery did not see (it started on GPU 5 since) is in the release's look:
+    the wait covers its GPU too."""
+    node = SharedNode([160, 161], {160: [0], 161: [4]})
+    gpu5 = {"index": 5, "minor_number": 2, "memory": {"used": 1024}, "blockers": [77],
+            "processes": [{"pid": 77, "used_mib": 1024, "container": {"kind": "lxc", "id": 160}}], "holders": {}}
+    node.release = lambda vmids, draining=(), gpus=None: ({"changed": True, "released": [], "gpus_before": [gpu5],
+                                                           "holder_processes": {}}, None)
+    res = fence(node, containers=[160], state="released").run()
+    assert res["containers"][0]["wait_gpus"] == [0, 5] and res["wait_gpus"] == [0, 5]
