@@ -56,10 +56,10 @@ RETURN = r"""
 _value:
   description:
     - C(method), C(containers) (the running vmids fenced), C(skipped) (C({vmid, reason})), C(gpus) (per vmid, the
-      GPU indexes passed through, null for every GPU), C(gpus_from) (per vmid, what the wait covers of it: V(config),
+      GPU indexes passed through, null for every GPU), C(gpus_from) (per vmid, what the wait covers of it - V(config),
       or for a config that passes every GPU of a node whose other containers pass GPUs too, V(processes) - the GPUs
-      its workload held - or V(unheld) - it held none: the GPUs no other container's processes held; the module's
-      C(containers[].gpus_from)), C(container_gpus) (what a wait after the fence covers: the union of the containers'
+      its workload held - or V(unheld) - it held none, the GPUs no other container's processes held; the module's
+      C(containers[].gpus_from)), C(container_gpus) (what a wait after the fence covers - the union of the containers'
       C(wait_gpus) - or, when none of the named containers runs, the GPUs of their configs; null for every GPU),
       C(services_stopped) (C({vmid, unit})), C(released), C(respawned) and C(stopped_units) (from
       M(gpuops.gpu.gpu_release)), C(shut_down) (vmids), C(gpus_before) (the GPUs before the release),
