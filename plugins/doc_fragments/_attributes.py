@@ -36,15 +36,3 @@ attributes:
     support: full
 """
 
-    INFO_MODULE = r"""
-options: {}
-attributes:
-  check_mode:
-    support: full
-    details:
-      - This module never changes the host.
-  diff_mode:
-    support: N/A
-    details:
-      - This module never changes the host.
-"""

@@ -14,9 +14,9 @@ GPU indexes, read and stop the named
 services (``pct exec <vmid> -- systemctl``, each under a time limit), and then shut the containers down
 (state shutdown) or release the GPU holders in them through the release path (state released).
 
-Its I/O is injected (``FenceIO``): ``node()``, ``config(vmid)``, ``pct(argv, timeout, what)``, ``pct_calls()``,
-``gpus(full)``, ``release(params, gpus)``,
-``warn`` and ``now``; the unit tests give it a fake node.
+Its I/O is injected (``NodeIO`` on a node): ``node()``, ``config(vmid)``, ``where()``, ``pct(argv, timeout, what)``,
+``pct_calls()``, ``gpus()``, ``held()`` and ``holding()`` (what the containers' processes hold), ``take_locks(vmids)``,
+``release(vmids, draining, gpus)``, ``warn`` and ``now``; the unit tests give it a fake node (test__fence.FakeNode).
 """
 
 from __future__ import annotations

@@ -60,11 +60,6 @@ def node_of(path: str):
     return (CONTROL, None)
 
 
-def is_control_node(path: str) -> bool:
-    base = path.rsplit("/", 1)[-1]
-    return base in CONTROL_NODES or "/nvidia-caps/" in path
-
-
 def placement(files, minors) -> dict:
     """How one holder's open NVIDIA nodes tie it to GPUs.
 

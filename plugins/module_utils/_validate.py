@@ -369,7 +369,7 @@ def wait(params: dict) -> None:
     if state is not None:
         wait_state = state.get("wait")
         # The shape _wait.new_state() writes: a state of another shape was not written by this module.
-        shape = {"polls": int, "full_scans": int, "samples": dict, "known_holders": dict, "first": bool}
+        shape = {"polls": int, "full_scans": int, "samples": dict, "known_holders": dict}
         if not isinstance(wait_state, dict) or any(
                 not isinstance(wait_state.get(k), t) or isinstance(wait_state.get(k), bool) is not (t is bool)
                 for k, t in shape.items()) or any(

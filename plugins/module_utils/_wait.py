@@ -31,7 +31,7 @@ holders_of = _holding.holders_of
 
 def new_state() -> dict:
     return {"polls": 0, "full_scans": 0, "last_holder_at": None, "samples": {}, "known_holders": {},
-            "last_full_scan_at": None, "first": True, "device_seen": {}, "credited": False, "last_poll_at": None}
+            "last_full_scan_at": None, "device_seen": {}, "credited": False, "last_poll_at": None}
 
 
 def record_sample(state: dict, t: float, gpu: dict, holders: int) -> None:

@@ -12,7 +12,6 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._holding import (
     CONTROL,
     DEVICE,
     evidence_on,
-    is_control_node,
     is_mps_server,
     list_incomplete,
     mps_server_problem,
@@ -32,14 +31,6 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._holding import (
 ])
 def test_node_of(path, node):
     assert node_of(path) == node
-
-
-@pytest.mark.parametrize("path, control", [
-    ("/dev/nvidiactl", True), ("/dev/nvidia-uvm", True), ("/dev/nvidia-caps/nvidia-cap2", True),
-    ("/dev/nvidia0", False), ("/dev/null", False),
-])
-def test_is_control_node(path, control):
-    assert is_control_node(path) is control
 
 
 @pytest.mark.parametrize("files, minors, expected", [
