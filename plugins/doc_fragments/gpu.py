@@ -242,15 +242,17 @@ options:
     default: pct
   lock_timeout:
     description:
-      - One release at a time per container and per node. A run that signals (not in check mode) holds a lock file
-        under C(/run/gpuops.gpu) - C(ct-<vmid>.lock) for each container it is narrowed to, and C(node.lock), shared
-        when it is narrowed to containers, exclusive when it may reach any process of the node - for as long as it
-        runs; the lock goes with the process, so a run that was killed leaves none behind.
-      - Seconds to wait for a lock another run holds. Then the task fails with C(error=locked) before anything is
-        signalled, naming the other run (C(another release of CT 129 is running (pid 4242, proxmox_gpu_containers,
-        for 35 s))).
-      - The default V(0) fails at once - a second pre-deploy run that waited for the first would then release what
-        the first one's deploy starts. From 0 to 86400.
+      - One release at a time per container and per GPU. A run that signals (not in check mode) holds lock files
+        under C(/run/gpuops.gpu) for as long as it runs - C(ct-<vmid>.lock) for each container it is narrowed to,
+        and C(gpu-<index>.lock) for each GPU it selected, shared when it is narrowed to containers (two containers'
+        releases run side by side), exclusive when it may reach any process on that GPU; a lock goes with the
+        process, so a run that was killed leaves none behind.
+      - Seconds to wait for a lock another run holds. A run that waited reads the GPUs again - it finds what the
+        other one left, and reports only what it released itself. After that long the task fails with
+        C(error=locked) before anything is signalled, naming the other run (C(another release of CT 129 is running
+        (pid 4242, proxmox_gpu_containers, for 35 s))).
+      - The default covers one release (grace period, kill timeout, watch). V(0) fails at once - for a hook that must
+        never follow another one's release. From 0 to 86400.
     type: float
-    default: 0
+    default: 120
 """

@@ -56,7 +56,7 @@ RELEASE_ARGS = dict(
     fail_on_survivors=dict(type="bool", default=True),
     stop_units=dict(type="bool", default=True),
     pct=dict(type="str", default="pct"),
-    lock_timeout=dict(type="float", default=0.0),
+    lock_timeout=dict(type="float", default=120.0),
 )
 # Where the simulator (tests/gpusim) points the modules at its kernel log; an unset kernel_log reads it.
 KERNEL_LOG_ENV = "GPUOPS_KERNEL_LOG"

@@ -578,8 +578,13 @@ class NodeIO:
                                                  " Nothing was stopped.") from None
 
     def take_locks(self, vmids) -> None:
-        """The release locks of these containers (and the node's, shared), held until the module exits."""
+        """The release locks of these containers, held until the module exits (their GPUs' are the release's)."""
         _lock.Locks("proxmox_gpu_containers", vmids, self.params["lock_timeout"], self.warn).acquire()
+
+    def _gpu_locks(self, _containers, gpus) -> None:
+        """The release's GPU locks, shared (a release narrowed to the containers whose locks take_locks holds)."""
+        return _lock.Locks("proxmox_gpu_containers", (), self.params["lock_timeout"], self.warn, gpus=gpus,
+                           gpus_exclusive=False).acquire()
 
     def gpus(self):
         """The GPUs (index, uuid, minor_number, memory, processes), read once; None with a warning when the driver
@@ -620,7 +625,7 @@ class NodeIO:
             p["gpus"] = [str(i) for i in gpus]
         try:
             result = _release.run_release(p, _validate.release(p), self.release_io, self.first_signal,
-                                          self.check_mode, self.diff)
+                                          self.check_mode, self.diff, lock=self._gpu_locks)
             # Each holder once (_snapshot.compact_result), as gpu_release returns it.
             return _snapshot.compact_result(result), None
         except _release.ReleaseFailed as exc:

@@ -2,13 +2,16 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""One release at a time per container and per node: lock files under ``/run`` held by the module run.
+"""One release at a time per container and per GPU: lock files under ``/run`` held by the module run.
 
 Two pre-deploy runs at once on one container (two AWX jobs, a hook run twice) must not both release it: the
 second would report the first's stopped unit and released pids as its own, or signal the server the first is
 about to start. A release takes the lock of each container it is narrowed to (``ct-<vmid>.lock``, exclusive) and
-the node's (``node.lock``): shared when it is narrowed to containers, exclusive when it may reach any process of
-the node. ``flock(2)`` locks go with the process: a module killed mid-run leaves no stale lock.
+of each GPU it selected (``gpu-<index>.lock``): shared when it is narrowed to containers (two containers' releases
+on a GPU they share run side by side: neither reaches the other's processes), exclusive when it may reach any
+process of the node on that GPU - so two releases of the node on other GPUs (two inventory hosts of one machine)
+run side by side too. The containers' locks come first, then the GPUs', each in order: no two releases wait on
+each other in a circle. ``flock(2)`` locks go with the process: a module killed mid-run leaves no stale lock.
 
 The holder writes who it is into each exclusive lock file (pid, what, since), so that the one that waits can say
 "another release of CT 129 is running (pid 4242, proxmox_gpu_containers, for 35 s)". The directory is
@@ -41,12 +44,14 @@ def lock_dir() -> str:
     return os.environ.get(LOCK_DIR_ENV) or LOCK_DIR
 
 
-def plan(containers) -> list:
-    """[(file name, exclusive, what it guards)] in the order they are taken (the node's first, then the
-    containers' by vmid: two releases never wait on each other in a circle)."""
+def plan(containers, gpus=(), gpus_exclusive=None) -> list:
+    """[(file name, exclusive, what it guards)] in the order they are taken: each container's (exclusive), then
+    each selected GPU's - shared when the release is narrowed to containers, else exclusive (``gpus_exclusive``
+    says it where the containers' locks are held already: the fence takes them before it reads the services)."""
     vmids = sorted({int(v) for v in containers or ()})
-    out = [("node.lock", not vmids, "the node")]
-    out += [(f"ct-{v}.lock", True, f"CT {v}") for v in vmids]
+    exclusive = not vmids if gpus_exclusive is None else gpus_exclusive
+    out = [(f"ct-{v}.lock", True, f"CT {v}") for v in vmids]
+    out += [(f"gpu-{i}.lock", exclusive, f"GPU {i}") for i in sorted({int(g) for g in gpus or ()})]
     return out
 
 
@@ -73,17 +78,19 @@ def busy_text(what: str, record: dict, now: float, waited: float) -> str:
 class Locks:
     """The locks of one release run, taken by ``acquire()`` and let go by ``release()`` (or the process's end)."""
 
-    def __init__(self, module_name: str, containers, timeout: float, warn, clock=time.time, sleep=time.sleep):
+    def __init__(self, module_name: str, containers, timeout: float, warn, clock=time.time, sleep=time.sleep, gpus=(),
+                 gpus_exclusive=None):
         self.module_name = module_name
-        self.plan = plan(containers)
+        self.plan = plan(containers, gpus, gpus_exclusive)
         self.timeout = timeout
         self.warn = warn
         self.clock = clock
         self.sleep = sleep
         self.files = []
 
-    def acquire(self) -> None:
+    def acquire(self) -> bool:
         """Take every lock of the plan, waiting up to ``timeout`` seconds in all; raise Locked naming the holder.
+        True when it waited for one (what the caller read before is stale: another release ran meanwhile).
 
         Where the directory cannot be made (not root, a read-only /run), the release runs unlocked, with a warning."""
         where = lock_dir()
@@ -91,8 +98,9 @@ class Locks:
             os.makedirs(where, mode=0o700, exist_ok=True)
         except OSError as exc:
             self.warn(f"no lock against another release at once: cannot create {where} ({exc.strerror})")
-            return
+            return False
         start = self.clock()
+        waited = False
         for name, exclusive, what in self.plan:
             path = os.path.join(where, name)
             try:
@@ -115,16 +123,18 @@ class Locks:
                     self.release()
                     raise Locked(busy_text(what if record.get("what") is None else record["what"], record, now,
                                            self.timeout), lock=os.path.join(where, name), holder=record or None)
+                waited = True
                 self.sleep(min(POLL_S, max(0.0, self.timeout - (now - start))))
             if exclusive:
                 self._write(fd, what)
+        return waited
 
     def _record(self, where: str, name: str, exclusive: bool) -> dict:
-        """Who holds the lock that could not be taken: the record in its file, by a living holder; for the node's
-        lock taken exclusive, which releases of containers may hold shared, else the first container lock file
-        with a living holder."""
+        """Who holds the lock that could not be taken: the record in its file, by a living holder; for a GPU's lock
+        taken exclusive, which releases of containers may hold shared, else the first container lock file with a
+        living holder."""
         names = [name]
-        if name == "node.lock" and exclusive:
+        if name.startswith("gpu-") and exclusive:
             try:
                 names += sorted(n for n in os.listdir(where) if n.startswith("ct-") and n.endswith(".lock"))
             except OSError:

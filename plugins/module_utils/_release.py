@@ -1049,7 +1049,7 @@ class ReleaseFailed(_errors.GpuError):
         self.partial = partial
 
 
-def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False, diff=False) -> dict:
+def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False, diff=False, lock=None) -> dict:
     """One release, as gpu_release and the fence run it: a snapshot, the GPU count, the
     selection, the plan through the gate, then check mode's report or the release itself.
 
@@ -1058,6 +1058,13 @@ def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False,
     all_gpus = io.snapshot(p["include_device_holders"])
     _snapshot.check_count(all_gpus, p.get("expected_count"), ". Nothing was signalled.")
     before = _snapshot.select_gpus(all_gpus, p["gpus"])
+    if lock is not None and not check_mode:
+        # One release at a time per container and GPU (_lock), taken once the selection is known and before anything
+        # is planned or signalled: a second run that waited sees what the first left.
+        if lock(filters.get("containers"), [g["index"] for g in before]):
+            # It waited for another release: what it read before is stale - read the GPUs again.
+            all_gpus = io.snapshot(p["include_device_holders"])
+            before = _snapshot.select_gpus(all_gpus, p["gpus"])
     unreadable, message = unreadable_lists(before, bool(p["pids"]))
     if unreadable and not p["pids"]:
         raise ReleaseFailed("process_list_unreadable", message, dict(

@@ -376,11 +376,13 @@ def main() -> None:
         first_signal = signal_number(p["signal"])
         filters = _validate.release(p)
         io = _release.HostIO(SnapshotTaker(module), run_in_group, module.warn, programs(module, find_pct(module, False)))
-        if not module.check_mode:  # one release at a time per container and node (held until the module exits)
-            _lock.Locks("gpu_release", filters["containers"], p["lock_timeout"], module.warn).acquire()
+
+        def lock(containers, gpus):  # one release at a time per container and GPU (held until the module exits)
+            return _lock.Locks("gpu_release", containers, p["lock_timeout"], module.warn, gpus=gpus).acquire()
+
         # Each holder once (_snapshot.compact_result): gpus_before and gpus name pids, holder_processes has the details.
         return True, _snapshot.compact_result(_release.run_release(p, filters, io, first_signal, module.check_mode,
-                                                                   module._diff))
+                                                                   module._diff, lock=lock))
 
     # A release that failed after it began says what it did until then (its partial result).
     run_module(module, body, partial=lambda exc: _snapshot.compact_result(getattr(exc, "partial", None) or {}))

@@ -37,7 +37,8 @@ def test_predeploy_under_ansible_runner_leaves_set_stats_artifacts(gpusim, colle
     inventory = dict(INVENTORY)
     inventory["all"]["vars"]["gpuops_device_files"] = [host.dir + "/dev/nvidia*"]
     (pdd / "inventory" / "hosts.json").write_text(json.dumps(inventory))
-    env = {k: v for k, v in host.env().items() if k in ("PATH", "LD_LIBRARY_PATH", "GPUSIM_DIR")}
+    # Every variable that points programs at this simulated node (its PATH, its NVML, its /etc/pve, /run and kernel log).
+    env = dict(host.env_vars())
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
     env["ANSIBLE_COLLECTIONS_PATH"] = collection
     (pdd / "env" / "envvars").write_text(json.dumps(env))

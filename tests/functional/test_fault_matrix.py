@@ -764,7 +764,8 @@ def test_17_pid_reused_between_discovery_and_signal(row, gpusim, collection, tmp
 def test_18_two_releases_at_once(row, gpusim, collection):
     row.standard_bystanders(gpusim)
     workers = [gpusim.hold(gpus=[i], mib=1024) for i in range(6)]
-    args = {"gpus": [str(i) for i in range(6)], "grace_period": 2, "device_files": devices(gpusim)}
+    # The second waits for the first's release locks (lock_timeout), then finds what it left.
+    args = {"gpus": [str(i) for i in range(6)], "grace_period": 2, "device_files": devices(gpusim), "lock_timeout": 60}
     results = [None, None]
 
     def one(n):

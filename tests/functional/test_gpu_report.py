@@ -44,7 +44,7 @@ def report(host, collection, tmp_path, extravars=None, limit=None, more_hosts=No
     inventory["all"]["vars"]["gpuops_device_files"] = [host.dir + "/dev/nvidia*"]
     inventory["all"]["children"]["gpu_hosts"]["hosts"].update(more_hosts or {})
     (pdd / "inventory" / "hosts.json").write_text(json.dumps(inventory))
-    env = {k: v for k, v in host.env().items() if k in ("PATH", "LD_LIBRARY_PATH", "GPUSIM_DIR")}
+    env = dict(host.env_vars())  # every variable that points programs at this simulated host
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
     env.update(ANSIBLE_COLLECTIONS_PATH=collection, ANSIBLE_NOCOLOR="1")
     (pdd / "env" / "envvars").write_text(json.dumps(env))

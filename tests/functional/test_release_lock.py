@@ -1,9 +1,9 @@
 """One release at a time per container and node (issue 29, item 7), with real module processes on real LXC.
 
 Before the lock, two pre-deploy runs at once on one container both returned rc 0 and reported the same stopped
-unit and released pids. Now the second fails at once (lock_timeout 0, the default) naming the first - its pid,
-its module, how long it has run - before anything is signalled, or, with a lock_timeout, waits for it and then
-finds what the first left: nothing to release.
+unit and released pids. Now the second waits for the first (lock_timeout, 120 s by default) and then finds what
+the first left: nothing to release; or, past its lock_timeout (0 here), fails naming the first - its pid, its
+module, how long it has run - before anything is signalled.
 """
 
 import json
@@ -38,7 +38,7 @@ def test_a_second_release_of_the_container_fails_naming_the_first_or_waits_for_i
         assert lock_record(gpusim, f"ct-{VMID}.lock")["pid"] == first.pid
         # The fence of a second pre-deploy run on the same container: fails at once, nothing signalled.
         second = run_module(gpusim, collection, "proxmox_gpu_containers",
-                            {"device_files": devices, "containers": [VMID], "state": "released"})
+                            {"device_files": devices, "containers": [VMID], "state": "released", "lock_timeout": 0})
         assert second.get("failed") and second["error"] == "locked", second
         assert second["msg"].startswith(f"another release of CT {VMID} is running (pid {first.pid}, gpu_release, for ")
         assert "Nothing was signalled" in second["msg"] and "release" not in second

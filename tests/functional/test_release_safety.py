@@ -12,7 +12,9 @@ from modrun import alive, run_module, start_module
 def test_two_releases_at_once_both_succeed(gpusim, collection, tmp_path):
     workers = [gpusim.hold(gpus=[i], mib=1024) for i in range(8)]
     bystander = gpusim.hold(gpus=[0], mib=16, device_only=True, name="nvidia-persistenced")
-    args = {"device_files": [gpusim.dir + "/dev/nvidia*"], "grace_period": 5}
+    # With a lock_timeout the second run waits for the first's locks (_lock) and then finds what it left; with the
+    # default (0) it would fail at once naming the first (test_release_lock.py).
+    args = {"device_files": [gpusim.dir + "/dev/nvidia*"], "grace_period": 5, "lock_timeout": 60}
     procs = [start_module(gpusim, collection, "gpu_release", args, tag=str(n)) for n in range(2)]
     results = []
     for p in procs:

@@ -10,7 +10,9 @@ Each example builds a simulated host (4 GPUs; CT A with GPUs 0-2, CT B with GPUs
 - bystanders of every kind: an NVML-only client (``nvml``), a CUDA-initialised process with no
   context holding every node it sees (``cuda``), jobs on unselected GPUs in the same container,
   the other container and on the host (``job``), nvidia-persistenced (``daemon``), a launcher
-  running one job on a selected GPU and one on an unselected GPU (``launcher``), and a job that
+  running one job on a selected GPU and one on an unselected GPU (``launcher``), an MPS control daemon
+  whose server serves a selected GPU and an unselected one where its only client runs (``mps``: the
+  server carries another scope's work and is never signalled, issue 27 item 2), and a job that
   starts on a selected GPU in the middle of the release (``newcomer``);
 - a release lag, and a scope: ``containers``, ``gpus``, ``pids``, ``users``, ``match``,
   ``exclude`` or the ``predeploy`` playbook.
@@ -69,7 +71,7 @@ GRACE = 1.0
 STALL_SLACK_S = 0.5
 SHAPES = ("api", "engine", "reparented", "setsid", "forking", "service")
 SCOPES = ("containers", "gpus", "pids", "users", "match", "exclude", "predeploy")
-BYSTANDERS = ("nvml", "cuda", "job", "daemon", "launcher", "keeper")
+BYSTANDERS = ("nvml", "cuda", "job", "daemon", "launcher", "keeper", "mps")
 SERVER_NAMES = {
     "api": ("python3 -m sglang.launch_server --model-path m", None),
     "engine": ("python3 -m vllm.entrypoints.openai.api_server", "VLLM::EngineCore"),
@@ -94,7 +96,7 @@ def vmids():
 class Bystander:
     kind: str
     place: str  # "A", "B" or "host"
-    gpu: Optional[int] = None  # job: its GPU; launcher: its unselected GPU
+    gpu: Optional[int] = None  # job: its GPU; launcher, mps: its unselected GPU
 
 
 @dataclass
@@ -157,6 +159,12 @@ def plans(draw):
             choices = [g for g in unselected if where == "host" or g in CT_GPUS[where]]
             if choices:
                 plan.bystanders.append(Bystander(kind, where, draw(st.sampled_from(choices))))
+        elif kind == "mps" and where != "B":
+            # An MPS server on the server's first GPU (selected) and on a GPU nobody selected, where its one
+            # client runs: the server carries a context of a client outside the scope (never signalled).
+            choices = [g for g in unselected if where == "host" or g in CT_GPUS[where]]
+            if choices:
+                plan.bystanders.append(Bystander(kind, where, draw(st.sampled_from(choices))))
         elif kind == "keeper" and scope == "exclude":
             plan.bystanders.append(Bystander(kind, draw(st.sampled_from([place, "host"]))))
     if draw(st.integers(0, 2)) == 0:
@@ -180,6 +188,7 @@ class Proc:
     cmdline: str
     parent: Optional[int] = None  # the pid of its parent among the example's processes
     protected: bool = False
+    mps: Optional[str] = None  # "control", "server" or "client" of an MPS daemon
 
 
 def cmdline_of(pid):
@@ -240,6 +249,22 @@ class Scene:
         self.adopt(pid, role, what, place)
         return pid
 
+    def mps(self, place, gpus):
+        """An MPS control daemon and its server (its child) on ``gpus``, both noting their signals: bystanders."""
+        saved = os.environ.get("GPUSIM_RECORD_SIGNALS")
+        os.environ["GPUSIM_RECORD_SIGNALS"] = self.log
+        try:
+            control, server = self.host.mps_daemon(gpus=gpus, mib=28, ct=self.ct(place))
+        finally:
+            if saved is None:
+                os.environ.pop("GPUSIM_RECORD_SIGNALS", None)
+            else:
+                os.environ["GPUSIM_RECORD_SIGNALS"] = saved
+        self.adopt(control, "bystander", f"the MPS control daemon and its server on GPUs {gpus} ({place})", place)
+        # The control daemon is protected (an NVIDIA daemon); the server is judged by its clients (oracle).
+        self.procs[control].protected, self.procs[control].mps = True, "control"
+        self.procs[server].mps = "server"
+
     def adopt(self, pid, role, what, place, parent=None):
         """Record ``pid`` and its descendants (a tree's workers, a forked child)."""
         ctx: Dict[int, set] = {}
@@ -295,6 +320,11 @@ class Scene:
             elif b.kind == "keeper":
                 self.hold("keeper", f"a kept job on GPU {plan.gpus[0]} ({b.place})", b.place, gpus=plan.gpus[:1],
                           mib=256, name="python3 keeper.py")
+            elif b.kind == "mps":
+                self.mps(b.place, [plan.gpus[0], b.gpu])
+                client = self.hold("bystander", f"an MPS client on GPU {b.gpu} ({b.place})", b.place, gpus=[b.gpu],
+                                   mib=256, type="CM", name="python3 mps-client.py")
+                self.procs[client].mps = "client"
             elif b.kind == "launcher":
                 self.hold("launcher", f"a launcher on GPUs {plan.gpus[0]},{b.gpu} ({b.place})", b.place,
                           gpus=[plan.gpus[0], b.gpu], mib=512, tree=True, record=False,
@@ -361,6 +391,11 @@ class Scene:
                     continue
                 must.add(c)
                 stack.append(c)
+        # MPS (docs.nvidia.com/deploy/mps): a server carries its clients' contexts, so it is a target only when
+        # every client on the GPUs it serves is one - whatever the filters say.
+        for p, x in live.items():
+            if x.mps == "server" and any(c.mps == "client" and c.ctx & x.ctx and q not in must for q, c in live.items()):
+                must.discard(p)
         filtered = any(k in args for k in ("containers", "users", "match", "pids"))
         places = {live[p].place for p in must}
         self.refused = not filtered and not args.get("all") and len(places) > 1

@@ -93,8 +93,14 @@ def pve_dir(simdir: str) -> str:
 
 
 def node_lxc_dir(simdir: str) -> str:
-    """This node's container configs: /etc/pve/nodes/<node>/lxc (what /etc/pve/lxc links to)."""
-    return os.path.join(pve_dir(simdir), "nodes", nodename(), "lxc")
+    """This node's container configs: /etc/pve/nodes/<node>/lxc (what /etc/pve/lxc links to). The node is the one
+    pmxcfs' ``local`` link names (make_pve made it), not this process's hostname: a workload in a container reads
+    the config too, and its hostname is the container's."""
+    try:
+        node = os.readlink(os.path.join(pve_dir(simdir), "local")).rstrip("/").rsplit("/", 1)[-1]
+    except OSError:
+        node = nodename()
+    return os.path.join(pve_dir(simdir), "nodes", node, "lxc")
 
 
 def config_path(simdir: str, vmid: Union[int, str]) -> str:

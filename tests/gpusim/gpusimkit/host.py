@@ -35,6 +35,7 @@ LAYOUT = ("lib", "bin", "ctbin", "dev", "run", "ct", "lxc", "etc", "services", "
           "procs", "kmsg", CREATED_MARKER)
 # The simulated kernel log (README "Health"): /dev/kmsg records, Xid lines appended by fault(xid=...).
 KMSG = "kmsg"
+ENV_FILE = "env.json"
 # Xid: the text the driver logs after the code (NVIDIA's Xid catalog; "GPU has fallen off the bus" as in
 # NVIDIA/open-gpu-kernel-modules#1151's logs). Other codes are logged with a generic text.
 XID_TEXT = {
@@ -236,6 +237,10 @@ class SimHost:
             host._install_library(sc.hidden_symbols)
             host._make_wrappers()
             host._start_daemon()
+            # What points programs at this host (env_vars), for harnesses that cannot call Python: the integration
+            # targets and molecule read it (DIR/env.json).
+            with open(os.path.join(simdir, ENV_FILE), "w", encoding="utf-8") as f:
+                json.dump(host.env_vars(), f, indent=1, sort_keys=True)
         except BaseException:
             host.down()
             raise

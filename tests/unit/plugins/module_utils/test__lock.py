@@ -16,13 +16,15 @@ import pytest
 from ansible_collections.gpuops.gpu.plugins.module_utils import _lock
 
 
-@pytest.mark.parametrize("containers, expected", [
-    (None, [("node.lock", True, "the node")]),
-    ([], [("node.lock", True, "the node")]),
-    ([130, 129, 129], [("node.lock", False, "the node"), ("ct-129.lock", True, "CT 129"), ("ct-130.lock", True, "CT 130")]),
+@pytest.mark.parametrize("containers, gpus, exclusive, expected", [
+    (None, [1, 0], None, [("gpu-0.lock", True, "GPU 0"), ("gpu-1.lock", True, "GPU 1")]),
+    ([], [3], None, [("gpu-3.lock", True, "GPU 3")]),
+    ([130, 129, 129], [2], None, [("ct-129.lock", True, "CT 129"), ("ct-130.lock", True, "CT 130"),
+                                  ("gpu-2.lock", False, "GPU 2")]),
+    ([], [2], False, [("gpu-2.lock", False, "GPU 2")]),   # the fence: its containers' locks taken before
 ])
-def test_the_plan(containers, expected):
-    assert _lock.plan(containers) == expected
+def test_the_plan(containers, gpus, exclusive, expected):
+    assert _lock.plan(containers, gpus, exclusive) == expected
 
 
 @pytest.mark.parametrize("record, text", [
@@ -45,6 +47,8 @@ class Clock:
     def sleep(self, s):
         self.slept.append(s)
         self.t += s
+        if getattr(self, "on_sleep", None):
+            self.on_sleep()
 
 
 @pytest.fixture
@@ -53,24 +57,26 @@ def lockdir(tmp_path, monkeypatch):
     return tmp_path / "run"
 
 
-def locks(containers, timeout, clock, warnings=None):
+def locks(containers, timeout, clock, warnings=None, gpus=(0, 1)):
     return _lock.Locks("gpu_release", containers, timeout, (warnings if warnings is not None else []).append,
-                       clock=clock.now, sleep=clock.sleep)
+                       clock=clock.now, sleep=clock.sleep, gpus=gpus)
 
 
-@pytest.mark.parametrize("first, second, conflict, what", [
-    ([129], [129], True, "CT 129"),      # the same container
-    ([129], [130], False, None),         # other containers: side by side
-    ([129], None, True, "CT 129"),       # a release of the node waits for every container's
-    (None, [129], True, "the node"),     # and a container's for the node's
-    (None, None, True, "the node"),
+@pytest.mark.parametrize("first, second, gpus2, conflict, what", [
+    ([129], [129], (0, 1), True, "CT 129"),    # the same container
+    ([129], [130], (0, 1), False, None),       # other containers, on shared GPUs: side by side
+    ([129], None, (0, 1), True, "CT 129"),     # a release of the node's GPUs waits for a container's on them
+    ([129], None, (2, 3), False, None),        # not on other GPUs
+    (None, [129], (0, 1), True, "GPU 0"),      # and a container's for the node's
+    (None, None, (1,), True, "GPU 1"),
+    (None, None, (2, 3), False, None),         # two inventory hosts of one machine, on other GPUs
 ])
-def test_who_waits_for_whom(lockdir, first, second, conflict, what):
+def test_who_waits_for_whom(lockdir, first, second, gpus2, conflict, what):
     clock = Clock()
     held = locks(first, 0, clock)
     held.acquire()
     try:
-        other = locks(second, 2.0, clock)
+        other = locks(second, 2.0, clock, gpus=gpus2)
         if not conflict:
             other.acquire()
             other.release()
@@ -85,7 +91,7 @@ def test_who_waits_for_whom(lockdir, first, second, conflict, what):
         assert other.files == []  # what it had taken is let go
     finally:
         held.release()
-    again = locks(second, 0, clock)
+    again = locks(second, 0, clock, gpus=gpus2)
     again.acquire()  # free once the first is done
     again.release()
 
@@ -104,3 +110,17 @@ def test_no_lock_directory_is_a_warning_not_a_failure(tmp_path, monkeypatch):
     with locks([129], 0, Clock(), warnings) as held:
         assert held.files == []
     assert len(warnings) == 1 and warnings[0].startswith("no lock against another release at once: cannot create")
+
+
+def test_acquire_says_whether_it_waited(lockdir):
+    # The caller reads the GPUs again after a wait: what it read before is another release's leftover.
+    clock = Clock()
+    free = locks([129], 0, clock)
+    assert free.acquire() is False  # free: taken at once
+    free.release()
+    held = locks([129], 0, clock)
+    held.acquire()
+    clock.on_sleep = held.release  # the other run finishes while this one waits
+    other = locks([129], 5.0, clock)
+    assert other.acquire() is True and clock.slept
+    other.release()
