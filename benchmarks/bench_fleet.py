@@ -241,6 +241,8 @@ def fleet_playbook(method, gpus):
                                            threshold=THRESHOLD_MIB)
     else:
         text = bench_e2e.PLAYBOOK_C.format(vmid=FLEET_VMID, gpus=gpus, stop_task="\n")
+    # names are templated before a host is chosen: no host variable there
+    text = text.replace(f"CT {FLEET_VMID} ", "each node's container ").replace(f"CT {FLEET_VMID}\n", "each node's container\n")
     text = text.replace(f"[{FLEET_VMID}]", '["{{ fleet_vmid }}"]').replace(str(FLEET_VMID), "{{ fleet_vmid }}")
     return text.replace("hosts: pve\n", "hosts: proxmox_nodes\n")
 
