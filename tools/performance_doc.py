@@ -315,7 +315,7 @@ def e2e_hosts(e2e) -> list:
     if not summary:
         return []
     rows = []
-    for size, by in summary.items():
+    for size, by in sorted(summary.items(), key=lambda kv: int(kv[0])):  # JSON keys are strings, sorted as such
         for m in ("b", "c", "d"):
             x = by.get(m)
             if x:
