@@ -561,9 +561,12 @@ def run_one(ws, args, item, index, part="e2e", sshd=None):
         if conn:
             sshd.wait_sessions_ended()
             node_before = sshd.cpu_of_sessions()
+        from gpusimkit import pct as pct_sim  # pylint: disable=import-outside-toplevel,import-error
+        pct_before = len(pct_sim.calls(host.dir))
         with benchlib.ExitWatcher(host, scene["contexts"]) as exits:
             rc, wall, cpu, t0 = run_command(argv, env, rundir, args.timeout, log, stdin_path=stdin_path)
-        entry.update({"rc": rc, "wall_s": wall})
+        # the pct processes the method started (the simulator's pct counts its invocations)
+        entry.update({"rc": rc, "wall_s": wall, "pct_calls": len(pct_sim.calls(host.dir)) - pct_before})
         modules_cpu, runs = benchlib.wrapper_cpu(python + ".cpu")
         if conn:
             # the controller: ansible-playbook, its workers, the ssh clients (the command's children) and the
@@ -595,7 +598,27 @@ def run_one(ws, args, item, index, part="e2e", sshd=None):
         entry["profile"] = read_profile(profile, t0, wall)
         if entry["profile"] is None:
             del entry["profile"]
+        if method in IDLE_METHODS and args.idle_run and conn is None and rc == 0:
+            entry["idle"] = idle_run(host, argv, env, rundir, args, python)
     return entry
+
+
+IDLE_METHODS = ("d",)
+
+
+def idle_run(host, argv, env, rundir, args, python):
+    """The same command again on the same node, right after it: nothing left to release (the second run of
+    `make demo`). Its wall, controller CPU and pct processes, and its wall's ratio to the first run's."""
+    from gpusimkit import pct as pct_sim  # pylint: disable=import-outside-toplevel,import-error
+    modules_before, _runs = benchlib.wrapper_cpu(python + ".cpu")
+    pct_before = len(pct_sim.calls(host.dir))
+    rc, wall, cpu, _t0 = run_command(argv, env, rundir, args.timeout, os.path.join(rundir, "output-idle.log"))
+    modules_cpu, _runs = benchlib.wrapper_cpu(python + ".cpu")
+    modules_cpu -= modules_before
+    status = host.status()
+    return {"rc": rc, "wall_s": wall, "controller_cpu_s": max(0.0, cpu - modules_cpu), "node_cpu_s": modules_cpu,
+            "pct_calls": len(pct_sim.calls(host.dir)) - pct_before,
+            "ready": all(g["memory_used_mib"] <= THRESHOLD_MIB for g in status["gpus"])}
 
 
 # --- the run and the tables -----------------------------------------------------------------------
@@ -686,7 +709,14 @@ def method_summary(rs, base, key="wall_s"):
          "bystanders_alive": sum(r["bystanders_alive"] for r in rs), "respawned": sum(r["respawned"] for r in rs),
          "gpu_bystanders_ok": sum(1 for r in rs if r.get("gpu_bystanders_ok", True)),
          "signalled_outside": sum(1 for r in rs if r["signalled_outside"]),
-         "rc": sorted({str(r["rc"]) for r in rs})}
+         "rc": sorted({str(r["rc"]) for r in rs}),
+         "pct_calls_median": cpu_median(rs, "pct_calls"),
+         "pct_calls": sorted({r["pct_calls"] for r in rs if r.get("pct_calls") is not None})}
+    idle = [dict(r["idle"], first_wall_s=r["wall_s"]) for r in rs if r.get("idle")]
+    if idle:
+        s["idle"] = {"n": len(idle), "wall": stats(idle, "wall_s"), "controller_cpu_median_s": cpu_median(idle, "controller_cpu_s"),
+                     "pct_calls_median": cpu_median(idle, "pct_calls"), "ready": sum(1 for r in idle if r["ready"]),
+                     "ratio_to_first": benchlib.median([r["wall_s"] / r["first_wall_s"] for r in idle])}
     # kept under the names of the earlier JSON too
     s.update(wall_median_s=s["wall"]["median"], wall_min_s=s["wall"]["min"], wall_max_s=s["wall"]["max"])
     s["ratio_to_b"] = benchlib.ratio(s["latency" if key == "latency_s" else "wall"]["median"], base_median)
@@ -712,7 +742,15 @@ def outcome_cells(s, kind):
 def cpu_cells(s):
     f = benchlib.fmt
     return [cpu_cell(s["controller_cpu_per_host_s"]), f(s["controller_cpu_per_host_ratio_to_b"], "x"),
-            cpu_cell(s["node_cpu_median_s"])]
+            cpu_cell(s["node_cpu_median_s"]), pct_cell(s)]
+
+
+def pct_cell(s):
+    """The pct processes a run of the method started: the median, and the range where runs differ."""
+    values = s.get("pct_calls") or []
+    if not values:
+        return "-"
+    return f"{s['pct_calls_median']:g}" + (f" ({values[0]}-{values[-1]})" if len(values) > 1 else "")
 
 
 def summarize(runs, methods, args, kind):
@@ -745,7 +783,7 @@ def summarize_latency(runs, args, kind):
     return rows, summary
 
 
-CPU_HEADERS = ["CPU controller per host", "its ratio to (b)", "CPU node"]
+CPU_HEADERS = ["CPU controller per host", "its ratio to (b)", "CPU node", "pct processes"]
 HEADERS_TAIL = ["ready", "server gone", "bystanders alive", "GPU bystanders alive, unsignalled",
                 "signalled outside the scope", "rc"]
 
@@ -882,7 +920,96 @@ def print_e2e(runs, skipped, args):
                     if method not in ("a", "a0"):
                         profile_table(rs, f"{connection}, {kind}, {variant}", method)
     print_side_by_side(summary, args)
+    print_idle(summary, args)
     return summary
+
+
+def idle_rows(summary, args):
+    """[label, first run, idle run, ratio, controller CPU of the idle run, pct processes of each] per table of (d)."""
+    rows = []
+    for connection, kind in combinations(args):
+        for variant in args.variants:
+            s = summary.get(connection, {}).get(kind, {}).get(variant, {}).get("d")
+            if not s or not s.get("idle"):
+                continue
+            i = s["idle"]
+            rows.append([f"{connection}, {kind}, {variant}", range_cell(s["wall"]), range_cell(i["wall"]),
+                         benchlib.fmt(i["ratio_to_first"], "x"), cpu_cell(i["controller_cpu_median_s"]),
+                         pct_cell(s), f"{i['pct_calls_median']:g}", count_cell(i["ready"], i["n"])])
+    return rows
+
+
+def print_idle(summary, args):
+    rows = idle_rows(summary, args)
+    if rows:
+        benchlib.table("The idle-node run: (d) again on the same node right after it (nothing to release, the second run"
+                       " of make demo); ratio: its wall to the first run's (target <= 0.5x)",
+                       ["table", "(d) first run", "idle run", "ratio to the first", "idle run: CPU controller",
+                        "pct processes, first run", "pct processes, idle run", "idle run ready"], rows)
+
+
+def run_hosts(ws, args):
+    """Controller CPU per host of (b), (c) and (d) over 1, 8, 32 ... simulated nodes at once (bench_fleet.Fleet:
+    each node its own simulator and container, 2 x H200, a server in each; local connection, forks = hosts).
+    The payload of each module is built once per run whatever the hosts: its cost per host falls with them."""
+    import bench_fleet  # pylint: disable=import-outside-toplevel
+
+    fargs = argparse.Namespace(gpus=2, lag_ms=LAG_MS, vmid_base=args.vmid_base_hosts, timeout=args.timeout * 3,
+                               profile_tasks=False)
+    runs = []
+    for size in args.hosts:
+        stack = contextlib.ExitStack()
+        try:
+            fleet = bench_fleet.Fleet(ws, stack, size, fargs)
+            for rep in range(args.hosts_reps):
+                methods = list(HOSTS_METHODS)
+                shift = rep % len(methods)
+                for method in methods[shift:] + methods[:shift]:
+                    print(f"  hosts {size} rep {rep + 1} ({method})", end=" ", flush=True)
+                    entry = bench_fleet.one_run(ws, fleet, size, fargs, len(runs), method=method)
+                    entry["rep"] = rep
+                    entry.pop("memory", None)
+                    runs.append(entry)
+                    print(f"rc {entry['rc']}, {entry['wall_s']:.2f} s, controller CPU per host"
+                          f" {entry['controller_cpu_per_host_s']:.2f} s, pct {entry['pct_calls']},"
+                          f" ready {entry['ready']}/{size}", flush=True)
+        finally:
+            with bench_fleet.signals_held():
+                stack.close()
+    summary = {}
+    for size in args.hosts:
+        base = benchlib.median([r["controller_cpu_per_host_s"] for r in runs if r["hosts"] == size and r["method"] == "b"])
+        for method in HOSTS_METHODS:
+            rs = [r for r in runs if r["hosts"] == size and r["method"] == method]
+            if not rs:
+                continue
+            ctl = benchlib.median([r["controller_cpu_per_host_s"] for r in rs])
+            summary.setdefault(str(size), {})[method] = {
+                "n": len(rs), "controller_cpu_per_host_s": ctl, "ratio_to_b": benchlib.ratio(ctl, base),
+                "wall_median_s": benchlib.median([r["wall_s"] for r in rs]),
+                "pct_calls_per_host": benchlib.median([r["pct_calls"] / size for r in rs]),
+                "ready": sum(r["ready"] for r in rs), "hosts_total": size * len(rs),
+                "rc": sorted({str(r["rc"]) for r in rs})}
+    rows = []
+    for size, by in summary.items():
+        for method, s in by.items():
+            rows.append([size, f"({method}) {method_text(method, args)}", f"{s['controller_cpu_per_host_s']:.2f} s",
+                         benchlib.fmt(s["ratio_to_b"], "x"), f"{s['wall_median_s']:.2f} s", f"{s['pct_calls_per_host']:g}",
+                         count_cell(s["ready"], s["hosts_total"]), ",".join(s["rc"])])
+    if rows:
+        benchlib.table(f"Controller CPU per host at {', '.join(str(h) for h in args.hosts)} hosts at once (a simulated node"
+                       f" each, 2 x H200, a server in each; local connection, forks = hosts), median of {args.hosts_reps}",
+                       ["hosts", "method", "CPU controller per host", "ratio to (b)", "wall", "pct processes per host",
+                        "ready", "rc"], rows)
+    for r in runs:
+        if r["rc"] != 0 or r["ready"] != r["hosts"]:
+            print(f"- ({r['method']}) {r['hosts']} hosts rep {r['rep'] + 1}: rc {r['rc']}, ready {r['ready']}/{r['hosts']},"
+                  f" failed hosts {', '.join(r['failed_hosts'][:5])}")
+    return {"summary": summary, "runs": [{k: v for k, v in r.items() if k not in ("per_host", "output_tail")}
+                                         for r in runs]}
+
+
+HOSTS_METHODS = ("b", "c", "d")
 
 
 def side_by_side_rows(summary, args):
@@ -896,11 +1023,12 @@ def side_by_side_rows(summary, args):
                 s = summary.get(connection, {}).get(kind, {}).get(variant, {}).get(m)
                 seen = seen or s is not None
                 if s is None:
-                    cells += ["-", "-"]
+                    cells += ["-", "-", "-"]
                     continue
                 ok = s["ready"] == s["n"] and s["bystanders_alive"] == s["n"] and not s["signalled_outside"]
                 cells += [f"{range_cell(s['wall']).split(' (')[0]} ({f(s['ratio_to_b'], 'x')})" + ("" if ok else " !"),
-                          f"{cpu_cell(s['controller_cpu_per_host_s'])} ({f(s['controller_cpu_per_host_ratio_to_b'], 'x')})"]
+                          f"{cpu_cell(s['controller_cpu_per_host_s'])} ({f(s['controller_cpu_per_host_ratio_to_b'], 'x')})",
+                          pct_cell(s)]
             if seen:
                 rows.append([f"{variant} ({m})"] + cells)
     return rows
@@ -912,7 +1040,8 @@ def print_side_by_side(summary, args):
         return
     headers = ["variant (method)"]
     for connection, kind in combinations(args):
-        headers += [f"{connection}, {kind}: wall median (ratio to b)", f"{connection}, {kind}: CPU controller per host (ratio)"]
+        headers += [f"{connection}, {kind}: wall median (ratio to b)", f"{connection}, {kind}: CPU controller per host (ratio)",
+                    f"{connection}, {kind}: pct processes"]
     benchlib.table(f"Side by side, {args.reps} repetition(s): medians, ratios to (b) of the same connection, bystander"
                    " kind and variant (! = a run not ready, a bystander dead or signalled: see the notes above)",
                    headers, rows)
@@ -957,6 +1086,7 @@ def run(args):
         summary_by = print_e2e(runs, skipped, args) if runs else {}
         latency_runs, latency_skipped = execute(ws, args, latency_plan(args), "latency", sshd)
         latency = print_latency(latency_runs, latency_skipped, args) if latency_runs else {}
+        hosts = run_hosts(ws, args) if args.hosts and args.hosts_reps else {}
     result = {"name": "e2e", "smoke": args.smoke, "machine": started, "loadavg_at_end": os.getloadavg(),
               "params": {"reps": args.reps, "variants": args.variants, "methods": args.methods, "gpus": GPUS,
                          "worker_mib": WORKER_MIB, "release_lag_ms": LAG_MS, "threshold_mib": THRESHOLD_MIB,
@@ -977,7 +1107,8 @@ def run(args):
               "summary_by": summary_by, "runs": runs, "skipped": skipped,
               "profiles": profiles_of(runs, args, *first),
               "profiles_by": {c: {k: profiles_of(runs, args, c, k) for k in args.bystanders} for c in args.connections},
-              "latency": {"summary": latency, "runs": latency_runs, "skipped": latency_skipped}}
+              "latency": {"summary": latency, "runs": latency_runs, "skipped": latency_skipped},
+              "hosts_part": dict(hosts, sizes=args.hosts, reps=args.hosts_reps)}
     benchlib.write_json("e2e", result)
     return result
 
@@ -1030,7 +1161,16 @@ def main(argv=None):
                          " that never sees the GPUs free would wait 300 s (its own timeout)")
     ap.add_argument("--profile-tasks", action="store_true",
                     help="record each Ansible task's time (a callback in the temp dir) and print a per-task table")
+    ap.add_argument("--hosts", type=lambda t: [int(x) for x in t.split(",") if x.strip()],
+                    help="the controller-CPU part: (b), (c), (d) over that many simulated nodes at once (default 1,8,32;"
+                         " smoke: none; '' or 0 reps: skip it)")
+    ap.add_argument("--hosts-reps", type=int, default=1, help="repetitions of the controller-CPU part (default 1)")
+    ap.add_argument("--vmid-base-hosts", type=vmid_arg, default=7300,
+                    help="the controller-CPU part's containers: CT N, N+1, ... (default 7300, bench_fleet's)")
+    ap.add_argument("--no-idle-run", dest="idle_run", action="store_false",
+                    help="do not run (d) a second time on the same node (the idle-node run)")
     args = ap.parse_args(argv)
+    args.hosts = args.hosts if args.hosts is not None else ([] if args.smoke else [1, 8, 32])
     args.reps = args.reps if args.reps is not None else (1 if args.smoke else 5)
     args.latency_reps = args.latency_reps if args.latency_reps is not None else (1 if args.smoke else 10)
     args.timeout = args.timeout or (30.0 if args.smoke else 120.0)

@@ -99,7 +99,7 @@ class Fleet:
         for h in self.hosts:
             common = {"ansible_python_interpreter": h["python"],
                       "gpuops_device_files": [benchlib.device_glob(h["host"])]}
-            nodes[h["node"]] = dict(common)
+            nodes[h["node"]] = dict(common, fleet_vmid=h["vmid"])
             gpu_hosts[h["gpu_host"]] = dict(common, proxmox_node=h["node"], proxmox_vmid=h["vmid"],
                                             gpu_idle_expected_count=self.args.gpus)
         inv = {"all": {"vars": {"ansible_connection": "local"},
@@ -228,9 +228,34 @@ class MemorySampler:
         self._thread.join()
 
 
-def one_run(ws, fleet, forks, args, run_id):
+# The hand-written playbook (b) and the two tasks (c) of bench_e2e.py over the fleet: every node, its own container
+# (fleet_vmid, a node variable).
+FLEET_VMID = 999999998  # a placeholder in bench_e2e's playbooks, replaced by the node's fleet_vmid
+
+
+def fleet_playbook(method, gpus):
+    """bench_e2e's (b) or (c) for every node of the fleet (hosts: proxmox_nodes, each its own CT fleet_vmid)."""
+    if method == "b":
+        import shlex  # pylint: disable=import-outside-toplevel
+        text = bench_e2e.PLAYBOOK_B.format(vmid=FLEET_VMID, stop=shlex.quote(f"pct exec {FLEET_VMID} -- pkill -f sglang"),
+                                           threshold=THRESHOLD_MIB)
+    else:
+        text = bench_e2e.PLAYBOOK_C.format(vmid=FLEET_VMID, gpus=gpus, stop_task="\n")
+    # names are templated before a host is chosen: no host variable there
+    text = text.replace(f"CT {FLEET_VMID} ", "each node's container ").replace(f"CT {FLEET_VMID}\n", "each node's container\n")
+    text = text.replace(f"[{FLEET_VMID}]", '["{{ fleet_vmid }}"]').replace(str(FLEET_VMID), "{{ fleet_vmid }}")
+    return text.replace("hosts: pve\n", "hosts: proxmox_nodes\n")
+
+
+def pct_calls(fleet):
+    from gpusimkit import pct  # pylint: disable=import-outside-toplevel,import-error
+    return sum(len(pct.calls(h["host"].dir)) for h in fleet.hosts)
+
+
+def one_run(ws, fleet, forks, args, run_id, method="d"):
+    """One run of `method` over the fleet: d predeploy (the default), b or c (fleet_playbook)."""
     size = len(fleet.hosts)
-    rundir = ws.path(f"fleet-{size}/run-{run_id}-forks-{forks}")
+    rundir = ws.path(f"fleet-{size}/run-{run_id}-{method}-forks-{forks}")
     os.makedirs(rundir)
     servers = fleet.start_servers()
     fleet.write_interpreters(run_id)
@@ -239,8 +264,13 @@ def one_run(ws, fleet, forks, args, run_id):
     env = bench_e2e.ansible_env(ws, dict(base, PYTHONDONTWRITEBYTECODE="1"), args.profile_tasks)
     profile = os.path.join(rundir, "profile.json")
     env["GPUOPS_E2E_PROFILE"] = profile
-    argv = [bench_e2e.ansible_playbook(), "gpuops.gpu.predeploy", "-i", inventory, "--forks", str(forks)]
+    if method == "d":
+        argv = [bench_e2e.ansible_playbook(), "gpuops.gpu.predeploy", "-i", inventory, "--forks", str(forks)]
+    else:
+        argv = [bench_e2e.ansible_playbook(), "-i", inventory, "--forks", str(forks),
+                bench_e2e.write(os.path.join(rundir, f"{method}.yml"), fleet_playbook(method, args.gpus))]
     log = os.path.join(rundir, "output.log")
+    pct_before = pct_calls(fleet)
     samplers = []
 
     def sampler(pid):
@@ -248,6 +278,7 @@ def one_run(ws, fleet, forks, args, run_id):
         return samplers[-1]
 
     rc, wall, cpu, t0 = bench_e2e.run_command(argv, env, rundir, args.timeout, log, during=sampler)
+    pct_run = pct_calls(fleet) - pct_before
     sampled = samplers[0]
     mem = dict(sampled.peak, samples=sampled.samples, interval_s=sampled.interval, main_cpu_s=sampled.main_cpu_s,
                sampling_cost_s=sampled.cost_s, series=sampled.series)
@@ -260,7 +291,7 @@ def one_run(ws, fleet, forks, args, run_id):
     out = bench_e2e.tail(log, 400000)
     recap = {m[0]: {"ok": int(m[1]), "changed": int(m[2]), "unreachable": int(m[3]), "failed": int(m[4])}
              for m in bench_e2e.RECAP_RE.findall(out)}
-    entry = {"hosts": size, "forks": forks, "rc": rc, "wall_s": wall, "cpu_s": cpu, "node_cpu_s": node_cpu,
+    entry = {"method": method, "pct_calls": pct_run, "hosts": size, "forks": forks, "rc": rc, "wall_s": wall, "cpu_s": cpu, "node_cpu_s": node_cpu,
              "controller_cpu_s": max(0.0, cpu - node_cpu), "module_runs": module_runs,
              "cpu_per_host_s": cpu / size, "controller_cpu_per_host_s": max(0.0, cpu - node_cpu) / size,
              "node_cpu_per_host_s": node_cpu / size, "memory": mem,

@@ -218,7 +218,7 @@ def e2e_side_by_side(variants, summary, kind) -> list:
     headers = ["method"]
     for v in variants:
         headers += [f"{v}: wall median (min-max)", f"{v}: ratio to (b)", f"{v}: CPU controller per host",
-                    f"{v}: its ratio to (b)", f"{v}: CPU node"]
+                    f"{v}: its ratio to (b)", f"{v}: CPU node", f"{v}: pct processes"]
     headers += ["ready", "server gone", "bystanders alive"] + (["GPU bystanders alive, unsignalled"] if kind else []) + [
         "signalled outside the scope", "rc"]
     rows = []
@@ -230,15 +230,17 @@ def e2e_side_by_side(variants, summary, kind) -> list:
         for v in variants:
             s = (summary.get(v) or {}).get(m)
             if not s:
-                row += ["-"] * 5
+                row += ["-"] * 6
                 continue
             wall = s.get("wall") or {"median": s.get("wall_median_s"), "min": s.get("wall_min_s"), "max": s.get("wall_max_s")}
             ctl = s.get("controller_cpu_per_host_s", s.get("controller_cpu_median_s"))
             base = (summary.get(v) or {}).get("b") or {}
             ctl_ratio = s["controller_cpu_per_host_ratio_to_b"] if "controller_cpu_per_host_ratio_to_b" in s else div(
                 ctl, base.get("controller_cpu_per_host_s", base.get("controller_cpu_median_s")))  # an earlier JSON
+            pcts = s.get("pct_calls") or []
             row += [span(wall), ratio(s.get("ratio_to_b")), sec(ctl), ratio(ctl_ratio),
-                    sec(s.get("node_cpu_median_s", s.get("cpu_median_s")))]
+                    sec(s.get("node_cpu_median_s", s.get("cpu_median_s"))),
+                    "-" if not pcts else f"{s['pct_calls_median']:g}" + (f" ({pcts[0]}-{pcts[-1]})" if len(pcts) > 1 else "")]
         n = sum_over(found, "n")
         respawned = sum_over(found, "respawned")
         row += [count(sum_over(found, "ready"), n),
@@ -281,7 +283,51 @@ def e2e_section(data) -> list:
         runs = e2e_runs_of(e2e["runs"], connection, kind)
         for v in variants:
             out += e2e_notes(runs, v, f"`{v}` ")
+    out += e2e_idle(e2e) + e2e_hosts(e2e)
     return out
+
+
+def e2e_idle(e2e) -> list:
+    """The idle-node run: (d) again on the same node right after its first run (bench_e2e --idle-run, the default)."""
+    rows = []
+    for connection, kind, summary in e2e_tables(e2e):
+        for v in ("hand", "service"):
+            s = ((summary.get(v) or {}).get("d") or {})
+            i = s.get("idle")
+            if not i:
+                continue
+            rows.append([f"{connection}, {kind}, {v}", span(s["wall"]), span(i["wall"]), ratio(i.get("ratio_to_first")),
+                         sec(i.get("controller_cpu_median_s")), f"{s.get('pct_calls_median', 0):g}",
+                         f"{i.get('pct_calls_median', 0):g}", count(i["ready"], i["n"])])
+    if not rows:
+        return []
+    return ["### The idle-node run", "",
+            "(d) again on the same node right after its first run: nothing is left to release (the second run of"
+            " `make demo`). Ratio: its wall time to the first run's (target <= 0.5x).", ""] + md_table(
+        ["table", "(d) first run", "idle run", "ratio to the first", "idle run: CPU controller",
+         "pct processes, first run", "pct processes, idle run", "idle run ready"], rows)
+
+
+def e2e_hosts(e2e) -> list:
+    """Controller CPU per host of (b), (c), (d) at 1, 8, 32 hosts at once (bench_e2e --hosts)."""
+    part = e2e.get("hosts_part") or {}
+    summary = part.get("summary") or {}
+    if not summary:
+        return []
+    rows = []
+    for size, by in sorted(summary.items(), key=lambda kv: int(kv[0])):  # JSON keys are strings, sorted as such
+        for m in ("b", "c", "d"):
+            x = by.get(m)
+            if x:
+                rows.append([size, f"({m})", sec(x["controller_cpu_per_host_s"]), ratio(x.get("ratio_to_b")),
+                             sec(x["wall_median_s"]), f"{x['pct_calls_per_host']:g}", count(x["ready"], x["hosts_total"]),
+                             ",".join(x["rc"])])
+    return ["### Controller CPU per host at 1, 8 and 32 hosts", "",
+            f"(b), (c) and (d) over {', '.join(str(h) for h in part.get('sizes') or [])} simulated nodes at once"
+            " (bench_fleet's fleet: each node its own simulator and container, 2 x H200, a server in each; local"
+            f" connection, forks = hosts), median of {part.get('reps')}. Each module's AnsiballZ payload is built once"
+            " per run whatever the hosts, so its share per host falls as the hosts grow.", ""] + md_table(
+        ["hosts", "method", "CPU controller per host", "ratio to (b)", "wall", "pct processes per host", "ready", "rc"], rows)
 
 
 def latency_section(data) -> list:

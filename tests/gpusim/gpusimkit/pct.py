@@ -38,6 +38,9 @@ EXE = "pct"
 # the shim's formats, which does not measure cost).
 STARTUP_S = 0.3
 STARTUP_ENV = "GPUSIM_PCT_STARTUP_S"
+# Every invocation appends a line (pid, then its arguments, space-separated) to DIR/CALLS_LOG, so that a benchmark
+# or a test can count the pct processes a method started (``calls(simdir)``). Not a real node's: ASSUMED, ours.
+CALLS_LOG = "pct-calls.log"
 
 
 def startup_cost() -> float:
@@ -376,10 +379,31 @@ HANDLERS = {
 }
 
 
+def calls(simdir: str) -> List[List[str]]:
+    """The pct invocations on this simulated node so far, oldest first: [pid, argument, ...] each (CALLS_LOG)."""
+    try:
+        with open(os.path.join(simdir, CALLS_LOG), encoding="utf-8") as f:
+            return [line.split() for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def _record_call(simdir: Optional[str], argv: Sequence[str]) -> None:
+    if not simdir:
+        return
+    line = " ".join([str(os.getpid())] + [a.replace("\n", " ") for a in argv]) + "\n"
+    fd = os.open(os.path.join(simdir, CALLS_LOG), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())  # one write with O_APPEND: concurrent pcts never interleave a line
+    finally:
+        os.close(fd)
+
+
 def main(argv: Sequence[str], simdir: Optional[str] = None) -> int:
     simdir = simdir or os.environ.get("GPUSIM_DIR")
-    time.sleep(startup_cost())  # the Perl start-up, before anything (even the usage) is printed
     argv = [str(a) for a in argv]
+    _record_call(simdir, argv)
+    time.sleep(startup_cost())  # the Perl start-up, before anything (even the usage) is printed
     if not argv:
         print_usage_short(sys.stderr, "no command specified")
         return 255

@@ -733,3 +733,15 @@ def test_pct_costs_what_a_real_one_costs_to_start(sim, setting, at_least):
     proc = subprocess.run([sim.pct_path, "help"], capture_output=True, text=True, env=env, timeout=30, check=False)
     assert proc.returncode == 0 and time.monotonic() - start >= at_least
     assert pct_mod.STARTUP_S == 0.3
+
+
+def test_pct_counts_its_invocations(sim):
+    """Every pct process appends one line to DIR/pct-calls.log (a usage error too): a benchmark counts the pct
+    processes a method started (pct.calls)."""
+    before = len(pct_mod.calls(sim.dir))
+    env = dict(sim.env(), GPUSIM_PCT_STARTUP_S="0")
+    for argv in (["help"], ["list"], ["nosuchcommand"]):
+        subprocess.run([sim.pct_path, *argv], capture_output=True, text=True, env=env, timeout=30, check=False)
+    calls = pct_mod.calls(sim.dir)[before:]
+    assert [c[1:] for c in calls] == [["help"], ["list"], ["nosuchcommand"]]
+    assert all(c[0].isdigit() for c in calls)
