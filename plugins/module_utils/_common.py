@@ -21,7 +21,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import (
-    _errors, _health, _nvml, _procs, _redact, _smi, _snapshot, _validate)
+    _errors, _health, _lock, _nvml, _procs, _redact, _smi, _snapshot, _validate)
 from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import call_with_timeout, run_in_group
 
 # The options of the doc fragment gpuops.gpu.gpu (every module).
@@ -366,6 +366,8 @@ def run_module(module, body, partial=None) -> None:
     except _errors.GpuError as exc:
         fail(module, exc, **(partial(exc) if partial else {}))
         return
+    finally:
+        _lock.release_all()  # the release locks go with the run (a process of its own lets go of them anyway)
     if ok:
         module.exit_json(**result)
     module.fail_json(**result)

@@ -32,6 +32,14 @@ from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
 LOCK_DIR_ENV = "GPUOPS_LOCK_DIR"
 LOCK_DIR = "/run/gpuops.gpu"
 POLL_S = 0.1
+_HELD = []  # the Locks this process holds: let go when the module run ends (release_all)
+
+
+def release_all() -> None:
+    """Let go of every lock this process took: the module run is over (its failure boundary calls this, so that a
+    module run inside a long-lived Python - a test runner - holds none after it)."""
+    while _HELD:
+        _HELD.pop().release()
 
 
 class Locked(_errors.GpuError):
@@ -101,6 +109,7 @@ class Locks:
             return False
         start = self.clock()
         waited = False
+        _HELD.append(self)
         for name, exclusive, what in self.plan:
             path = os.path.join(where, name)
             try:
@@ -145,12 +154,13 @@ class Locks:
                     record = json.loads(f.read() or "{}")
             except (OSError, ValueError):
                 continue
-            if isinstance(record, dict) and _alive(record.get("pid")):
+            if isinstance(record, dict) and _alive(record.get("pid"), record.get("start_time")):
                 return record
         return {}
 
     def _write(self, fd: int, what: str) -> None:
-        record = {"pid": os.getpid(), "module": self.module_name, "what": what, "since": round(self.clock(), 3)}
+        record = {"pid": os.getpid(), "start_time": _start_time(os.getpid()), "module": self.module_name, "what": what,
+                  "since": round(self.clock(), 3)}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode(), 0)
 
@@ -171,5 +181,19 @@ class Locks:
         return False
 
 
-def _alive(pid) -> bool:
-    return isinstance(pid, int) and pid > 0 and os.path.exists(f"/proc/{pid}")
+def _start_time(pid: int):
+    """A process's start time (clock ticks since boot, /proc/<pid>/stat field 22), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid, start_time=None) -> bool:
+    """Whether the process that wrote a record still runs: its pid, with the same start time (a pid reused by
+    another process is not it)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    now = _start_time(pid)
+    return now is not None and (start_time is None or now == start_time)

@@ -100,7 +100,8 @@ def test_the_holder_writes_who_it_is(lockdir):
     clock = Clock()
     with locks([129], 0, clock):
         with open(lockdir / "ct-129.lock", encoding="utf-8") as f:
-            assert json.load(f) == {"pid": os.getpid(), "module": "gpu_release", "what": "CT 129", "since": 1000.0}
+            assert json.load(f) == {"pid": os.getpid(), "start_time": _lock._start_time(os.getpid()),
+                                    "module": "gpu_release", "what": "CT 129", "since": 1000.0}
 
 
 def test_no_lock_directory_is_a_warning_not_a_failure(tmp_path, monkeypatch):
@@ -124,3 +125,18 @@ def test_acquire_says_whether_it_waited(lockdir):
     other = locks([129], 5.0, clock)
     assert other.acquire() is True and clock.slept
     other.release()
+
+
+def test_a_record_of_a_pid_now_reused_names_no_holder(lockdir):
+    # The record's pid runs, but with another start time: another process got the pid; the lock's holder is gone.
+    assert _lock._alive(os.getpid(), _lock._start_time(os.getpid()))
+    assert not _lock._alive(os.getpid(), -1)
+
+
+def test_release_all_lets_go_of_what_the_run_took(lockdir):
+    clock = Clock()
+    locks([129], 0, clock).acquire()
+    _lock.release_all()
+    again = locks([129], 0, clock)
+    assert again.acquire() is False
+    _lock.release_all()
