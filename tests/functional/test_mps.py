@@ -8,16 +8,7 @@ root of its workload), and so ended the work of the client on GPU 1, which it li
 
 import pytest
 from modrun import alive, run_module
-
-
-def devices(host):
-    return [host.dir + "/dev/nvidia*"]
-
-
-def release(host, collection, **args):
-    args.setdefault("device_files", devices(host))
-    args.setdefault("grace_period", 5)
-    return run_module(host, collection, "gpu_release", args)
+from test_scope_gate import devices, release
 
 
 def by_pid(entries):
