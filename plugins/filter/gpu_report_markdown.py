@@ -6,19 +6,14 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 name: gpu_report_markdown
-short_description: The fleet report as a Markdown document, or as a Prometheus textfile
+short_description: The fleet report as a Markdown document
 version_added: 0.1.0
 description:
   - A C(# GPU report) title and a table with one line per row of P(gpuops.gpu.gpu_report_rows#filter) - host, GPU,
     name, used MiB, free MiB, total MiB, idle, fits (V(yes), V(no), or C(-) when no fit was asked for), health
     (V(ok), else the status and the failing checks, a blocking one followed by V(blocking) in parentheses) and
     holders (else why the GPU is busy, whole; else C(-)).
-  - With O(format=prometheus), the rows as a node_exporter textfile in the Prometheus text exposition format - one
-    gauge per GPU for each of C(gpuops_gpu_ready) (1 idle, 0 busy), C(gpuops_gpu_fits) (1 the next server fits,
-    0 not), C(gpuops_gpu_healthy) (1 healthy, 0 lost, in error or a blocking health check fails),
-    C(gpuops_gpu_memory_used_bytes), C(gpuops_gpu_memory_free_bytes) and C(gpuops_gpu_memory_total_bytes), labelled
-    C(host) (the inventory host), C(gpu) (the index), C(uuid) and C(name). A value that is not known (no fit asked
-    for, a GPU that reports no memory) has no sample. No timestamps - node_exporter's textfile collector refuses them.
+  - The same rows as a node_exporter textfile are P(gpuops.gpu.gpu_report_prometheus#filter).
 author:
   - gpuops developers (@gpuops)
 options:
@@ -27,14 +22,6 @@ options:
     type: list
     elements: dict
     required: true
-  format:
-    description:
-      - V(markdown) - the Markdown document.
-      - V(prometheus) - the node_exporter textfile (write it to a C(.prom) file in the collector's directory with
-        M(ansible.builtin.copy), which renames a complete file into place).
-    type: str
-    choices: [markdown, prometheus]
-    default: markdown
 """
 
 EXAMPLES = r"""
@@ -44,22 +31,18 @@ EXAMPLES = r"""
     dest: /srv/reports/gpu_report.md
     content: "{{ report_rows | gpuops.gpu.gpu_report_markdown }}"
     mode: "0644"
-
-- name: Write the node_exporter textfile
-  ansible.builtin.copy:
-    dest: /var/lib/prometheus/node-exporter/gpu_report.prom
-    content: "{{ report_rows | gpuops.gpu.gpu_report_markdown(format='prometheus') }}"
-    mode: "0644"
 """
 
 RETURN = r"""
 _value:
-  description: The Markdown text (or the textfile), ending in a newline.
+  description: The Markdown text, ending in a newline.
   type: str
   sample: |-
-    # HELP gpuops_gpu_ready 1 when the GPU is ready for the next server (idle, by the gpu_wait_idle rule), else 0.
-    # TYPE gpuops_gpu_ready gauge
-    gpuops_gpu_ready{host="pve",gpu="0",uuid="GPU-5f3b8c1e-0000-4000-8000-000000000000",name="NVIDIA H200"} 1
+    # GPU report
+
+    | host | GPU | name | used MiB | free MiB | total MiB | idle | fits | health | holders |
+    | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+    | pve | 0 | NVIDIA H200 | 0 | 143771 | 143771 | yes | - | ok | - |
 """
 
 from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import gpu_report_markdown

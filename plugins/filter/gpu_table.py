@@ -23,7 +23,7 @@ description:
     matched by UUID (by index when a UUID is missing).
   - Missing fields show as C(?).
   - The same file holds the filters C(gpu_blockers) (the busy GPUs, one line each, for a failure message),
-    C(gpu_report_rows), C(gpu_report_table) and C(gpu_report_markdown) (the fleet report of the playbook
+    C(gpu_report_rows), C(gpu_report_table), C(gpu_report_markdown) and C(gpu_report_prometheus) (the fleet report of the playbook
     C(gpuops.gpu.gpu_report)).
 author:
   - gpuops developers (@gpuops)
@@ -97,8 +97,6 @@ _value:
     - "GPU 1  NVIDIA H200    1200 -> 0 / 143771 MiB  pid 8813 (not visible from here) -> idle"
     - "GPU 2  NVIDIA H200       0 -> 0 / 143771 MiB  idle -> idle"
 """
-
-from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _holding, _snapshot
 
@@ -367,13 +365,8 @@ def _md(value) -> str:
     return _text(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
 
 
-def gpu_report_markdown(rows, format="markdown") -> str:  # pylint: disable=redefined-builtin
-    """The report as Markdown (a title and one table row per GPU), or with ``format='prometheus'`` as a
-    node_exporter textfile (gpu_report_prometheus)."""
-    if format == "prometheus":
-        return gpu_report_prometheus(rows)
-    if format != "markdown":
-        raise AnsibleFilterError(f"gpu_report_markdown: format must be markdown or prometheus, not {format!r}")
+def gpu_report_markdown(rows) -> str:
+    """The report as Markdown: a title and one table row per GPU (the textfile is gpu_report_prometheus)."""
     lines = ["# GPU report", "",
              "| host | GPU | name | used MiB | free MiB | total MiB | idle | fits | health | holders |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

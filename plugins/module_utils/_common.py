@@ -21,7 +21,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import (
-    _errors, _health, _lock, _nvml, _procs, _redact, _smi, _snapshot, _validate)
+    _errors, _health, _holding, _lock, _nvml, _procs, _redact, _smi, _snapshot, _validate)
 from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import call_with_timeout, run_in_group
 
 # The options of the doc fragment gpuops.gpu.gpu (every module).
@@ -212,7 +212,7 @@ class SnapshotTaker:
             return holders
         out = {}
         for pid, files in holders.items():
-            kept = [f for f in files if _procs.device_file_index(f) is None or _procs.device_file_index(f) in minors]
+            kept = [f for f in files if _holding.node_of(f)[1] in minors or _holding.node_of(f)[1] is None]
             if kept:
                 out[pid] = kept
         return out

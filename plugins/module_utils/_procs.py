@@ -381,12 +381,6 @@ def read_process(pid: int, proc: str = "/proc", cmdline=None):
     }
 
 
-def device_file_index(path: str):
-    """GPU index owned by a device file name: nvidiaN -> N (minor number); None = all GPUs."""
-    m = re.search(r"nvidia(\d+)$", path)
-    return int(m.group(1)) if m else None
-
-
 # --- device holders, by identity ----------------------------------------------------------------
 # A file's identity, as the scan compares it: (st_mode, st_ino, rdev major, rdev minor, dev major,
 # dev minor), the order in which statx(2) lays them out.

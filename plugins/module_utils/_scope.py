@@ -33,9 +33,7 @@ from __future__ import annotations
 from ansible_collections.gpuops.gpu.plugins.module_utils import _holding
 from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import daemon_impostor, is_protected
 
-CONTEXT = "context"
-DEVICE = "device"
-CONTROL = "control"
+CONTEXT, DEVICE, CONTROL = _holding.CONTEXT, _holding.DEVICE, _holding.CONTROL  # the evidence kinds, declared once in _holding
 
 HOLDER = "holder"            # holds a selected GPU
 ROOT = "root"                # an ancestor of holders, the root of their workload

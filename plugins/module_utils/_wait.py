@@ -697,7 +697,7 @@ class HostIO:
         for gpu in gpus:
             found = out.setdefault(gpu["index"], [])
             for pid, files in sorted(scan.items()):
-                if not any(_procs.device_file_index(f) == gpu.get("minor_number") for f in files):
+                if not any(_holding.node_of(f)[1] == gpu.get("minor_number") for f in files):
                     continue
                 info = self.taker._read_for_build(pid) or {"pid": pid, "name": None}  # the raw command line, to match only
                 names = _snapshot._names(info) & set(_snapshot.PROTECTED_NAMES)

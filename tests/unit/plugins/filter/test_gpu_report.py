@@ -2,17 +2,19 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""The fleet report's fit and health per GPU, and its node_exporter textfile (gpu_report_markdown(format='prometheus')),
+"""The fleet report's fit and health per GPU, and its node_exporter textfile (gpu_report_prometheus),
 read back by prometheus_client's parser of the text format."""
 
 from __future__ import annotations
 
 import pytest
-from ansible.errors import AnsibleFilterError
 from prometheus_client.parser import text_string_to_metric_families
 
+from ansible_collections.gpuops.gpu.plugins.filter import gpu_report_markdown as gpu_report_markdown_plugin
+from ansible_collections.gpuops.gpu.plugins.filter import gpu_report_prometheus as gpu_report_prometheus_plugin
 from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import (
     gpu_report_markdown,
+    gpu_report_prometheus,
     gpu_report_rows,
     gpu_report_table,
 )
@@ -112,7 +114,7 @@ PROM = [
 
 @pytest.mark.parametrize("name, g, values", PROM, ids=[c[0] for c in PROM])
 def test_prometheus_values(name, g, values):
-    text = gpu_report_markdown(gpu_report_rows([g], "pve"), format="prometheus")
+    text = gpu_report_prometheus(gpu_report_rows([g], "pve"))
     families = parse(text)
     assert list(families) == NAMES  # every family, with its HELP and TYPE, even one without a sample
     for metric, value in values.items():
@@ -137,7 +139,7 @@ ESCAPES = [
 
 @pytest.mark.parametrize("name, value, written", ESCAPES, ids=[c[0] for c in ESCAPES])
 def test_prometheus_label_escaping(name, value, written):
-    text = gpu_report_markdown(gpu_report_rows([gpu(name=value)], 'host "a"'), format="prometheus")
+    text = gpu_report_prometheus(gpu_report_rows([gpu(name=value)], 'host "a"'))
     assert f'gpuops_gpu_ready{{host="host \\"a\\"",gpu="0",uuid="GPU-0000",name="{written}"}} 1\n' in text
     key = tuple(sorted(labels(host='host "a"', name=value).items()))
     assert parse(text)["gpuops_gpu_ready"][2] == {key: 1}
@@ -146,7 +148,7 @@ def test_prometheus_label_escaping(name, value, written):
 def test_prometheus_text_exactly():
     rows = gpu_report_rows([gpu(0, used=1, free=10, total=11, fit=fit(True, 10, 5)),
                             gpu(1, used=2, free=9, total=11, idle=False, checks=[REMAP])], "pve")
-    assert gpu_report_markdown(rows, format="prometheus").splitlines() == [
+    assert gpu_report_prometheus(rows).splitlines() == [
         "# HELP gpuops_gpu_ready 1 when the GPU is ready for the next server (idle, by the gpu_wait_idle rule), else 0.",
         "# TYPE gpuops_gpu_ready gauge",
         'gpuops_gpu_ready{host="pve",gpu="0",uuid="GPU-0000",name="NVIDIA H200"} 1',
@@ -177,14 +179,24 @@ def test_prometheus_text_exactly():
 
 @pytest.mark.parametrize("rows", [[], None, ["not a row"]])
 def test_prometheus_no_rows(rows):
-    text = gpu_report_markdown(rows, format="prometheus")
+    text = gpu_report_prometheus(rows)
     assert text.endswith("\n") and text.count("# TYPE ") == 6
     assert all(samples == {} for _kind, _doc, samples in parse(text).values())
 
 
-def test_markdown_is_the_default_and_a_bad_format_fails():
+@pytest.mark.parametrize("plugin, name, function", [
+    (gpu_report_markdown_plugin, "gpu_report_markdown", gpu_report_markdown),
+    (gpu_report_prometheus_plugin, "gpu_report_prometheus", gpu_report_prometheus),
+])
+def test_each_filter_file_is_named_for_what_it_writes(plugin, name, function):
+    """One filter per form: the Markdown filter writes Markdown only, the textfile has its own name."""
+    assert plugin.FilterModule().filters() == {name: function}
+    assert plugin.DOCUMENTATION.lstrip().startswith(f"name: {name}\n")
+
+
+def test_markdown_is_markdown_only():
     rows = gpu_report_rows([gpu()], "pve")
-    assert gpu_report_markdown(rows) == gpu_report_markdown(rows, format="markdown")
     assert gpu_report_markdown(rows).startswith("# GPU report\n")
-    with pytest.raises(AnsibleFilterError, match="markdown or prometheus"):
-        gpu_report_markdown(rows, format="json")
+    assert "# TYPE" not in gpu_report_markdown(rows)
+    with pytest.raises(TypeError):
+        gpu_report_markdown(rows, format="prometheus")  # pylint: disable=unexpected-keyword-arg
