@@ -22,7 +22,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import (
     _errors, _health, _holding, _lock, _nvml, _procs, _redact, _smi, _snapshot, _validate)
-from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import call_with_timeout, run_in_group
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import call_with_timeout, run_in_group
 
 # The options of the doc fragment gpuops.gpu.gpu (every module).
 SNAPSHOT_ARGS = dict(

@@ -26,7 +26,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _lock, _pct, _release, _snapshot, _validate
-from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import run_in_group
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_in_group
 
 STATES = ("present", "released", "shutdown")
 PCT_TIMEOUT = 30.0
@@ -507,7 +507,7 @@ class NodeIO:
                  pve_dir=None, lxc_path=None):
         self.pct_path = pct_path
         self.taker = taker
-        self.release_io = release_io      # _release.HostIO over the same snapshot taker (and the same runner)
+        self.release_io = release_io      # _host.release_io.ReleaseIO over the same snapshot taker (and the same runner)
         self.params = params              # the module's (snapshot and release options)
         self.first_signal = first_signal
         self.check_mode = check_mode

@@ -650,3 +650,53 @@ def in_initial_pid_namespace(proc: str = "/proc"):
         return os.stat(f"{proc}/self/ns/pid").st_ino == PROC_PID_INIT_INO
     except OSError:
         return None
+
+
+def cgroup_frozen(pid: int, proc: str = "/proc", sys_cgroup: str = "/sys/fs/cgroup") -> bool:
+    """Whether the cgroup of ``pid`` is frozen (``lxc-freeze``: a suspend-mode backup, vzdump's
+    ``lxc-freeze``; not ``pct suspend``, a CRIU checkpoint that stops the container): cgroup2's cgroup.events
+    ``frozen 1`` (an ancestor's freeze included), or the v1 freezer's FROZEN/FREEZING. A frozen process runs
+    none of its signal handlers until it is thawed (cgroup2 lets a fatal signal end it; the v1 freezer not even
+    that)."""
+    try:
+        with open(f"{proc}/{pid}/cgroup", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        _hid, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if not path.startswith("/") or ".." in path.split("/"):
+            continue
+        if controllers == "":
+            files = [f"{sys_cgroup}/unified{path}/cgroup.events", f"{sys_cgroup}{path}/cgroup.events"]
+            want = ("frozen 1",)
+        elif "freezer" in controllers.split(","):
+            files = [f"{sys_cgroup}/freezer{path}/freezer.state"]
+            want = ("FROZEN", "FREEZING")
+        else:
+            continue
+        for name in files:
+            try:
+                with open(name, encoding="utf-8") as f:
+                    text = f.read().splitlines()
+            except OSError:
+                continue
+            if any(t.strip() in want for t in text):
+                return True
+            break
+    return False
+
+
+def cgroup_procs(path: str, sys_cgroup: str = "/sys/fs/cgroup") -> list:
+    """The pids in cgroup ``path`` and in its init.scope (systemd's PID 1 there), cgroup2 (hybrid or not)."""
+    out = []
+    for base in (f"{sys_cgroup}/unified", sys_cgroup):
+        for leaf in ("", "/init.scope"):
+            try:
+                with open(f"{base}{path}{leaf}/cgroup.procs", encoding="utf-8") as f:
+                    out += [int(x) for x in f.read().split()]
+            except (OSError, ValueError):
+                continue
+        if out:
+            break
+    return out

@@ -9,7 +9,7 @@
 watching for respawns and newcomers.
 
 Everything here decides through one gate (_scope.Scope); the I/O (snapshots, /proc, signals,
-commands, the clock) is injected through an object with the methods of ``HostIO``, so that unit
+commands, the clock) is injected through an object with the methods of ``_host.release_io.ReleaseIO``, so that unit
 tests drive the whole sequence. No AnsibleModule.
 """
 
@@ -20,13 +20,7 @@ import signal
 import time
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _procs, _scope, _snapshot, _validate
-from ansible_collections.gpuops.gpu.plugins.module_utils._signals import (
-    SIGKILL,
-    Target,
-    check_may_signal,
-    signal_name,
-    wait_gone,
-)
+from ansible_collections.gpuops.gpu.plugins.module_utils._signals import SIGKILL, signal_name
 
 SIGCONT = int(signal.SIGCONT)
 # How long a unit that was not stopped is watched after the release for a supervisor's restart
@@ -107,7 +101,7 @@ def stop_unit(run_command, pct, vmid, unit, timeout, systemctl="systemctl", now=
     when ``vmid`` is None), for at most ``timeout`` s. The one way every module stops a unit. Raises nothing.
 
     ``run_command(argv, timeout, what) -> (rc, stdout, stderr)`` raises _errors.QueryTimeout when the time is
-    up (_waiting.run_in_group). Returns {unit, container, command, rc, seconds, error}: ``error`` is '' when the
+    up (_host.calls.run_in_group). Returns {unit, container, command, rc, seconds, error}: ``error`` is '' when the
     unit stopped (rc 0), else one sentence: the container did not answer in time (frozen, or its systemd
     hung: rc None), systemctl failed (its rc and output), or there is no pct here.
     """
@@ -334,41 +328,6 @@ def unit_problem(entry: dict, holders: list, scope) -> str:
             " signalled, so its supervisor may restart them")
 
 
-def cgroup_frozen(pid: int, proc: str = "/proc", sys_cgroup: str = "/sys/fs/cgroup") -> bool:
-    """Whether the cgroup of ``pid`` is frozen (``lxc-freeze``: a suspend-mode backup, vzdump's
-    ``lxc-freeze``; not ``pct suspend``, a CRIU checkpoint that stops the container): cgroup2's cgroup.events
-    ``frozen 1`` (an ancestor's freeze included), or the v1 freezer's FROZEN/FREEZING. A frozen process runs
-    none of its signal handlers until it is thawed (cgroup2 lets a fatal signal end it; the v1 freezer not even
-    that)."""
-    try:
-        with open(f"{proc}/{pid}/cgroup", encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return False
-    for line in lines:
-        _hid, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        if not path.startswith("/") or ".." in path.split("/"):
-            continue
-        if controllers == "":
-            files = [f"{sys_cgroup}/unified{path}/cgroup.events", f"{sys_cgroup}{path}/cgroup.events"]
-            want = ("frozen 1",)
-        elif "freezer" in controllers.split(","):
-            files = [f"{sys_cgroup}/freezer{path}/freezer.state"]
-            want = ("FROZEN", "FREEZING")
-        else:
-            continue
-        for name in files:
-            try:
-                with open(name, encoding="utf-8") as f:
-                    text = f.read().splitlines()
-            except OSError:
-                continue
-            if any(t.strip() in want for t in text):
-                return True
-            break
-    return False
-
-
 def container_init(proc: dict, read, procs_of=None):
     """(pid, start_time) of the init (PID 1) of the container ``proc`` runs in, or None when it cannot be told: up its
     ancestors (a unit's process is systemd's child), else among the processes of the container's payload cgroup
@@ -388,21 +347,6 @@ def container_init(proc: dict, read, procs_of=None):
         if x is not None and _scope.container_id(x) == ct and (x.get("container") or {}).get("pid_in_container") == 1:
             return x["pid"], x.get("start_time")
     return None
-
-
-def cgroup_procs(path: str, sys_cgroup: str = "/sys/fs/cgroup") -> list:
-    """The pids in cgroup ``path`` and in its init.scope (systemd's PID 1 there), cgroup2 (hybrid or not)."""
-    out = []
-    for base in (f"{sys_cgroup}/unified", sys_cgroup):
-        for leaf in ("", "/init.scope"):
-            try:
-                with open(f"{base}{path}{leaf}/cgroup.procs", encoding="utf-8") as f:
-                    out += [int(x) for x in f.read().split()]
-            except (OSError, ValueError):
-                continue
-        if out:
-            break
-    return out
 
 
 def container_changes(inits: dict, read, init_of) -> list:
@@ -433,87 +377,6 @@ def changed_text(change: dict) -> str:
 
 
 # --- the sequence --------------------------------------------------------------------------------
-class HostIO:
-    """The real host: /proc, pidfd signals, the clock. gpu_release adds the snapshot and commands."""
-
-    def __init__(self, taker, run_command, warn, bins):
-        self.taker = taker
-        self.run_command = run_command      # (argv, timeout, what) -> (rc, out, err); QueryTimeout
-        self.warn = warn
-        self.bins = bins                    # name -> path or None (systemctl, pct)
-
-    def snapshot(self, holders=True):
-        return self.taker.take(gather_holders=holders)["gpus"]
-
-    def read(self, pid):
-        return self.taker.read_process(pid)
-
-    def text(self, proc):
-        return self.taker.match_text(proc)
-
-    @staticmethod
-    def exe(pid):
-        return _procs.read_exe(pid)
-
-    @staticmethod
-    def children():
-        return _procs.children_map()
-
-    @staticmethod
-    def me():
-        me = os.getpid()
-        return me, _procs.ancestors(me)
-
-    @staticmethod
-    def host_namespace():
-        return _procs.in_initial_pid_namespace()
-
-    @staticmethod
-    def pin(info):
-        target = Target(info["pid"], info["start_time"], info)
-        return target, target.open()
-
-    @staticmethod
-    def wait_gone(targets, timeout):
-        return wait_gone(targets, timeout)
-
-    @staticmethod
-    def check_may_signal(procs):
-        check_may_signal(procs)
-
-    @staticmethod
-    def state(pid):
-        return _procs.process_state(pid)
-
-    @staticmethod
-    def frozen(pid):
-        return cgroup_frozen(pid)
-
-    def container_init(self, proc):
-        return container_init(proc, self.read, cgroup_procs)
-
-    @staticmethod
-    def now():
-        return time.monotonic()
-
-    @staticmethod
-    def boot_id():
-        return _procs.boot_id()
-
-    @staticmethod
-    def ticks_now():
-        """Now on the clock of /proc/<pid>/stat's start time (clock ticks since boot)."""
-        return time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK")
-
-    @staticmethod
-    def ticks_per_s():
-        return os.sysconf("SC_CLK_TCK")
-
-    @staticmethod
-    def sleep(seconds):
-        time.sleep(seconds)
-
-
 class Release:
     """One release: ``plan()`` (scope, units; what check mode reports), then ``run()``."""
 
@@ -740,7 +603,7 @@ class Release:
         return sent, stopped
 
     def run(self, first_signal: int, diff: bool) -> dict:
-        io, p, res = self.io, self.p, self.result
+        io, res = self.io, self.result
         self.t0 = io.now()
         t0_ticks = io.ticks_now()
         targets = self.scope.targets
@@ -961,7 +824,7 @@ def frozen_text(proc) -> str:
 
 
 def frozen_targets(targets, frozen) -> dict:
-    """{container id (None: the host): [pids]} of the targets whose cgroup is frozen (``frozen(pid)``: cgroup_frozen)."""
+    """{container id (None: the host): [pids]} of the targets whose cgroup is frozen (``frozen(pid)``: _procs.cgroup_frozen)."""
     out = {}
     for t in targets if frozen is not None else ():
         if frozen(t["pid"]):

@@ -8,7 +8,7 @@
 """The wait-until-idle of gpu_wait_idle: its state machine (step), its diagnosis, and its run (Wait).
 
 The state machine and the diagnosis are pure; Wait runs the wait with its I/O injected (the snapshots,
-liveness, the clock, sleep, nvidia-smi): HostIO on a real host, a fake in unit tests.
+liveness, the clock, sleep, nvidia-smi): _host.wait_io.WaitIO on a real host, a fake in unit tests.
 
 Polls are cheap: the driver's view plus a liveness check of the device-file holders already
 known. The full device-file scan (/proc/*/fd of every process) runs only at the moments that
@@ -19,11 +19,8 @@ not when the memory is freed, and any holder that appears restarts it.
 
 from __future__ import annotations
 
-import os
-import threading
-import time
-
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _holding, _procs, _smi, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _holding, _smi
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import calls as _host_calls
 
 
 holders_of = _holding.holders_of
@@ -589,134 +586,12 @@ def display_flags(rc, out: str):
     return tuple({"Enabled": True, "Disabled": False}.get(c) for c in cells)
 
 
-class Background:
-    """One call in a thread of its own; ``result()`` waits for it and gives its value (or raises its error)."""
-
-    def __init__(self, func, *args):
-        self._out = {}
-        self._thread = threading.Thread(target=self._run, args=(func,) + args, daemon=True)
-        self._thread.start()
-
-    def _run(self, func, *args):
-        try:
-            self._out["value"] = func(*args)
-        except Exception as exc:  # handed to the caller of result()  # pylint: disable=broad-except
-            self._out["error"] = exc
-
-    def result(self):
-        self._thread.join()
-        if "error" in self._out:
-            raise self._out["error"]
-        return self._out["value"]
-
-
-class Answered:
-    """An answer already in hand, read as a Background job's is (``result()``)."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def result(self):
-        return self.value
-
-
-class HostIO:
-    """The real host of a wait: snapshots (a SnapshotTaker), /proc, nvidia-smi, the clock.
-
-    ``bin_path(name)``: the path of a program or None; ``run_command(argv, timeout, what, env)`` ->
-    (rc, out, err), raising QueryTimeout (_waiting.run_in_group)."""
-
-    def __init__(self, taker, params: dict, bin_path, run_command):
-        self.taker = taker
-        self.p = params
-        self.bin_path = bin_path
-        self.run_command = run_command
-        self._count_checked = bool(params.get("progress_state"))  # a later slice: the first one checked it
-        self._selectors = _validate.gpu_selectors(params["gpus"])
-        indices_only = bool(self._selectors) and all(_validate.is_ascii_digits(x) for x in self._selectors)
-        if indices_only and (params["expected_count"] is None or self._count_checked):
-            # nvidia-smi is asked about the selected GPUs only, from the first look on: an unselected GPU
-            # that is lost or failing makes nvidia-smi exit non-zero, and must not fail this wait.
-            taker.smi_ids = sorted({str(int(x)) for x in self._selectors}, key=int)
-
-    def snapshot(self, full: bool) -> list:
-        """The selected GPUs; ``full``: with the device-file scan (when include_device_holders)."""
-        taker, p = self.taker, self.p
-        snap = taker.take(gather_processes=True, gather_holders=full and p["include_device_holders"])
-        if not self._count_checked:
-            _snapshot.check_count(snap["gpus"], p["expected_count"])
-            self._count_checked = True
-        try:
-            selected = _snapshot.select_gpus(snap["gpus"], p["gpus"])
-        except _errors.SelectionError:
-            if not (taker.smi_ids and taker.backend == "nvidia-smi"):
-                raise
-            taker.smi_ids = None  # once more, unrestricted: the message lists the GPUs the host has
-            selected = _snapshot.select_gpus(taker.take(gather_processes=False, gather_holders=False)["gpus"], p["gpus"])
-        if self._selectors:
-            # From now on nvidia-smi (the backend, and the final confirmation) sees the selected GPUs only.
-            taker.smi_ids = [str(g["index"]) for g in selected]
-        return selected
-
-    @staticmethod
-    def alive(pid, start_time) -> bool:
-        ident = _procs.read_identity(pid)
-        return ident is not None and (start_time is None or ident[1] == start_time)
-
-    @staticmethod
-    def now() -> float:
-        return time.monotonic()
-
-    @staticmethod
-    def boot_id():
-        return _procs.boot_id()
-
-    @staticmethod
-    def sleep(seconds: float) -> None:
-        time.sleep(seconds)
-
-    def confirm_path(self):
-        """The nvidia-smi that confirm_with_nvidia_smi asks (nvidia_smi_path), or None."""
-        return self.bin_path(self.p["nvidia_smi_path"])
-
-    def smi_path(self):
-        """The nvidia-smi that resets a GPU: the backend's when it is nvidia-smi, else nvidia_smi_path."""
-        return self.taker.smi or self.confirm_path()
-
-    def smi_query(self, path) -> dict:
-        return _smi.query(self.taker.run_smi, path)
-
-    def run(self, argv: list, what: str):
-        return self.run_command(argv, self.p["query_timeout"], what, {"LC_ALL": "C"})
-
-    def node_holders(self, gpus: list) -> dict:
-        """{index: every process that holds the GPU's device node (/dev/nvidia<minor>)}, by one full device-file
-        scan, whatever include_device_holders says: the protected daemons count too."""
-        scan = _procs.scan_fd_holders(self.p["device_files"], exclude_pids=(os.getpid(),))
-        out = {}
-        for gpu in gpus:
-            found = out.setdefault(gpu["index"], [])
-            for pid, files in sorted(scan.items()):
-                if not any(_holding.node_of(f)[1] == gpu.get("minor_number") for f in files):
-                    continue
-                info = self.taker._read_for_build(pid) or {"pid": pid, "name": None}  # the raw command line, to match only
-                names = _snapshot._names(info) & set(_snapshot.PROTECTED_NAMES)
-                found.append({"pid": pid, "name": sorted(names)[0] if names else info.get("name"),
-                              "protected": bool(_snapshot.is_protected(info, extra=self.taker.protect,
-                                                                       exe_of=_procs.read_exe))})
-        return out
-
-    @staticmethod
-    def background(func, *args):
-        return Background(func, *args)
-
-
 class Wait:
     """One run of gpu_wait_idle - the whole wait, or one progress slice of it: check mode's one look, the poll
     loop (step()), reset_leaked, the nvidia-smi confirmation (beside the settle window), the progress slice's
     exit and the timeout's diagnosis.
 
-    ``io`` has the methods of ``HostIO`` (unit tests pass a fake host: no driver there). ``run()`` returns
+    ``io`` has the methods of ``_host.wait_io.WaitIO`` (unit tests pass a fake host: no driver there). ``run()`` returns
     (ok, result): the keyword arguments of exit_json when ok, else of fail_json, whose ``error`` names the kind
     of every failure (_errors)."""
 
@@ -822,7 +697,7 @@ class Wait:
                 if early[1]:
                     state.update(idle_at_first_look=False, last_holder_at=state["last_poll_at"])
                     done = False
-                confirmed = {"at": scan_at, "job": Answered(early)}
+                confirmed = {"at": scan_at, "job": _host_calls.Answered(early)}
             if scan_at is not None and not done and confirmed.get("at") != scan_at:
                 # The GPUs look idle and the settle window opens: nvidia-smi is asked now, beside the polls of
                 # the window, so that the wait returns as the window closes; a holder within the window starts

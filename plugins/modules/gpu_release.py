@@ -348,8 +348,9 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     run_module,
     validate_snapshot_params,
 )
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_in_group
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.release_io import ReleaseIO
 from ansible_collections.gpuops.gpu.plugins.module_utils._signals import signal_number
-from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import run_in_group
 
 
 ARGUMENT_SPEC = dict(
@@ -375,7 +376,7 @@ def main() -> None:
         validate_snapshot_params(p, module)
         first_signal = signal_number(p["signal"])
         filters = _validate.release(p)
-        io = _release.HostIO(SnapshotTaker(module), run_in_group, module.warn, programs(module, find_pct(module, False)))
+        io = ReleaseIO(SnapshotTaker(module), run_in_group, module.warn, programs(module, find_pct(module, False)))
 
         def lock(containers, gpus):  # one release at a time per container and GPU (held until the module exits)
             return _lock.Locks("gpu_release", containers, p["lock_timeout"], module.warn, gpus=gpus).acquire()

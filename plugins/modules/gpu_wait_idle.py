@@ -348,7 +348,6 @@ resets:
 """
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _snapshot, _validate, _wait
-from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import run_in_group
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     SBIN_DIRS,
     IDLE_ARGS,
@@ -358,6 +357,8 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     run_module,
     validate_snapshot_params,
 )
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_in_group
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.wait_io import WaitIO
 
 ARGUMENT_SPEC = dict(SNAPSHOT_ARGS, **IDLE_ARGS)
 ARGUMENT_SPEC.update(
@@ -403,7 +404,7 @@ def main() -> None:
             module.warn(warning)
         # The wait itself (check mode's look, the polls, nvidia-smi's confirmation, reset_leaked, the timeout's
         # diagnosis) is _wait.Wait, over the real host; every failure it returns carries its error kind.
-        io = _wait.HostIO(taker, p, bin_path, run_in_group)
+        io = WaitIO(taker, p, bin_path, run_in_group)
         ok, result = _wait.Wait(p, io, check_mode=module.check_mode, diff=module._diff).run()
         # Each holder once (_snapshot.compact_result): gpus_before and gpus name pids, holder_processes has the details.
         return ok, _snapshot.compact_result(result)

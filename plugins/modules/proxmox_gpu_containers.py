@@ -339,7 +339,7 @@ release:
            "signals": ["SIGTERM"], "seconds": 1.2}], "survivors": [], "respawned": [], "stopped_units": []}
 """
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _fence, _release
+from ansible_collections.gpuops.gpu.plugins.module_utils import _fence
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     RELEASE_ARGS,
     SNAPSHOT_ARGS,
@@ -349,8 +349,9 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     programs,
     run_module,
 )
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_in_group
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.release_io import ReleaseIO
 from ansible_collections.gpuops.gpu.plugins.module_utils._signals import signal_number
-from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import run_in_group
 
 ARGUMENT_SPEC = dict(
     SNAPSHOT_ARGS,
@@ -377,7 +378,7 @@ def main() -> None:
         pct = find_pct(module, required=True)
         taker = SnapshotTaker(module)
         runner = _fence.PctCounter(run_in_group, pct)   # every pct this run starts, counted (pct_calls)
-        host = _release.HostIO(taker, runner, module.warn, programs(module, pct))
+        host = ReleaseIO(taker, runner, module.warn, programs(module, pct))
         io = _fence.NodeIO(pct, taker, host, p, first_signal, module.check_mode, module._diff, runner=runner)
         fence.append(_fence.Fence(params, io, module.check_mode, module._diff))
         return True, fence[0].run()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _release, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _procs, _release, _validate
 
 SIGTERM, SIGKILL = 15, 9
 
@@ -524,7 +524,7 @@ def test_cgroup_frozen(tmp_path, name, cgroup, files, frozen):
         path = tmp_path / "sys" / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    assert _release.cgroup_frozen(42, proc=str(tmp_path / "proc"), sys_cgroup=str(tmp_path / "sys")) is frozen
+    assert _procs.cgroup_frozen(42, proc=str(tmp_path / "proc"), sys_cgroup=str(tmp_path / "sys")) is frozen
 
 
 def test_quiet_since_is_when_the_last_target_went_and_the_watch_saw_no_holder():

@@ -5,7 +5,7 @@
 """gpu_wait_idle's run (_wait.Wait): check mode, the polls, the progress slice, the timeout, nvidia-smi's
 confirmation (early, beside the settle window, and final), reset_leaked; and the timeout's diagnosis sentences.
 
-The host is a fake (FakeHost, with _wait.HostIO's methods): unit tests have no driver, no /proc of GPU holders and
+The host is a fake (FakeHost, with _host.wait_io.WaitIO's methods): unit tests have no driver, no /proc of GPU holders and
 no nvidia-smi, and a fake clock lets a 300 s wait run in no time. The real host runs in tests/functional
 (test_wait_messages.py, test_ready.py, test_reset_leaked.py) against the simulator.
 """
@@ -54,7 +54,7 @@ class Done:
 
 
 class FakeHost:
-    """_wait.HostIO's methods over a script: ``timeline(t, full) -> [gpu, ...]`` at the fake clock's time t."""
+    """WaitIO's methods over a script: ``timeline(t, full) -> [gpu, ...]`` at the fake clock's time t."""
 
     def __init__(self, timeline, smi=None, smi_path="/usr/bin/nvidia-smi", node_holders=None, run=None):
         self.t = 0.0

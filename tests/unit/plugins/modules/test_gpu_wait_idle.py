@@ -10,6 +10,7 @@ import pytest
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _wait
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import BackendError
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.wait_io import WaitIO
 from ansible_collections.gpuops.gpu.plugins.modules import gpu_wait_idle
 
 UUID = "GPU-8f0e0000-0000-0000-0000-000000000000"
@@ -42,9 +43,9 @@ GPUS = [{"index": 0, "uuid": UUID}]
 
 
 def confirm(taker, params=None):
-    """Wait.confirm over HostIO's nvidia-smi query (the real CSV parser, _smi), the host's sleep made a no-op."""
+    """Wait.confirm over WaitIO's nvidia-smi query (the real CSV parser, _smi), the host's sleep made a no-op."""
     params = params or PARAMS
-    io = _wait.HostIO(taker, params, lambda name: "/usr/bin/nvidia-smi", None)
+    io = WaitIO(taker, params, lambda name: "/usr/bin/nvidia-smi", None)
     io.sleep = lambda seconds: None
     return _wait.Wait(params, io).confirm(GPUS)
 

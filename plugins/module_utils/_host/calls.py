@@ -5,7 +5,8 @@
 # Note that this module util is **PRIVATE** to the collection. It can have breaking changes at any time.
 # Do not use this from other collections or standalone plugins/modules!
 
-"""Time: a monotonic clock, time-limited calls and commands. No AnsibleModule."""
+"""The real host's calls: time-limited calls and commands (in a process group of their own), calls in the
+background, a monotonic clock. No AnsibleModule."""
 
 from __future__ import annotations
 
@@ -131,3 +132,34 @@ def clock(total: float, interval: float, now=time.monotonic, sleep=time.sleep):
             return
         sleep(min(interval, total - elapsed))
         yield now() - start
+
+
+class Background:
+    """One call in a thread of its own; ``result()`` waits for it and gives its value (or raises its error)."""
+
+    def __init__(self, func, *args):
+        self._out = {}
+        self._thread = threading.Thread(target=self._run, args=(func,) + args, daemon=True)
+        self._thread.start()
+
+    def _run(self, func, *args):
+        try:
+            self._out["value"] = func(*args)
+        except Exception as exc:  # handed to the caller of result()  # pylint: disable=broad-except
+            self._out["error"] = exc
+
+    def result(self):
+        self._thread.join()
+        if "error" in self._out:
+            raise self._out["error"]
+        return self._out["value"]
+
+
+class Answered:
+    """An answer already in hand, read as a Background job's is (``result()``)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _waiting
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import calls
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import QueryTimeout
 
 # A program that starts a grandchild, writes its pid, and hangs: what a wedged nvidia-smi looks like.
@@ -29,14 +29,14 @@ def gone(pid):
 
 
 def test_run_in_group_returns_rc_and_output():
-    rc, out, err = _waiting.run_in_group([sys.executable, "-c", "import os, sys; print(os.environ['LC_ALL']);"
-                                          " sys.stderr.write('e'); sys.exit(3)"], 10, "probe", {"LC_ALL": "C"})
+    rc, out, err = calls.run_in_group([sys.executable, "-c", "import os, sys; print(os.environ['LC_ALL']);"
+                                      " sys.stderr.write('e'); sys.exit(3)"], 10, "probe", {"LC_ALL": "C"})
     assert (rc, out, err) == (3, "C\n", "e")
-    assert not _waiting._RUNNING
+    assert not calls._RUNNING
 
 
 def test_a_missing_program_answers_127():
-    rc, out, err = _waiting.run_in_group(["/nonexistent/nvidia-smi"], 5, "nvidia-smi")
+    rc, out, err = calls.run_in_group(["/nonexistent/nvidia-smi"], 5, "nvidia-smi")
     assert rc == 127 and out == "" and "nvidia-smi" in err
 
 
@@ -44,7 +44,7 @@ def test_on_timeout_the_whole_group_is_killed(tmp_path):
     pidfile = tmp_path / "grandchild"
     start = time.monotonic()
     with pytest.raises(QueryTimeout, match="^nvidia-smi --query-gpu did not answer within 1 s and was killed"):
-        _waiting.run_in_group([sys.executable, "-c", HANG, str(pidfile)], 1.0, "nvidia-smi --query-gpu")
+        calls.run_in_group([sys.executable, "-c", HANG, str(pidfile)], 1.0, "nvidia-smi --query-gpu")
     assert time.monotonic() - start < 5
     grandchild = int(pidfile.read_text())
     for _attempt in range(100):
@@ -52,14 +52,14 @@ def test_on_timeout_the_whole_group_is_killed(tmp_path):
             break
         time.sleep(0.02)
     assert gone(grandchild)
-    assert not _waiting._RUNNING
+    assert not calls._RUNNING
 
 
 def test_kill_running_stops_what_is_still_running(tmp_path):
     import subprocess
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-    _waiting._RUNNING.add(proc)
-    _waiting._kill_running()
-    assert proc.poll() is not None and not _waiting._RUNNING
+    calls._RUNNING.add(proc)
+    calls._kill_running()
+    assert proc.poll() is not None and not calls._RUNNING
     assert os.getpgid(os.getpid()) != proc.pid

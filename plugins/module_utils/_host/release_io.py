@@ -1,0 +1,99 @@
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Note that this module util is **PRIVATE** to the collection. It can have breaking changes at any time.
+# Do not use this from other collections or standalone plugins/modules!
+
+"""The real host of a release (gpu_release, the fence): snapshots, /proc, pidfd signals, the clock - what
+_release.Release is given as ``io`` (unit tests give it a fake)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ansible_collections.gpuops.gpu.plugins.module_utils import _procs
+from ansible_collections.gpuops.gpu.plugins.module_utils._release import container_init
+from ansible_collections.gpuops.gpu.plugins.module_utils._signals import Target, check_may_signal, wait_gone
+
+
+class ReleaseIO:
+    """The real host: /proc, pidfd signals, the clock. gpu_release adds the snapshot and commands."""
+
+    def __init__(self, taker, run_command, warn, bins):
+        self.taker = taker
+        self.run_command = run_command      # (argv, timeout, what) -> (rc, out, err); QueryTimeout
+        self.warn = warn
+        self.bins = bins                    # name -> path or None (systemctl, pct)
+
+    def snapshot(self, holders=True):
+        return self.taker.take(gather_holders=holders)["gpus"]
+
+    def read(self, pid):
+        return self.taker.read_process(pid)
+
+    def text(self, proc):
+        return self.taker.match_text(proc)
+
+    @staticmethod
+    def exe(pid):
+        return _procs.read_exe(pid)
+
+    @staticmethod
+    def children():
+        return _procs.children_map()
+
+    @staticmethod
+    def me():
+        me = os.getpid()
+        return me, _procs.ancestors(me)
+
+    @staticmethod
+    def host_namespace():
+        return _procs.in_initial_pid_namespace()
+
+    @staticmethod
+    def pin(info):
+        target = Target(info["pid"], info["start_time"], info)
+        return target, target.open()
+
+    @staticmethod
+    def wait_gone(targets, timeout):
+        return wait_gone(targets, timeout)
+
+    @staticmethod
+    def check_may_signal(procs):
+        check_may_signal(procs)
+
+    @staticmethod
+    def state(pid):
+        return _procs.process_state(pid)
+
+    @staticmethod
+    def frozen(pid):
+        return _procs.cgroup_frozen(pid)
+
+    def container_init(self, proc):
+        return container_init(proc, self.read, _procs.cgroup_procs)
+
+    @staticmethod
+    def now():
+        return time.monotonic()
+
+    @staticmethod
+    def boot_id():
+        return _procs.boot_id()
+
+    @staticmethod
+    def ticks_now():
+        """Now on the clock of /proc/<pid>/stat's start time (clock ticks since boot)."""
+        return time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def ticks_per_s():
+        return os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def sleep(seconds):
+        time.sleep(seconds)
