@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The house in figures, at one commit or side by side at two: lines per file under plugins/, the biggest
+functions and classes, the functions over 50 lines, the exception kinds each parser raises, and the sites of
+tests/, benchmarks/ and tools/ that reach the simulator past gpusimkit's public API or run a module or a
+playbook outside tests/functional/modrun.py.
+
+    tools/house_report.py                 # the working tree
+    tools/house_report.py 0266fc8 HEAD    # before and after, side by side
+
+Reads the files of a commit with ``git archive``; prints Markdown.
+"""
+
+import ast
+import io
+import os
+import re
+import subprocess
+import sys
+import tarfile
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The parsers of what programs print and the kernel writes (issue 28, item 2): file -> function name prefixes.
+PARSERS = {"_smi.py": ("parse", "_parse", "query", "read_"), "_procs.py": ("parse", "read_stat", "_stat", "read_status"),
+           "_signals.py": ("signal_number", "parse"), "_pct.py": ("parse", "validate")}
+# What a test may import from the simulator: its package, the SimHost class, the pytest plugin
+# (tests/gpusim/README.md, "The public API").
+PUBLIC_GPUSIMKIT = re.compile(r"^gpusimkit(\.host|\.pytest_plugin)?$")
+IMPORT = re.compile(r"^\s*(?:from\s+(gpusimkit[\w.]*)\s+import\s+([\w, ()]+)|import\s+(gpusimkit[\w.]*))", re.M)
+MODULE_RUN = re.compile(r"plugins\.modules\.|ANSIBLE_COLLECTIONS_PATH")
+
+
+def files_at(rev):
+    """{path: text} of plugins/, tests/ (but the simulator's build), benchmarks/ and tools/ at ``rev`` (None: the tree)."""
+    out = {}
+    if rev is None:
+        for top in ("plugins", "tests", "benchmarks", "tools"):
+            for root, dirs, names in os.walk(os.path.join(TOP, top)):
+                dirs[:] = [d for d in dirs if d not in ("build", "__pycache__")]
+                for name in names:
+                    if name.endswith(".py"):
+                        path = os.path.join(root, name)
+                        with open(path, encoding="utf-8") as f:
+                            out[os.path.relpath(path, TOP)] = f.read()
+        return out
+    blob = subprocess.run(["git", "-C", TOP, "archive", rev, "plugins", "tests", "benchmarks", "tools"],
+                          capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+        for member in tar.getmembers():
+            if member.isfile() and member.name.endswith(".py") and "/build/" not in member.name:
+                out[member.name] = tar.extractfile(member).read().decode("utf-8", "replace")
+    return out
+
+
+def units(files):
+    """[(lines, kind, 'file:name')] of every function, method and class under plugins/."""
+    out = []
+    for path, text in files.items():
+        if not path.startswith("plugins/"):
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                kind = "class" if isinstance(node, ast.ClassDef) else "function"
+                out.append((node.end_lineno - node.lineno + 1, kind, f"{path.split('/', 1)[1]}:{node.name}"))
+    return sorted(out, reverse=True)
+
+
+def raised(files):
+    """{parser file: {function: sorted exception names it raises itself}}."""
+    out = {}
+    for path, text in files.items():
+        name = os.path.basename(path)
+        if not path.startswith("plugins/module_utils/") or name not in PARSERS:
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith(PARSERS[name]):
+                kinds = set()
+                for sub in ast.walk(node):
+                    if isinstance(sub, ast.Raise) and sub.exc is not None:
+                        call = sub.exc.func if isinstance(sub.exc, ast.Call) else sub.exc
+                        kinds.add(getattr(call, "id", None) or getattr(call, "attr", "?"))
+                if kinds:
+                    out.setdefault(name, {})[node.name] = sorted(kinds)
+    return out
+
+
+def reaching_sites(files):
+    """(internal imports of gpusimkit, module or playbook runs outside modrun): lists of 'file:line text'."""
+    internal, runs = [], []
+    for path, text in sorted(files.items()):
+        if not path.startswith(("tests/functional/", "benchmarks/", "tools/")) or path.endswith("modrun.py"):
+            continue
+        for m in IMPORT.finditer(text):
+            mod = m.group(1) or m.group(3)
+            names = [n.strip(" ()") for n in (m.group(2) or "").split(",") if n.strip(" ()")]
+            bad = [mod] if not PUBLIC_GPUSIMKIT.match(mod) else [f"{mod}.{n}" for n in names if mod == "gpusimkit"
+                                                                    and n not in ("SimHost", "public")]
+            line = text.count("\n", 0, m.start()) + 1
+            internal += [f"{path}:{line} {b}" for b in bad]
+        for number, line in enumerate(text.splitlines(), 1):
+            if MODULE_RUN.search(line) and not line.lstrip().startswith("#"):
+                runs.append(f"{path}:{number} {line.strip()[:100]}")
+    return internal, runs
+
+
+def report(rev):
+    files = files_at(rev)
+    plugin_lines = {p: t.count("\n") for p, t in files.items() if p.startswith("plugins/")}
+    big = units(files)
+    internal, runs = reaching_sites(files)
+    return {"files": plugin_lines, "units": big, "raised": raised(files), "internal": internal, "runs": runs}
+
+
+def main(argv):
+    revs = argv[1:] or [None]
+    reports = [(rev or "working tree", report(rev)) for rev in revs]
+    names = [n for n, _ in reports]
+    print("## Lines per file under plugins/\n")
+    paths = sorted(set().union(*(r["files"] for _, r in reports)))
+    print("| file | " + " | ".join(names) + " |\n| --- |" + " --- |" * len(names))
+    for p in paths:
+        print(f"| {p.split('/', 1)[1]} | " + " | ".join(str(r["files"].get(p, "-")) for _, r in reports) + " |")
+    print("| **plugins/ in all** | " + " | ".join(str(sum(r["files"].values())) for _, r in reports) + " |")
+    for name, r in reports:
+        print(f"\n## {name}: the five biggest classes and functions; functions over 50 lines\n")
+        for kind in ("class", "function"):
+            top = [u for u in r["units"] if u[1] == kind][:5]
+            print(f"- {kind}es: " if kind == "class" else "- functions: ", end="")
+            print(", ".join(f"`{n}` {lines}" for lines, _k, n in top))
+        long = [f"`{n}` {lines}" for lines, k, n in r["units"] if k == "function" and lines > 50]
+        print(f"- functions over 50 lines ({len(long)}): " + (", ".join(long) or "none"))
+        print(f"\n## {name}: exception kinds the parsers raise themselves\n")
+        for f, funcs in sorted(r["raised"].items()):
+            print(f"- {f}: " + "; ".join(f"`{fn}` {', '.join(k)}" for fn, k in sorted(funcs.items())))
+        print(f"\n## {name}: sites past gpusimkit's public API ({len(r['internal'])}) and module or playbook runs"
+              f" outside modrun ({len(r['runs'])})\n")
+        for site in r["internal"] + r["runs"]:
+            print(f"- {site}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
