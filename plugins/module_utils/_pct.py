@@ -181,98 +181,123 @@ def parse_config(stdout: str) -> dict:
     order; ``lines`` the passthrough lines as printed (``key: value``), the hook's and its
     ``NVIDIA_VISIBLE_DEVICES`` line among them.
     """
-    hostname = None
-    minors, devices, lines = set(), [], []
-    every = False
-    nodes = False
-    whole_dev = False
-    hooks, environment, unknown = [], {}, []
+    found = _Passthrough()
+    for key, value in _settings(stdout):
+        found.setting(key, value)
+    return found.result()
+
+
+def _settings(stdout: str):
+    """(key, value) of each setting of the current config, in order: a ``[name]`` header starts a snapshot (the
+    current config ends there); comments and lines without a key are skipped."""
     for raw in (stdout or "").splitlines():
         line = raw.strip()
         if line.startswith("["):
-            break  # a snapshot section: the current config ends here
+            return
         if not line or line.startswith("#"):
             continue
         m = _LXC_LINE.match(line)
         if m:
-            key, value = m.group(1), m.group(2)
-        else:
-            key, sep, value = line.partition(":")
-            if not sep:
-                continue
-            key, value = key.strip(), value.strip()
+            yield m.group(1), m.group(2)
+            continue
+        key, sep, value = line.partition(":")
+        if sep:
+            yield key.strip(), value.strip()
+
+
+class _Passthrough:
+    """What parse_config gathers from a config's settings, one setting at a time (``setting``), and its result."""
+
+    def __init__(self):
+        self.hostname = None
+        self.minors, self.devices, self.lines = set(), [], []
+        self.every = self.nodes = self.whole_dev = False
+        self.hooks, self.environment, self.unknown = [], {}, []
+
+    def setting(self, key: str, value: str) -> None:
         if key == "hostname":
-            hostname = value
-            continue
-        path = None
-        if _DEV_KEY.fullmatch(key):
-            path = _device_path(value)
+            self.hostname = value
+        elif _DEV_KEY.fullmatch(key):
+            self._device(key, value, _device_path(value))
         elif key == "lxc.mount.entry":
-            words = value.split()
-            path = words[0] if words else ""
-            if path.rstrip("/") == "/dev":
-                # the node's whole /dev: every /dev/nvidiaN there is, the control nodes too
-                lines.append(f"{key}: {value}")
-                whole_dev = True
-                continue
-            if not _is_nvidia_path(path) and len(words) > 1 and _is_nvidia_path("/" + words[1].lstrip("/")):
-                # bound from another host path onto the container's /dev/nvidia*: passthrough, but which GPU
-                # cannot be told from the path (the cgroup lines say it)
-                lines.append(f"{key}: {value}")
-                devices.append(path)
-                continue
+            self._mount(key, value)
         elif key in _DEVICE_HOOKS:
-            hooks.append((key, value))
-            continue
+            self.hooks.append((key, value))
         elif key == "lxc.environment":
             name, eq, val = value.partition("=")
-            environment[name.strip()] = (f"{key}: {value}", val.strip() if eq else None)
-            continue
+            self.environment[name.strip()] = (f"{key}: {value}", val.strip() if eq else None)
         elif key in _ELSEWHERE_KEYS:
             if not value.startswith(_LXC_CONFIGS):
-                unknown.append(f"{key}: {value}")
-            continue
+                self.unknown.append(f"{key}: {value}")
         elif key in _CGROUP_KEYS:
-            m = _ALLOW.fullmatch(value)
-            if not m or m.group(1) != str(NVIDIA_MAJOR):
-                continue
-            lines.append(f"{key}: {value}")
-            if m.group(2) == "*":
-                every = True
-            elif int(m.group(2)) not in CONTROL_MINORS:
-                minors.add(int(m.group(2)))
-            continue
-        if path is None or not _is_nvidia_path(path):
-            continue
-        lines.append(f"{key}: {value}")
-        devices.append(path)
+            self._cgroup_rule(key, value)
+
+    def _mount(self, key: str, value: str) -> None:
+        words = value.split()
+        path = words[0] if words else ""
+        if path.rstrip("/") == "/dev":
+            # the node's whole /dev: every /dev/nvidiaN there is, the control nodes too
+            self.lines.append(f"{key}: {value}")
+            self.whole_dev = True
+        elif not _is_nvidia_path(path) and len(words) > 1 and _is_nvidia_path("/" + words[1].lstrip("/")):
+            # bound from another host path onto the container's /dev/nvidia*: passthrough, but which GPU
+            # cannot be told from the path (the cgroup lines say it)
+            self.lines.append(f"{key}: {value}")
+            self.devices.append(path)
+        else:
+            self._device(key, value, path)
+
+    def _cgroup_rule(self, key: str, value: str) -> None:
+        m = _ALLOW.fullmatch(value)
+        if not m or m.group(1) != str(NVIDIA_MAJOR):
+            return
+        self.lines.append(f"{key}: {value}")
+        if m.group(2) == "*":
+            self.every = True
+        elif int(m.group(2)) not in CONTROL_MINORS:
+            self.minors.add(int(m.group(2)))
+
+    def _device(self, key: str, value: str, path: str) -> None:
+        """A devN or mount entry that passes ``path``: an NVIDIA node counts, a GPU's node gives its minor."""
+        if not _is_nvidia_path(path):
+            return
+        self.lines.append(f"{key}: {value}")
+        self.devices.append(path)
         kind, minor = _holding.node_of(path)
         if kind == "gpu":
-            nodes = True
-            minors.add(minor)
-    visible = None
-    for key, value in hooks:
-        line = f"{key}: {value}"
-        words = value.split()
-        if key != "lxc.hook.mount" or not words or words[0].rsplit("/", 1)[-1] != TOOLKIT_HOOK:
-            unknown.append(line)
-            continue
-        selection, env_line = toolkit_selection(environment)
-        if selection is False:
-            unknown.append(line)  # its NVIDIA_VISIBLE_DEVICES is not in the config
-            continue
-        if selection is None:
-            continue  # void, empty: the hook passes nothing
-        lines.append(line)
-        if env_line:
-            lines.append(env_line)
-        visible = selection
-    result = sorted(minors)
-    if (every and not nodes) or whole_dev or visible == "all":
-        result = None
-    passthrough = True if lines else (None if unknown else False)
-    return {"hostname": hostname, "passthrough": passthrough, "minors": result, "devices": _unique(devices),
-            "lines": lines, "visible": visible, "unknown": unknown}
+            self.nodes = True
+            self.minors.add(minor)
+
+    def _toolkit_visible(self):
+        """What the NVIDIA container toolkit's hook passes (parse_visible's forms, None when no hook passes GPUs);
+        another hook, or the toolkit's with no readable NVIDIA_VISIBLE_DEVICES, is unknown."""
+        visible = None
+        for key, value in self.hooks:
+            line = f"{key}: {value}"
+            words = value.split()
+            if key != "lxc.hook.mount" or not words or words[0].rsplit("/", 1)[-1] != TOOLKIT_HOOK:
+                self.unknown.append(line)
+                continue
+            selection, env_line = toolkit_selection(self.environment)
+            if selection is False:
+                self.unknown.append(line)  # its NVIDIA_VISIBLE_DEVICES is not in the config
+                continue
+            if selection is None:
+                continue  # void, empty: the hook passes nothing
+            self.lines.append(line)
+            if env_line:
+                self.lines.append(env_line)
+            visible = selection
+        return visible
+
+    def result(self) -> dict:
+        visible = self._toolkit_visible()
+        minors = sorted(self.minors)
+        if (self.every and not self.nodes) or self.whole_dev or visible == "all":
+            minors = None
+        passthrough = True if self.lines else (None if self.unknown else False)
+        return {"hostname": self.hostname, "passthrough": passthrough, "minors": minors, "devices": _unique(self.devices),
+                "lines": self.lines, "visible": visible, "unknown": self.unknown}
 
 
 def toolkit_selection(environment: dict):

@@ -522,7 +522,6 @@ def scan_fd_holders(patterns, proc: str = "/proc", exclude_pids=(), denied=None)
     The pids whose fd table is refused (EACCES/EPERM: another user's, and this process is not root)
     are added to ``denied`` when it is a set, and kept for fd_scan_denied().
     """
-    import errno
     import os
 
     identity = stat_identity()
@@ -534,8 +533,6 @@ def scan_fd_holders(patterns, proc: str = "/proc", exclude_pids=(), denied=None)
     if not index:
         return found
     exclude = set(exclude_pids)
-    listdir = os.listdir
-    denials = (errno.EACCES, errno.EPERM)
     try:
         entries = os.scandir(proc)
     except OSError:
@@ -543,46 +540,57 @@ def scan_fd_holders(patterns, proc: str = "/proc", exclude_pids=(), denied=None)
     with entries:
         for entry in entries:
             name = entry.name
-            if not name.isdigit():
+            if not name.isdigit() or int(name) in exclude:
                 continue
-            pid = int(name)
-            if pid in exclude:
+            table = _fd_table(proc, name, refused)
+            if table is None:
                 continue
-            fd_dir = os.fsencode(f"{proc}/{name}/fd")
-            try:
-                fds = listdir(fd_dir)
-            except OSError as exc:
-                if exc.errno in denials:
-                    refused.add(pid)
-                continue
-            # A leader that has exited (state Z) while its other threads run has an empty fd/:
-            # the file table is still reachable through those threads (it is one table for all).
-            tables = [(fd_dir, fds)] if fds else [(os.fsencode(d), None) for d in _thread_fd_dirs(proc, name)]
-            for fd_dir, fds in tables:
-                if fds is None:
-                    try:
-                        fds = listdir(fd_dir)
-                    except OSError as exc:
-                        if exc.errno in denials:
-                            refused.add(pid)
-                        continue
-                prefix = fd_dir + b"/"
-                for fd in fds:
-                    try:
-                        ident = identity(prefix + fd)
-                    except OSError:
-                        continue
-                    # Most open files are neither a device file's inode nor a character device.
-                    if ident[1] in inodes or S_ISCHR(ident[0]):
-                        path = identity_match(index, ident)
-                        if path is not None:
-                            found.setdefault(pid, set()).add(path)
-                if fds:
-                    break
+            prefix, fds = table
+            for fd in fds:
+                try:
+                    ident = identity(prefix + fd)
+                except OSError:
+                    continue
+                # Most open files are neither a device file's inode nor a character device.
+                if ident[1] in inodes or S_ISCHR(ident[0]):
+                    path = identity_match(index, ident)
+                    if path is not None:
+                        found.setdefault(int(name), set()).add(path)
     _LAST_SCAN_DENIED[:] = sorted(refused)
     if isinstance(denied, set):
         denied.update(refused)
     return {pid: sorted(paths) for pid, paths in found.items()}
+
+
+def _fd_table(proc: str, name: str, refused: set):
+    """(the fd directory of process ``name`` as bytes with its slash, the names of its fds), or None when it has
+    none to read. A leader that has exited (state Z) while its other threads run has an empty fd/: the file table
+    is still reachable through those threads (it is one table for all), the first one that lists any."""
+    import os
+
+    leader = os.fsencode(f"{proc}/{name}/fd")
+    fds = _list_fds(leader, name, refused)
+    if fds:
+        return leader + b"/", fds
+    for path in _thread_fd_dirs(proc, name) if fds is not None else ():
+        raw = os.fsencode(path)
+        fds = _list_fds(raw, name, refused)
+        if fds:
+            return raw + b"/", fds
+    return None
+
+
+def _list_fds(fd_dir: bytes, name: str, refused: set):
+    """The fd names in ``fd_dir``, or None when it cannot be read (refused - EACCES/EPERM - adds the pid to ``refused``)."""
+    import errno
+    import os
+
+    try:
+        return os.listdir(fd_dir)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            refused.add(int(name))
+        return None
 
 
 def _thread_fd_dirs(proc: str, name: str) -> list:

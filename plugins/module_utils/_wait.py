@@ -200,29 +200,40 @@ def diagnosis(gpus: list, max_memory_used_mib: int, memory=None, leak_after: flo
     on and what to do. A process that holds only a GPU's device node, with no context, is named as lingering,
     never as the GPU's user (docs/holding-model.md).
     """
-    each = []  # [verb, text, [indexes]]: a cause of one or more GPUs, in the order of the GPUs
-    draining, leaked, unchanged, hidden = [], [], [], []
-    health, lingering = {}, {}
+    causes = _Causes(max_memory_used_mib, memory)
+    for g in gpus:
+        if not g["idle"]:
+            causes.gpu(g)
+    return "; ".join(causes.sentences() + causes.memory_sentences(leak_after) + causes.lingering_sentences())
 
-    def add(verb, text, index):
-        for entry in each:
+
+class _Causes:
+    """The causes diagnosis names, gathered one busy GPU at a time (``gpu``): each cause with its GPUs, in the order
+    of the GPUs; then said as sentences (the GPUs' own causes, their health checks, their memory, what lingers)."""
+
+    def __init__(self, max_memory_used_mib: int, memory):
+        self.max_memory_used_mib, self.memory = max_memory_used_mib, memory or {}
+        self.each = []  # [verb, text, [indexes]]
+        self.draining, self.leaked, self.unchanged, self.hidden = [], [], [], []
+        self.health, self.lingering = {}, {}
+
+    def add(self, verb, text, index):
+        for entry in self.each:
             if entry[0] == verb and entry[1] == text:
                 entry[2].append(index)
                 return
-        each.append([verb, text, [index]])
+        self.each.append([verb, text, [index]])
 
-    for g in gpus:
-        if g["idle"]:
-            continue
+    def gpu(self, g: dict) -> None:
         i = g["index"]
         hs = holders_of(g)
         by = _bystanders(g, hs)
         hs = [h for h in hs if h not in by]
         if by:
-            lingering.setdefault(tuple(_holding.describe(h) for h in by), []).append(i)
+            self.lingering.setdefault(tuple(_holding.describe(h) for h in by), []).append(i)
         used = (g.get("memory") or {}).get("used")
         status = g.get("health") or {}
-        trend = (memory or {}).get(str(i)) if not hs else None
+        trend = self.memory.get(str(i)) if not hs else None
         reasons = list(g.get("busy_reasons") or [])
         unseen = any("not visible from this PID namespace" in r for r in reasons)
         if trend and trend["kind"] == "leaked" and unseen:
@@ -230,59 +241,71 @@ def diagnosis(gpus: list, max_memory_used_mib: int, memory=None, leak_after: flo
             trend = dict(trend, kind="unchanged")
         checks = [c for c in status.get("checks") or [] if c.get("blocking")]
         for c in checks:
-            health.setdefault((c["check"], c["detail"]), []).append(i)
+            self.health.setdefault((c["check"], c["detail"]), []).append(i)
         reasons = [r for r in reasons if not r.startswith("health check ")
                    and not (by and r.startswith("device file held by "))]
         if status.get("status", "ok") != "ok":
-            add("is", f"{status.get('status')} ({status.get('detail')})", i)
+            self.add("is", f"{status.get('status')} ({status.get('detail')})", i)
         elif g.get("processes_error") and not hs:
-            add(":", g["processes_error"], i)
+            self.add(":", g["processes_error"], i)
         elif hs:
-            add("is", "used by " + ", ".join(
+            self.add("is", "used by " + ", ".join(
                 (_holding.describe(h) + (f", {_holding.mps_server_text(h['mps_server'])}" if h.get("mps_server") else ""))
                 if h.get("visible", True) else f"pid {h['pid']} (not visible from here)" for h in hs), i)
         elif trend and used is not None:
-            {"draining": draining, "leaked": leaked}.get(trend["kind"], hidden if unseen else unchanged).append((i, trend))
+            kinds = {"draining": self.draining, "leaked": self.leaked}
+            kinds.get(trend["kind"], self.hidden if unseen else self.unchanged).append((i, trend))
             others = [r for r in reasons if not r.startswith(f"{used} MiB used")]
             if others:
-                add(":", "; ".join(others), i)
-        elif used is not None and used > max_memory_used_mib:
-            add(":", "; ".join(reasons or [f"{used} MiB used"]), i)
+                self.add(":", "; ".join(others), i)
+        elif used is not None and used > self.max_memory_used_mib:
+            self.add(":", "; ".join(reasons or [f"{used} MiB used"]), i)
         elif reasons:
-            add(":", "; ".join(reasons), i)
+            self.add(":", "; ".join(reasons), i)
         elif not checks:
-            add(":", "busy", i)
-    parts = []
-    for verb, text, indexes in each:
-        if verb == ":":
-            parts.append(f"{_gpu_list(indexes)}: {text}")
-        else:
-            parts.append(f"{_gpu_list(indexes)} {'is' if len(indexes) == 1 else 'are'} {text}")
-    for (check, detail), indexes in health.items():
-        action = _health.CHECKS[check][1].format(index=",".join(str(i) for i in indexes))
-        parts.append(f"{_gpu_list(indexes)}: health check {check} failed: {detail}: {action}")
-    if draining:
-        rate = min(t["rate"] for _i, t in draining)
-        left = max(t["left"] for _i, t in draining)
-        parts.append(f"{_gpu_list(i for i, _t in draining)}: memory still being freed ({_held(draining, 'in use')},"
-                     f" {_rate_text(rate)}, about {left:.0f} s left at this rate) with no process holding {_them(draining)}:"
-                     " raise timeout (gpu_idle_timeout)")
-    for entries, in_view in ((unchanged, False), (hidden, True)):
-        if entries:
-            parts.append(_unchanged_text(entries, leak_after, in_view))
-    if leaked:
-        held = ", ".join(f"{t['used']} MiB on GPU {i}" for i, t in leaked)
-        still = min(t["still"] for _i, t in leaked)
-        parts.append(f"{_gpu_list(i for i, _t in leaked)}: memory leaked ({held}, not freed for {still:.0f} s with no"
-                     " process holding it, leak_after " + f"{leak_after:g} s): a leaked context; reset the GPU once"
-                     " nothing holds it (" + ", ".join(f"nvidia-smi -r -i {i}" for i, _t in leaked) + ")")
-    for who, indexes in lingering.items():
-        node = "the device node" if len(indexes) == 1 else "their device nodes"
-        resettable = {i for i, _t in leaked + unchanged}
-        parts.append(f"{_gpu_list(indexes)}: {', '.join(who)} {'holds' if len(who) == 1 else 'hold'} only {node}, with"
-                     f" no context (lingering: not what keeps {_them(indexes)} busy"
-                     + ("; a reset waits until nothing holds the node)" if resettable & set(indexes) else ")"))
-    return "; ".join(parts)
+            self.add(":", "busy", i)
+
+    def sentences(self) -> list:
+        parts = []
+        for verb, text, indexes in self.each:
+            if verb == ":":
+                parts.append(f"{_gpu_list(indexes)}: {text}")
+            else:
+                parts.append(f"{_gpu_list(indexes)} {'is' if len(indexes) == 1 else 'are'} {text}")
+        for (check, detail), indexes in self.health.items():
+            action = _health.CHECKS[check][1].format(index=",".join(str(i) for i in indexes))
+            parts.append(f"{_gpu_list(indexes)}: health check {check} failed: {detail}: {action}")
+        return parts
+
+    def memory_sentences(self, leak_after: float) -> list:
+        parts = []
+        draining, leaked = self.draining, self.leaked
+        if draining:
+            rate = min(t["rate"] for _i, t in draining)
+            left = max(t["left"] for _i, t in draining)
+            parts.append(f"{_gpu_list(i for i, _t in draining)}: memory still being freed ({_held(draining, 'in use')},"
+                         f" {_rate_text(rate)}, about {left:.0f} s left at this rate) with no process holding {_them(draining)}:"
+                         " raise timeout (gpu_idle_timeout)")
+        for entries, in_view in ((self.unchanged, False), (self.hidden, True)):
+            if entries:
+                parts.append(_unchanged_text(entries, leak_after, in_view))
+        if leaked:
+            held = ", ".join(f"{t['used']} MiB on GPU {i}" for i, t in leaked)
+            still = min(t["still"] for _i, t in leaked)
+            parts.append(f"{_gpu_list(i for i, _t in leaked)}: memory leaked ({held}, not freed for {still:.0f} s with no"
+                         " process holding it, leak_after " + f"{leak_after:g} s): a leaked context; reset the GPU once"
+                         " nothing holds it (" + ", ".join(f"nvidia-smi -r -i {i}" for i, _t in leaked) + ")")
+        return parts
+
+    def lingering_sentences(self) -> list:
+        parts = []
+        resettable = {i for i, _t in self.leaked + self.unchanged}
+        for who, indexes in self.lingering.items():
+            node = "the device node" if len(indexes) == 1 else "their device nodes"
+            parts.append(f"{_gpu_list(indexes)}: {', '.join(who)} {'holds' if len(who) == 1 else 'hold'} only {node}, with"
+                         f" no context (lingering: not what keeps {_them(indexes)} busy"
+                         + ("; a reset waits until nothing holds the node)" if resettable & set(indexes) else ")"))
+        return parts
 
 
 def progress_line(gpus: list, elapsed: float, timeout: float, settling: float = None, left=None) -> str:
