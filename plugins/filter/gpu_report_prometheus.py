@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 name: gpu_report_prometheus
 short_description: The fleet report as a node_exporter textfile (Prometheus text format)
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - The rows of P(gpuops.gpu.gpu_report_rows#filter) as a node_exporter textfile in the Prometheus text exposition
     format - one gauge per GPU for each of C(gpuops_gpu_ready) (1 idle, 0 busy), C(gpuops_gpu_fits) (1 the next

@@ -69,3 +69,43 @@ def user_env(installed, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     return ansible_env(installed, home), str(work)
+
+
+# --- the support matrix, as this run found it ------------------------------------------------------
+# {(controller Python, ansible-core asked for): {"ansible-core": the version installed, check: outcome}} of the
+# support-matrix tests (test_controller_*), printed at the end of the run: what the README's matrix says.
+MATRIX = {}
+CHECKS = {"test_controller_runs_gpu_facts_on_the_oldest_target": "gpu_facts on the oldest target",
+          "test_controller_reads_the_docs_and_the_playbooks": "ansible-doc, --syntax-check"}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):  # pylint: disable=unused-argument
+    outcome = yield
+    report = outcome.get_result()
+    check = CHECKS.get(item.originalname if hasattr(item, "originalname") else item.name)
+    if check is None or not (report.when == "call" or report.failed or report.skipped):
+        return
+    params = item.callspec.params
+    row = MATRIX.setdefault((params["version"], params["requirement"] or "this venv"), {})
+    for name, value in item.user_properties:
+        if name == "ansible_core":
+            row["ansible-core"] = value
+    if report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        row[check] = "skipped: " + reason.replace("Skipped: ", "")
+    else:
+        row[check] = "passed" if report.passed else "FAILED"
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not MATRIX:
+        return
+    write = terminalreporter.write_line
+    write("")
+    write("Support matrix (controller Python, ansible-core; tests/packaging section 6):")
+    write("| controller Python | ansible-core asked for | installed | " + " | ".join(CHECKS.values()) + " |")
+    write("| --- | --- | --- |" + " --- |" * len(CHECKS))
+    for (python, requirement), row in sorted(MATRIX.items()):
+        write(f"| {python} | {requirement} | {row.get('ansible-core', '-')} | "
+              + " | ".join(row.get(c, "-") for c in CHECKS.values()) + " |")

@@ -5,7 +5,7 @@
    ansible-playbook --syntax-check of the playbooks.
 2. Execution environment: ansible-builder writes an EE build context with this collection, and the
    context's own introspection finds meta/ee-requirements.txt and meta/ee-bindep.txt.
-3. Changelog: antsibull-changelog lint; a 0.1.0 release summary; a dry release announces every
+3. Changelog: antsibull-changelog lint; one release summary per release; the releases announce every
    module, plugin, role and playbook.
 4. Docs: antsibull-docs lints and renders every page without a warning; docs/build.sh builds the site.
 5. Each role's README agrees with its argument spec (and its defaults/main.yml).
@@ -329,15 +329,15 @@ ANNOUNCED = ("a module, plugin or role is announced from its version_added (argu
 
 
 def test_the_release_announces_every_module_plugin_role_and_playbook(source_tree, tmp_path):
-    """The version of galaxy.yml is released in changelogs/changelog.yaml (antsibull-changelog release) with
-    everything the collection has, and CHANGELOG.md/.rst are rendered from it; while it is not released yet, a
-    dry release in a copy must announce everything."""
+    """The version of galaxy.yml is released in changelogs/changelog.yaml (antsibull-changelog release), and with the
+    releases before it announces everything the collection has; CHANGELOG.md/.rst are rendered from it; while it is not
+    released yet, a dry release in a copy must do so."""
     with open(os.path.join(TOP, "galaxy.yml"), encoding="utf-8") as f:
         version = yaml.safe_load(f)["version"]
     with open(os.path.join(TOP, "changelogs", "changelog.yaml"), encoding="utf-8") as f:
         released = (yaml.safe_load(f) or {}).get("releases") or {}
     if version in released:
-        release = released[version]
+        releases = released
         tree = source_tree
     else:
         tree = tmp_path / "ansible_collections" / "gpuops" / "gpu"
@@ -347,9 +347,11 @@ def test_the_release_announces_every_module_plugin_role_and_playbook(source_tree
         run([tool("antsibull-changelog"), "release", "--date", "2000-01-01"], env=ansible_env(tmp_path / "none", home),
             cwd=str(tree))
         with open(tree / "changelogs" / "changelog.yaml", encoding="utf-8") as f:
-            release = yaml.safe_load(f)["releases"][version]
-    assert _announced(release) == EVERYTHING, ANNOUNCED
-    assert release["changes"].get("release_summary")
+            releases = yaml.safe_load(f)["releases"]
+    # Each plugin is announced once, in the release of its version_added: together the releases announce everything.
+    announced = {kind: sorted({n for r in releases.values() for n in _announced(r)[kind]}) for kind in EVERYTHING}
+    assert announced == EVERYTHING, ANNOUNCED
+    assert releases[version]["changes"].get("release_summary")
     for out in ("CHANGELOG.md", "CHANGELOG.rst"):
         assert (tree / out).is_file()
         with open(tree / out, encoding="utf-8") as f:
@@ -621,7 +623,9 @@ def controllers(tmp_path_factory):
     return result
 
 
-def _controller(controllers, version, requirement):
+def _controller(controllers, version, requirement, record_property):
+    """The bin directory of the controller (version, requirement), its ansible-core version recorded for the matrix
+    (conftest.py prints it); a skip when this machine cannot have it."""
     found = controllers[_key(version, requirement)]
     if found is None:
         pytest.skip(f"no Python {version} on this machine (pyenv or PATH)")
@@ -632,6 +636,9 @@ def _controller(controllers, version, requirement):
         pytest.fail(str(found), pytrace=False)
     if requirement is None and sys.version_info[:2] != tuple(int(x) for x in version.split(".")):
         pytest.skip(f"this venv runs Python {sys.version_info[0]}.{sys.version_info[1]}, not {version}")
+    core = subprocess.run([os.path.join(found, "python"), "-c", "import ansible.release; print(ansible.release.__version__)"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    record_property("ansible_core", core.stdout.strip() or f"unknown ({core.stderr.strip()[-200:]})")
     return found
 
 
@@ -671,8 +678,9 @@ FACTS_PLAY = """\
 
 
 @pytest.mark.parametrize("version,requirement", CONTROLLERS, ids=[f"controller-py{v}-{r or 'venv'}" for v, r in CONTROLLERS])
-def test_controller_runs_gpu_facts_on_the_oldest_target(controllers, version, requirement, installed, gpusim, tmp_path):
-    bindir = _controller(controllers, version, requirement)
+def test_controller_runs_gpu_facts_on_the_oldest_target(controllers, version, requirement, installed, gpusim, tmp_path,
+                                                        record_property):
+    bindir = _controller(controllers, version, requirement, record_property)
     target_version, target = _oldest_target()
     expected_backend = "nvml" if _has_pynvml(target) else "nvidia-smi"
     pid = gpusim.hold(gpus=[3], mib=20480)
@@ -709,8 +717,8 @@ def test_controller_runs_gpu_facts_on_the_oldest_target(controllers, version, re
 
 @pytest.mark.parametrize("version,requirement", [c for c in CONTROLLERS if c[1] is not None],
                          ids=[f"controller-py{v}-{r}" for v, r in CONTROLLERS if r is not None])
-def test_controller_reads_the_docs_and_the_playbooks(controllers, version, requirement, installed, tmp_path):
-    bindir = _controller(controllers, version, requirement)
+def test_controller_reads_the_docs_and_the_playbooks(controllers, version, requirement, installed, tmp_path, record_property):
+    bindir = _controller(controllers, version, requirement, record_property)
     home = tmp_path / "home"
     home.mkdir()
     env = ansible_env(installed, home)
