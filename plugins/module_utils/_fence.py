@@ -75,24 +75,20 @@ def draining_gpus(looked, stopped) -> list:
                   if not _holding.list_incomplete(g, _snapshot.DEFAULT_MAX_MEMORY_USED_MIB))
 
 
-class Fence:
-    """One fence: ``run()`` returns the module's result, or raises FenceFailed (or another GpuError)
-    with ``self.result`` holding what was done so far."""
+class Discovery:
+    """The fence's first step: which containers it fences and their GPUs (``containers()``), from the node's files and
+    the kernel; after the release, what a wait must cover of each (``cover``). Pending passthrough changes go to
+    ``result['pending_passthrough']``."""
 
-    def __init__(self, params: dict, io, check_mode=False, diff=False):
-        self.p = params            # containers, units (validated), state, shutdown_timeout, force, include_stopped,
-        self.io = io               # pct_timeout, stop_timeout
-        self.check_mode = check_mode
-        self.diff = diff
-        self.result = dict(changed=False, containers=[], running=[], skipped_containers=[], gpus=None, wait_gpus=None,
-                           services_stopped=[], shut_down=[], check_mode=check_mode, pending_passthrough=[], pct_calls=0)
-        self.before = {}
-        self._node_state = (set(), None)   # the running vmids and the discovery's deadline (discover)
+    def __init__(self, params: dict, io, result: dict):
+        self.p = params
+        self.io = io
+        self.result = result
+        self._node_state = (set(), None)   # the running vmids and the discovery's deadline (containers)
         self._configs = {}                 # the parsed configs read, and those of other running containers read later
-        self._shared = {}                  # {vmid: the other running containers that pass GPUs}: see _cover
-        self._holding = {}                 # {vmid: GPU indexes} its processes kept busy at the discovery (_cover)
+        self._shared = {}                  # {vmid: the other running containers that pass GPUs}: see cover
+        self._holding = {}                 # {vmid: GPU indexes} its processes kept busy at the discovery (cover)
 
-    # --- discovery ---------------------------------------------------------------------------------------
     def _within(self, deadline, read):
         """``read()`` in a thread of its own, waited for until ``deadline``: a read of /etc/pve blocks while pmxcfs
         hangs, and the module must still answer (the thread is a daemon's: it never holds the module's exit)."""
@@ -137,7 +133,7 @@ class Fence:
                 texts[vmid] = text
         return vmids, running, texts
 
-    def discover(self) -> list:
+    def containers(self) -> list:
         """The selected containers' rows (the result's ``containers``), from the node's files and the kernel, not
         ``pct`` (a Perl program that loads the PVE libraries at each start): which containers the node has
         (``/etc/pve/.vmlist``), which run (their LXC monitors' sockets), their configs (``/etc/pve/lxc/<vmid>.conf``).
@@ -175,7 +171,7 @@ class Fence:
         # A container whose config may pass GPUs in a way that cannot be read (_pct.parse_config's ``unknown``): what
         # its processes hold decides, when it runs.
         unread = [v for v, c in configs.items() if c["unknown"] and listed[v]["status"] == "running"]
-        # A running one that gets every GPU (minors null) asks for the GPUs too: is another container sharing them (_cover)?
+        # A running one that gets every GPU (minors null) asks for the GPUs too: is another container sharing them (cover)?
         every = [v for v, c in configs.items() if c["minors"] is None and c["passthrough"] and listed[v]["status"] == "running"]
         if any(c["minors"] or c["visible"] for c in configs.values()) or unread or every:
             node_gpus = self.io.gpus()
@@ -246,7 +242,7 @@ class Fence:
                 out.append(other)
         return out
 
-    def _cover(self, containers, release) -> None:
+    def cover(self, containers, release) -> None:
         """What a wait after the fence covers of each container (``wait_gpus``, ``gpus_from``): its config's GPUs
         (``config``), except for a running container whose config passes every GPU of the node while other running
         containers pass GPUs too (helper scripts write a ``devN`` line for every /dev/nvidia* node into every GPU
@@ -321,6 +317,23 @@ class Fence:
         else:
             self.io.warn(f"{what}; its processes hold no GPU now")
         return sorted(set(gpus) | mine)
+
+
+class Fence:
+    """One fence, in its steps: the discovery (Discovery: the containers and their GPUs), the choice (what the fence
+    covers: ``_choose``), the services (their states, then their stop), then the release or the shutdown, and what a
+    wait after it covers. ``run()`` returns the module's result, or raises FenceFailed (or another GpuError) with
+    ``self.result`` holding what was done so far."""
+
+    def __init__(self, params: dict, io, check_mode=False, diff=False):
+        self.p = params            # containers, units (validated), state, shutdown_timeout, force, include_stopped,
+        self.io = io               # pct_timeout, stop_timeout
+        self.check_mode = check_mode
+        self.diff = diff
+        self.result = dict(changed=False, containers=[], running=[], skipped_containers=[], gpus=None, wait_gpus=None,
+                           services_stopped=[], shut_down=[], check_mode=check_mode, pending_passthrough=[], pct_calls=0)
+        self.before = {}
+        self.discovery = Discovery(params, io, self.result)
 
     # --- services ------------------------------------------------------------------------------------------
     def _service_states(self, running: list) -> dict:
@@ -400,18 +413,9 @@ class Fence:
     # --- the whole fence ----------------------------------------------------------------------------------
     def run(self) -> dict:
         res = self.result
-        containers = self.discover()
+        containers = self.discovery.containers()
         running = [c for c in containers if c["running"]]
-        # The GPUs of the containers fenced: the running ones', or, when none of the named ones runs, their
-        # config's (what a wait after this fence must cover; null: every GPU).
-        counted = running or (containers if self.p["containers"] else [])
-        union = set()
-        for c in counted:
-            union = None if union is None or c["gpus"] is None else union | set(c["gpus"])
-        res.update(containers=containers, running=[c["vmid"] for c in running],
-                   skipped_containers=[{"vmid": c["vmid"], "reason": c["status"]} for c in containers if not c["running"]],
-                   gpus=None if union is None else sorted(union))
-        res["wait_gpus"] = res["gpus"]
+        counted = self._choose(containers, running)
         if running and (self.p["state"] != "present" or self.p["units"]) and not self.check_mode:
             # One release at a time per container (and node): taken before the services' states are read, so a
             # second fence that waited sees what the first left, not what it stopped.
@@ -427,21 +431,33 @@ class Fence:
         if self.p["state"] == "shutdown":
             self._shutdown(running)
         elif releasing:
-            # Never without containers: an empty scope would mean every process of the node.
-            # The release selects the GPUs it fences (the running containers' union, when every one is known): a GPU
-            # the containers do not have (a sick one next door) is reported by the release, never fatal to it.
-            release, failure = self.io.release([c["vmid"] for c in running], draining_gpus(looked, res["services_stopped"]),
-                                               res["gpus"] or None)
-            res["release"] = release
-            if failure is not None:
-                raise failure
-        self._cover(containers, res.get("release"))
+            self._release(running, looked)
+        self.discovery.cover(containers, res.get("release"))
         # What a wait after this fence covers: the union of the counted containers' wait_gpus (null: every GPU).
-        wait = set()
-        for c in counted:
-            wait = None if wait is None or c["wait_gpus"] is None else wait | set(c["wait_gpus"])
-        res["wait_gpus"] = None if wait is None else sorted(wait)
+        res["wait_gpus"] = _union(c["wait_gpus"] for c in counted)
         return self.finish()
+
+    def _choose(self, containers: list, running: list) -> list:
+        """The containers whose GPUs the fence covers (returned): the running ones, or, when none of the named ones
+        runs, the named ones (their config's GPUs: what a wait after this fence must cover; null: every GPU)."""
+        counted = running or (containers if self.p["containers"] else [])
+        res = self.result
+        res.update(containers=containers, running=[c["vmid"] for c in running],
+                   skipped_containers=[{"vmid": c["vmid"], "reason": c["status"]} for c in containers if not c["running"]],
+                   gpus=_union(c["gpus"] for c in counted))
+        res["wait_gpus"] = res["gpus"]
+        return counted
+
+    def _release(self, running: list, looked) -> None:
+        """The release of the running containers' processes (never without containers: an empty scope would mean every
+        process of the node). It selects the GPUs the fence covers (the running containers' union, when every one is
+        known): a GPU the containers do not have (a sick one next door) is reported by the release, never fatal to it."""
+        res = self.result
+        release, failure = self.io.release([c["vmid"] for c in running], draining_gpus(looked, res["services_stopped"]),
+                                           res["gpus"] or None)
+        res["release"] = release
+        if failure is not None:
+            raise failure
 
     def finish(self) -> dict:
         res = self.result
@@ -456,6 +472,16 @@ class Fence:
                 after[str(vmid)] = dict(status="stopped", services={u: "inactive" for u in self.p["units"]})
             res["diff"] = dict(before=self.before, after=after)
         return res
+
+
+def _union(gpu_lists):
+    """The sorted union of GPU index lists; None (every GPU) when one of them is None."""
+    union = set()
+    for gpus in gpu_lists:
+        if gpus is None:
+            return None
+        union |= set(gpus)
+    return sorted(union)
 
 
 def _passes_every_gpu(config, gpus, node_gpus) -> bool:

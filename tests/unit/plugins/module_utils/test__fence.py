@@ -422,7 +422,7 @@ def test_the_fence_on_a_node_without_pmxcfs_fails_before_anything_runs(tmp_path)
     empty.mkdir()
     io = node_io(empty)
     with pytest.raises(_fence.FenceFailed) as exc:
-        fence(io).discover()
+        fence(io).discovery.containers()
     assert exc.value.kind == "pve_unavailable" and "pmxcfs" in exc.value.msg
 
 
