@@ -377,43 +377,56 @@ def changed_text(change: dict) -> str:
 
 
 # --- the sequence --------------------------------------------------------------------------------
-class Release:
-    """One release: ``plan()`` (scope, units; what check mode reports), then ``run()``."""
+class _PlanMixin:
+    """The release's first step, before anything is signalled: the gate, the targets, the units (``plan``), and what
+    check mode reports (``check_mode_result``)."""
 
-    def __init__(self, params: dict, filters: dict, io):
-        self.p = params
-        self.filters = filters
-        self.io = io
-        self.result = dict(changed=False, released=[], survivors=[], respawned=[], stopped_units=[], unstopped_units=[])
-        self.scope = None
-        self.plan_units = []
-        self.units_stopped = set()  # (container, unit) that this release stopped
-        self.failure = ""
-        self.problem_kind = "scope"  # what plan()'s problem is (ReleaseFailed.kind)
-        self.problems = []           # why the release did not finish, found while it ran (before _judge_outcome's)
-        self.inits = {}
-        self.warnings = []
-        self.quiet_from = None  # io.now() when a holder of the selected GPUs was last seen (quiet_since)
-
-    # --- before anything is signalled ---------------------------------------------------------------
     def plan(self, all_gpus: list, before: list) -> str:
         """Decide the scope and the units. Returns why the release must not proceed ('' when it may)."""
+        me, chain = self.io.me()
+        untrusted = self._gate(all_gpus, before, me, chain)
+        self._choose_targets(all_gpus, {g["index"] for g in before}, untrusted)
+        targets = self.scope.targets
+        self.known = {(x["pid"], x.get("start_time")) for g in all_gpus for x in list(g["processes"]) + list(g["holders"])}
+        self.known |= {_scope.identity(t) for t in targets}
+        self.result.update(gpus_before=before,
+                           protected=[report(x, reason=x["reason"]) for x in self.scope.protected],
+                           skipped_processes=[report(x, reason=x["reason"]) for x in self.scope.skipped])
+        problem = self._refusal(targets)
+        if problem:
+            return problem
+        self._note_inits(targets)
+        if not targets:
+            self._nothing_selected_warning(before)
+        if self.p["stop_units"]:
+            self._plan_units(all_gpus, targets, me, chain)
+        self.result["changed"] = bool(targets or self.plan_units)
+        # Before anything is stopped (and in check mode too): a target this user may not signal (not root)
+        # fails the release here, naming root and become (_errors.NotPermitted).
+        self.io.check_may_signal(targets)
+        return ""
+
+    def _gate(self, all_gpus: list, before: list, me: int, chain) -> dict:
+        """The scope gate of this release (self.scope); returns the GPUs whose process list cannot be trusted."""
         p, io = self.p, self.io
-        me, chain = io.me()
         protected_pids = {me: "the module's own process"}
         for pid in chain:
             protected_pids[pid] = "an ancestor of the module (the SSH session, Ansible)"
-        selected = {g["index"] for g in before}
         untrusted = untrusted_lists(before, p.get("max_memory_used_mib", _snapshot.DEFAULT_MAX_MEMORY_USED_MIB))
         for index in p.get("draining_gpus") or ():
             # Its list was complete before this run stopped the services that held it (the fence): the memory
             # no listed process accounts for is theirs, still being freed, not a hidden holder's.
             untrusted.pop(index, None)
-        self.scope = _scope.Scope(selected, self.filters, protected_pids, protect=_validate.regexes("protect", p["protect"]),
-                                  text_of=io.text,
-                                  exe_of=io.exe, untrusted=untrusted,
-                                  unverified=unverified_pids(before, io.host_namespace()),
+        self.scope = _scope.Scope({g["index"] for g in before}, self.filters, protected_pids,
+                                  protect=_validate.regexes("protect", p["protect"]), text_of=io.text, exe_of=io.exe,
+                                  untrusted=untrusted, unverified=unverified_pids(before, io.host_namespace()),
                                   mps=_scope.mps_of(all_gpus))
+        return untrusted
+
+    def _choose_targets(self, all_gpus: list, selected: set, untrusted: dict) -> None:
+        """The holders of the selected GPUs, their workloads and trees, through the gate; pids named that hold none
+        of them are refused with the reason."""
+        p, io = self.p, self.io
         found, invisible = _holding.release_candidates(all_gpus, selected, p["include_device_holders"], p["pids"])
         holding = {c["pid"] for c in found} | {s["pid"] for s in invisible}
         for pid in sorted(set(p["pids"] or []) - holding):
@@ -425,55 +438,54 @@ class Release:
                io.children() if p["tree"] else None)
         for s in invisible:
             self.scope.refuse(dict(s, start_time=s.get("start_time")), s["reason"])
-        targets = self.scope.targets
-        self.known = {(x["pid"], x.get("start_time")) for g in all_gpus for x in list(g["processes"]) + list(g["holders"])}
-        self.known |= {_scope.identity(t) for t in targets}
-        self.result.update(gpus_before=before,
-                           protected=[report(x, reason=x["reason"]) for x in self.scope.protected],
-                           skipped_processes=[report(x, reason=x["reason"]) for x in self.scope.skipped])
+
+    def _refusal(self, targets: list) -> str:
+        """Why the release must not go on with these targets ('' when it may): a scope that names no place and spans
+        several, or a frozen holder (a suspend-mode backup, lxc-freeze: it runs no handler and its container answers
+        no systemctl stop; its supervisor restarts the work after the thaw). Refused before anything is stopped, in
+        check mode too."""
+        p = self.p
         filtered = bool(p["containers"] or p["users"] or p["match"] or p["pids"])
         problem = scope_problem(targets, filtered, p["all"])
         if problem:
             self.result["places"] = places(targets)
             return problem
-        # A frozen holder (a suspend-mode backup, lxc-freeze) runs no handler and its container answers no systemctl
-        # stop; its supervisor restarts the work after the thaw. Refused before anything is stopped (check mode too).
-        frozen = frozen_targets(targets, getattr(io, "frozen", None))
+        frozen = frozen_targets(targets, getattr(self.io, "frozen", None))
         if frozen:
             self.problem_kind = "container_frozen"
             self.result["frozen"] = [{"container": ct, "pids": pids} for ct, pids in frozen.items()]
             return frozen_message(frozen)
-        init_of = getattr(io, "container_init", None)
-        self.inits = {}  # {vmid: ((pid, start_time) of its init, a target in it)}: a container stopped or restarted meanwhile
+        return ""
+
+    def _note_inits(self, targets: list) -> None:
+        """{vmid: ((pid, start_time) of its init, a target in it)}: to tell a container stopped or restarted meanwhile."""
+        init_of = getattr(self.io, "container_init", None)
+        self.inits = {}
         for t in targets if init_of else ():
             ct = _scope.container_id(t)
             if ct is not None and ct not in self.inits:
                 init = init_of(t)
                 if init is not None:
                     self.inits[ct] = (init, t)
-        if not targets:
-            self._nothing_selected_warning(before)
-        if p["stop_units"]:
-            keep = set()
-            for pid in [me] + list(chain):
-                x = io.read(pid)
-                if x and x.get("unit"):
-                    keep.add((_scope.container_id(x), x["unit"]))
-            holders = [dict(x, evidence=_scope.CONTEXT) for g in all_gpus for x in g.get("processes") or []
-                       if x.get("visible") is not False]
-            for entry in unit_plan(targets, self.scope.protected, keep):
-                why = unit_problem(entry, holders, self.scope)
-                if why:
-                    self.warnings.append(why)
-                    continue
-                entry["command"] = unit_command(entry, io.bins("systemctl") or "systemctl",
-                                                io.bins("pct") if entry["container"] is not None else None)
-                self.plan_units.append(entry)
-        self.result["changed"] = bool(targets or self.plan_units)
-        # Before anything is stopped (and in check mode too): a target this user may not signal (not root)
-        # fails the release here, naming root and become (_errors.NotPermitted).
-        self.io.check_may_signal(targets)
-        return ""
+
+    def _plan_units(self, all_gpus: list, targets: list, me: int, chain) -> None:
+        """The units to stop: those that run only targets, but the module's own (and its ancestors')."""
+        io = self.io
+        keep = set()
+        for pid in [me] + list(chain):
+            x = io.read(pid)
+            if x and x.get("unit"):
+                keep.add((_scope.container_id(x), x["unit"]))
+        holders = [dict(x, evidence=_scope.CONTEXT) for g in all_gpus for x in g.get("processes") or []
+                   if x.get("visible") is not False]
+        for entry in unit_plan(targets, self.scope.protected, keep):
+            why = unit_problem(entry, holders, self.scope)
+            if why:
+                self.warnings.append(why)
+                continue
+            entry["command"] = unit_command(entry, io.bins("systemctl") or "systemctl",
+                                            io.bins("pct") if entry["container"] is not None else None)
+            self.plan_units.append(entry)
 
     def _nothing_selected_warning(self, before: list) -> None:
         held = sorted({(g["index"], x["pid"]) for g in before for x in g.get("processes") or []
@@ -498,7 +510,10 @@ class Release:
                            + holder_lines(res["gpus_before"], {t["pid"] for t in self.scope.targets})}
         return res
 
-    # --- the signals ---------------------------------------------------------------------------------
+
+class _StopMixin:
+    """The release's second step: the units stopped, the targets pinned and signalled, escalation (``run``)."""
+
     def _pin(self, procs: list) -> list:
         pinned = []
         for t in procs:
@@ -640,6 +655,11 @@ class Release:
         self._judge_outcome(first_signal)
         return res
 
+
+class _WatchMixin:
+    """The release's third step: watching for respawns and newcomers; when it was quiet since, what was left, the
+    outcome."""
+
     def _lineage(self, proc: dict, groups: dict, t0_ticks):
         """(the signalled target it descends from or was orphaned by, or None; its supervisor text)."""
         io = self.io
@@ -773,6 +793,27 @@ class Release:
                             " (not signalled: a supervisor restarted them or they are new): "
                             + "; ".join(r["advice"] for r in in_scope))
         self.failure = " ".join(problems)
+
+
+class Release(_PlanMixin, _StopMixin, _WatchMixin):
+    """One release, in its steps: ``plan()`` (_PlanMixin: the gate, the targets, the units; what check mode reports),
+    then ``run()`` (_StopMixin: units and signals; _WatchMixin: respawns, newcomers, the outcome). The steps share this
+    object's state, set here."""
+
+    def __init__(self, params: dict, filters: dict, io):
+        self.p = params
+        self.filters = filters
+        self.io = io
+        self.result = dict(changed=False, released=[], survivors=[], respawned=[], stopped_units=[], unstopped_units=[])
+        self.scope = None
+        self.plan_units = []
+        self.units_stopped = set()  # (container, unit) that this release stopped
+        self.failure = ""
+        self.problem_kind = "scope"  # what plan()'s problem is (ReleaseFailed.kind)
+        self.problems = []           # why the release did not finish, found while it ran (before _judge_outcome's)
+        self.inits = {}
+        self.warnings = []
+        self.quiet_from = None  # io.now() when a holder of the selected GPUs was last seen (quiet_since)
 
 
 def device_holders(gpus) -> set:

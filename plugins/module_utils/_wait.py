@@ -609,33 +609,9 @@ def display_flags(rc, out: str):
     return tuple({"Enabled": True, "Disabled": False}.get(c) for c in cells)
 
 
-class Wait:
-    """One run of gpu_wait_idle - the whole wait, or one progress slice of it: check mode's one look, the poll
-    loop (step()), reset_leaked, the nvidia-smi confirmation (beside the settle window), the progress slice's
-    exit and the timeout's diagnosis.
-
-    ``io`` has the methods of ``_host.wait_io.WaitIO`` (unit tests pass a fake host: no driver there). ``run()`` returns
-    (ok, result): the keyword arguments of exit_json when ok, else of fail_json, whose ``error`` names the kind
-    of every failure (_errors)."""
-
-    def __init__(self, params: dict, io, check_mode: bool = False, diff: bool = False):
-        self.p = params
-        self.io = io
-        self.check_mode = check_mode
-        self.diff = diff
-        carried = params.get("progress_state")
-        self.carried = bool(carried)
-        self.state = carried["wait"] if carried else new_state()
-        self.offset = float(carried.get("offset", 0.0)) if carried else 0.0
-        self.t0 = None
-        self.result = {"changed": False}
-        # The processes the release before this wait left ({(pid, start_time): reason}): the hook never stops them.
-        self.left = {(h["pid"], h.get("start_time")): h.get("reason") or "left by the release"
-                     for h in params.get("left_holders") or ()}
-
-    def elapsed(self) -> float:
-        """Seconds since the wait began (the slices before this one included)."""
-        return self.offset + self.io.now() - self.t0
+class _PollMixin:
+    """The wait's first step: its looks - check mode's one look (``_look``), the poll loop (``_poll``, step()) and the
+    settle window's credit from the release before it (``_credit``)."""
 
     def run(self):
         if not self.carried and self.p["delay"] and not self.check_mode:
@@ -664,7 +640,6 @@ class Wait:
         self.state.update(credited=True, last_holder_at=since - self.t0,
                           device_seen={str(pid): start for pid, start in quiet.get("device_holders") or ()})
 
-    # --- check mode: one look (with reset_leaked, memory held with no process watched until it is told apart) ---
     def _look(self):
         p, io, state = self.p, self.io, self.state
         gpus = io.snapshot(True)
@@ -696,7 +671,6 @@ class Wait:
         return any((memory.get(str(g["index"])) or {}).get("kind") in ("draining", "unchanged") and not holders_of(g)
                    for g in gpus)
 
-    # --- the wait ---------------------------------------------------------------------------------------------
     def _poll(self):
         p, io, state, result = self.p, self.io, self.state, self.result
         slice_end = io.now() + p["progress_slice"] if p["progress_slice"] else None
@@ -751,6 +725,11 @@ class Wait:
                                   changed=result.get("changed", False))
             io.sleep(next_sleep(state, elapsed, gpus, p["sleep"], p["settle"], p["timeout"]))
 
+
+class _JudgeMixin:
+    """The wait's second step: its verdicts - ready once nvidia-smi confirms (``confirm``, ``_confirmed``), blocked by
+    a holder the hook never stops (``_blocked``), timed out with the diagnosis (``_timed_out``)."""
+
     def _confirmed(self, gpus: list, job):
         """The GPUs are idle and settled: nvidia-smi has the last word (its early answer, when it agreed)."""
         early = job.result() if job is not None else None
@@ -783,7 +762,6 @@ class Wait:
             or f"a holder appeared within the last {p['settle']:g} s (settle)") + (f"; {refusals}" if refusals else "")
         return False, dict(_errors.WaitTimeout(text).result(), **result)
 
-    # --- the final nvidia-smi query ----------------------------------------------------------------------------
     def confirm(self, gpus: list):
         """The user's own tool has the last word: one nvidia-smi query must agree. Returns (seen, disagreement).
 
@@ -813,7 +791,10 @@ class Wait:
                 self.io.sleep(min(p["sleep"], 1.0))
         return agreement(gpus, raw, p["max_memory_used_mib"])
 
-    # --- reset_leaked --------------------------------------------------------------------------------------------
+
+class _ResetMixin:
+    """reset_leaked: a GPU whose memory leaked with nothing holding it is reset (nvidia-smi -r), and said so."""
+
     def reset_leaked(self, gpus: list, now: float) -> bool:
         """Reset (or, in check mode, say it would) each selected GPU whose memory leaked; True when one was reset."""
         p, io, state = self.p, self.io, self.state
@@ -872,3 +853,33 @@ class Wait:
             result["changed"] = True
             if self.diff:
                 result["diff"] = reset_diff(resets)
+
+
+class Wait(_PollMixin, _JudgeMixin, _ResetMixin):
+    """One run of gpu_wait_idle - the whole wait, or one progress slice of it: check mode's one look, the poll
+    loop (step()), reset_leaked, the nvidia-smi confirmation (beside the settle window), the progress slice's
+    exit and the timeout's diagnosis - in its steps (_PollMixin, _JudgeMixin, _ResetMixin), which share this
+    object's state, set here.
+
+    ``io`` has the methods of ``_host.wait_io.WaitIO`` (unit tests pass a fake host: no driver there). ``run()`` returns
+    (ok, result): the keyword arguments of exit_json when ok, else of fail_json, whose ``error`` names the kind
+    of every failure (_errors)."""
+
+    def __init__(self, params: dict, io, check_mode: bool = False, diff: bool = False):
+        self.p = params
+        self.io = io
+        self.check_mode = check_mode
+        self.diff = diff
+        carried = params.get("progress_state")
+        self.carried = bool(carried)
+        self.state = carried["wait"] if carried else new_state()
+        self.offset = float(carried.get("offset", 0.0)) if carried else 0.0
+        self.t0 = None
+        self.result = {"changed": False}
+        # The processes the release before this wait left ({(pid, start_time): reason}): the hook never stops them.
+        self.left = {(h["pid"], h.get("start_time")): h.get("reason") or "left by the release"
+                     for h in params.get("left_holders") or ()}
+
+    def elapsed(self) -> float:
+        """Seconds since the wait began (the slices before this one included)."""
+        return self.offset + self.io.now() - self.t0
