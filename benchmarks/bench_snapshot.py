@@ -53,6 +53,8 @@ def child(args):
     """Runs with the simulated host's environment: the measurements themselves."""
     # pylint: disable-next=import-outside-toplevel,import-error
     from ansible_collections.gpuops.gpu.plugins.module_utils import _common, _smi
+    # pylint: disable-next=import-outside-toplevel,import-error
+    from ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots import SnapshotTaker
 
     def params(backend):
         out = {k: v.get("default") for k, v in dict(_common.SNAPSHOT_ARGS, **_common.IDLE_ARGS).items()}
@@ -75,10 +77,10 @@ def child(args):
         return len(snap["gpus"]), sum(len(g["processes"]) for g in snap["gpus"]), \
             len({h["pid"] for g in snap["gpus"] for h in g["holders"]})
 
-    nvml = _common.SnapshotTaker(StubModule(params("nvml")))
+    nvml = SnapshotTaker(StubModule(params("nvml")))
     snap, cold = timed(nvml.take)
     seen = {"ours_nvml": counts(snap)}
-    smi_backend = _common.SnapshotTaker(StubModule(params("nvidia-smi")))
+    smi_backend = SnapshotTaker(StubModule(params("nvidia-smi")))
     snap, smi_backend_cold = timed(smi_backend.take)
     seen["ours_smi_backend"] = counts(snap)
     seen["nvidia_smi"] = smi_queries()

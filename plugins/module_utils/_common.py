@@ -5,24 +5,21 @@
 # Note that this module util is **PRIVATE** to the collection. It can have breaking changes at any time.
 # Do not use this from other collections or standalone plugins/modules!
 
-"""Glue shared by the modules: the common argument spec and one call that takes a snapshot.
+"""Glue shared by the modules: the common argument specs, the module itself (new_module), the programs a release
+runs (programs, find_pct) and the one failure boundary of every module (run_module).
 
-This is the only module_utils file that talks to AnsibleModule (get_bin_path, params); the
-logic it calls lives in the pure files next to it.
+With _host/ (the real host's adapters, which ask the module for programs and warnings), the only module_utils that
+talk to AnsibleModule; the logic they call lives in the pure files next to them.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import threading
-import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import (
-    _errors, _health, _holding, _lock, _nvml, _procs, _redact, _smi, _snapshot, _validate)
-from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import call_with_timeout, run_in_group
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _lock, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots import SBIN_DIRS
 
 # The options of the doc fragment gpuops.gpu.gpu (every module).
 SNAPSHOT_ARGS = dict(
@@ -58,10 +55,6 @@ RELEASE_ARGS = dict(
     pct=dict(type="str", default="pct"),
     lock_timeout=dict(type="float", default=120.0),
 )
-# Where the simulator (tests/gpusim) points the modules at its kernel log; an unset kernel_log reads it.
-KERNEL_LOG_ENV = "GPUOPS_KERNEL_LOG"
-
-SBIN_DIRS = ["/usr/bin", "/usr/sbin", "/sbin", "/usr/local/bin"]
 # Where Proxmox VE installs pct (pve-container: /usr/sbin/pct); then PATH.
 PCT_DIRS = ["/usr/sbin", "/usr/bin"]
 
@@ -125,226 +118,6 @@ def new_module(argument_spec: dict, **kwargs):
         module.fail_json(msg=f"{bad[0]} must be a finite integer, got {module.params.get(bad[0])!r}", option=bad[0],
                          error=_errors.InvalidOption.kind)
         raise  # not reached: fail_json exits
-
-
-class SnapshotTaker:
-    """Takes snapshots for one module run; keeps the backend decision and NVML initialised."""
-
-    def __init__(self, module, params=None):
-        self.module = module
-        self.params = params or module.params
-        self.backend = None
-        self.smi = None
-        self.minors = None
-        # nvidia-smi ids (--id=) to restrict every nvidia-smi query to; None: all GPUs.
-        self.smi_ids = None
-        self.protect = _validate.regexes("protect", self.params["protect"])
-        self.redact = _validate.regexes("redact", self.params.get("redact"))
-        self.show_cmdline = self.params.get("cmdline", True)
-        # (pid, start time) -> the raw command line (first 4,096 characters), for match/exclude/protect
-        # only, and the text that may be shown (redacted and cut, or None). The raw text is never returned.
-        self._raw = {}
-        self._shown = {}
-        self._texts = {}  # argv tuple -> (match text, shown text)
-        self._smi_health = None  # nvidia-smi's health rows, refreshed at each full snapshot
-        self._smi_health_fields = {}  # the health fields this nvidia-smi accepts (_smi.health_query)
-        self.kernel_log = None  # what read_xid_events read last (_health.read_kernel_log)
-
-    def run_smi(self, argv):
-        """One nvidia-smi run (argv list, no shell, LC_ALL=C) under query_timeout, in its own process group.
-
-        module.run_command cannot kill what it started when the time is up; run_in_group kills the
-        whole group, so a hung nvidia-smi never outlives the module.
-        """
-        argv = list(argv)
-        what = f"{argv[0]} {argv[1].split('=', 1)[0] if len(argv) > 1 else ''}".strip()
-        if self.smi_ids:
-            argv = [argv[0], "--id=" + ",".join(self.smi_ids)] + argv[1:]
-        return run_in_group(argv, self.params["query_timeout"], what, {"LC_ALL": "C"})
-
-    def read_process(self, pid: int):
-        """_procs.read_process with this run's redaction (O(redact), O(cmdline)); the raw text stays here."""
-        kept = {}
-
-        def text(argv):
-            # A command line does not change while a process lives: redact each one once per run.
-            key = tuple(argv)
-            if key not in self._texts:
-                self._texts[key] = (_redact.match_text(argv),
-                                    _redact.redact_argv(argv, self.redact) if self.show_cmdline else None)
-            kept["raw"], shown = self._texts[key]
-            return shown
-
-        info = _procs.read_process(pid, cmdline=text)
-        if info is None:
-            return None
-        key = (info["pid"], info["start_time"])
-        self._raw[key] = kept.get("raw", "")
-        self._shown[key] = info["cmdline"]
-        self._screen(info, self._raw[key])
-        return info
-
-    def match_text(self, proc: dict) -> str:
-        """The raw command line (first 4,096 characters) that match, exclude and protect see; internal only."""
-        raw = self._raw.get((proc.get("pid"), proc.get("start_time")))
-        return raw if raw is not None else (proc.get("cmdline") or "")
-
-    def _screen(self, info: dict, raw: str) -> None:
-        """Run the protect patterns under their time budget on the texts _snapshot.is_protected matches
-        (name, basename of argv[0], command line), so that a slow pattern fails naming protect."""
-        if not self.protect:
-            return
-        texts = {info.get("name") or "", raw}
-        argv0 = raw.split(" ", 1)[0]
-        if argv0:
-            texts.add(os.path.basename(argv0))
-        for pattern in self.protect:
-            for text in texts:
-                pattern.search(text)
-
-    @staticmethod
-    def _selected_files_only(holders: dict, raw: dict) -> dict:
-        """With nvidia-smi restricted to some GPUs (smi_ids), the device nodes of the other GPUs are not
-        theirs: drop them, so that a holder of an unselected GPU's node is not counted on every GPU.
-        Kept as is when a GPU's minor number is unknown (then no node can be placed)."""
-        minors = {g.get("minor_number") for g in raw["gpus"]}
-        if None in minors:
-            return holders
-        out = {}
-        for pid, files in holders.items():
-            kept = [f for f in files if _holding.node_of(f)[1] in minors or _holding.node_of(f)[1] is None]
-            if kept:
-                out[pid] = kept
-        return out
-
-    def _read_for_build(self, pid: int):
-        info = self.read_process(pid)
-        # _snapshot.build matches protect on the raw text; take() puts the shown text back right after.
-        return None if info is None else dict(info, cmdline=self._raw[(info["pid"], info["start_time"])])
-
-    def _redact(self, snap: dict) -> dict:
-        for gpu in snap["gpus"]:
-            for entry in list(gpu["processes"]) + list(gpu["holders"]):
-                if entry.get("cmdline") is not None:
-                    entry["cmdline"] = self._shown.get((entry.get("pid"), entry.get("start_time")))
-        return snap
-
-    def _find_smi(self):
-        path = self.module.get_bin_path(self.params["nvidia_smi_path"], required=False, opt_dirs=SBIN_DIRS)
-        if not path:
-            raise _errors.LibraryNotFound(
-                f"no NVIDIA driver libraries here: a container without them, or not a GPU host"
-                f" ({self.params['nvidia_smi_path']} not found, and NVML is not usable). Run on the host"
-                " that has the GPUs (on Proxmox VE: the node), or set missing=ignore to gather facts on a"
-                " mixed fleet.", backend="nvidia-smi")
-        return path
-
-    def _choose_backend(self):
-        wanted = self.params["backend"]
-        if wanted in ("nvml", "auto"):
-            try:
-                call_with_timeout(_nvml.init, self.params["query_timeout"], "NVML initialisation")
-                return "nvml"
-            except _errors.LibraryNotFound:
-                if wanted == "nvml":
-                    raise
-        self.smi = self._find_smi()
-        return "nvidia-smi"
-
-    def raw(self, need_minors=False) -> dict:
-        if self.backend is None:
-            self.backend = self._choose_backend()
-        if self.backend == "nvml":
-            timeout = self.params["query_timeout"]
-            deadline = time.monotonic() + timeout
-            return call_with_timeout(lambda: _nvml.query(deadline=deadline), timeout, "NVML query")
-        thread, box = None, {}
-        if self._smi_health is None or need_minors:
-            # Health is one more nvidia-smi run, at the same time as the others (the minor numbers', the
-            # snapshot's): at the first and each full snapshot, kept in between.
-            def health():
-                try:
-                    box["rows"] = _smi.health_query(self.run_smi, self.smi, self._smi_health_fields)
-                except Exception as exc:  # pylint: disable=broad-except  # reported below
-                    box["error"] = exc
-
-            thread = threading.Thread(target=health, name="gpuops:nvidia-smi health", daemon=True)
-            thread.start()
-        try:
-            if need_minors and self.minors is None:
-                # Minor numbers tie /dev/nvidiaN to a GPU; only nvidia-smi's XML report has them.
-                self.minors = _smi.minor_query(self.run_smi, self.smi)
-            raw = _smi.query(self.run_smi, self.smi, self.minors)
-        finally:
-            if thread is not None:
-                thread.join()
-        rows, problem = self._smi_health, None
-        if thread is not None:
-            # A health query that fails (a GPU lost while it ran, one that is not selected) does not fail the
-            # snapshot: the health fields are then null, the GPUs' errors say why, and the next full snapshot
-            # asks again.
-            error = box.get("error")
-            self._smi_health = None if error else box["rows"]
-            rows = box.get("rows") or {}
-            problem = None if error is None else (
-                f"nvidia-smi --query-gpu (health): {getattr(error, 'msg', None) or error}")
-        _smi.merge_health(raw["gpus"], rows, problem)
-        return raw
-
-    def read_xid_events(self):
-        """The Xid events of the kernel log (O(kernel_log), else $GPUOPS_KERNEL_LOG, else /dev/kmsg, then
-        dmesg), or None when it cannot be read (``self.kernel_log`` says why)."""
-        path = self.params.get("kernel_log") or os.environ.get(KERNEL_LOG_ENV) or None
-
-        def dmesg(argv):
-            found = self.module.get_bin_path(argv[0], required=False, opt_dirs=SBIN_DIRS)
-            if not found:
-                return 127, "", f"{argv[0]}: not found"
-            return run_in_group([found] + argv[1:], self.params["query_timeout"], "dmesg", {"LC_ALL": "C"})
-
-        self.kernel_log = _health.read_kernel_log(path, dmesg)
-        text = self.kernel_log["text"]
-        events = None if text is None else _health.parse_xid_events(text)
-        self.kernel_log = _health.kernel_log_summary(self.kernel_log, events)
-        return events
-
-    def take(self, gather_processes=True, gather_holders=True, gather_xid=False) -> dict:
-        """One snapshot of every GPU (selection is applied by the caller). The kernel log is read
-        when ``gather_xid``, or at a full snapshot (``gather_holders``) when the xid check is on."""
-        raw = self.raw(need_minors=gather_holders)
-        checks = self.params.get("health_checks") or ()
-        xids = None
-        if gather_xid or ("xid" in checks and gather_holders):
-            xids = self.read_xid_events()
-            self._xids = xids
-        elif "xid" in checks:
-            xids = getattr(self, "_xids", None)
-        holders = None
-        if gather_holders:
-            holders = _procs.scan_fd_holders(self.params["device_files"], exclude_pids=(os.getpid(),))
-            if self.smi_ids and self.backend == "nvidia-smi":
-                holders = self._selected_files_only(holders, raw)
-        return self._redact(_snapshot.build(
-            raw,
-            read_process=self._read_for_build if gather_processes else None,
-            holders=holders,
-            protect=self.protect,
-            max_memory_used_mib=self.params.get("max_memory_used_mib", _snapshot.DEFAULT_MAX_MEMORY_USED_MIB),
-            max_utilization_pct=self.params.get("max_utilization_pct"),
-            include_device_holders=self.params["include_device_holders"],
-            in_container=self.in_container(),
-            exe_of=_procs.read_exe,
-            min_free_mib=self.params.get("min_free_mib"),
-            min_free_pct=self.params.get("min_free_pct"),
-            health_checks=checks,
-            xid_events=xids,
-        ))
-
-    def in_container(self):
-        """Whether the module runs inside a container (its PID namespace may not see every GPU user)."""
-        if not hasattr(self, "_in_container"):
-            self._in_container = _procs.in_container()
-        return self._in_container
 
 
 def fail(module, exc: _errors.GpuError, **extra):

@@ -375,11 +375,11 @@ from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _procs,
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     IDLE_ARGS,
     SNAPSHOT_ARGS,
-    SnapshotTaker,
     new_module,
     run_module,
     validate_snapshot_params,
 )
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots import SnapshotTaker
 
 NO_GPU_KINDS = ("library_not_found", "driver_not_loaded")
 

@@ -349,15 +349,14 @@ resets:
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _snapshot, _validate, _wait
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
-    SBIN_DIRS,
     IDLE_ARGS,
     SNAPSHOT_ARGS,
-    SnapshotTaker,
     new_module,
     run_module,
     validate_snapshot_params,
 )
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_in_group
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots import SBIN_DIRS, SnapshotTaker
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.wait_io import WaitIO
 
 ARGUMENT_SPEC = dict(SNAPSHOT_ARGS, **IDLE_ARGS)

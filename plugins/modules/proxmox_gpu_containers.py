@@ -343,7 +343,6 @@ from ansible_collections.gpuops.gpu.plugins.module_utils import _fence
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     RELEASE_ARGS,
     SNAPSHOT_ARGS,
-    SnapshotTaker,
     find_pct,
     new_module,
     programs,
@@ -351,6 +350,7 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
 )
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_in_group
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.release_io import ReleaseIO
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots import SnapshotTaker
 from ansible_collections.gpuops.gpu.plugins.module_utils._signals import signal_number
 
 ARGUMENT_SPEC = dict(

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils._common import IDLE_ARGS, SNAPSHOT_ARGS, SnapshotTaker
+from ansible_collections.gpuops.gpu.plugins.module_utils._common import IDLE_ARGS, SNAPSHOT_ARGS
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots import SnapshotTaker
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import RegexTooSlow
 
 SK = "sk-proj0123456789abcdefXYZ"
@@ -74,7 +75,7 @@ def test_run_smi_restricts_to_the_selected_gpus(monkeypatch):
         seen.update(argv=argv, timeout=timeout, what=what, env=env_update)
         return 0, "", ""
 
-    monkeypatch.setattr("ansible_collections.gpuops.gpu.plugins.module_utils._common.run_in_group", fake)
+    monkeypatch.setattr("ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots.run_in_group", fake)
     taker = SnapshotTaker(Params(query_timeout=3.0))
     taker.smi_ids = ["0", "3"]
     taker.run_smi(["/usr/bin/nvidia-smi", "--query-gpu=index,uuid", "--format=csv"])
