@@ -363,11 +363,11 @@ class SimHost:
 
     def spawn(self, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
               ct: Optional[Union[int, str]] = None) -> Optional[int]:
-        """Start any command, detached, where the host's processes run: in the container ``ct`` (lxc-attach, the
-        container's init adopts it; stdout/stderr to its console log; env None: the container's default) or on the
-        host, in the session scope (started by the driver daemon; env None: env()).  Returns its host pid (None: it
-        exited at once, in a container).  Unlike hold(), it is not in owned(): the container's stop or down()'s
-        sweep of the host's cgroup ends it."""
+        """Start any command (argv[0] a path: it is exec'd as it is), detached, where the host's processes run: on
+        the host, in the session scope (started by the driver daemon, in owned(): kill() and down() end it; env None:
+        env()), or in the container ``ct`` (lxc-attach, the container's init adopts it; stdout/stderr to its console
+        log; env None: the container's default; not in owned(): the container's stop ends it).  Returns its host
+        pid (None: it exited at once, in a container)."""
         if ct is not None:
             from . import container  # noqa: PLC0415
             return container.spawn(self.dir, int(ct), list(argv), env)
@@ -393,7 +393,7 @@ class SimHost:
         base = cgroups.host_base(self.dir)
         return path.startswith("/lxc/") or (base is not None and path.startswith(cgroups.rel(base)))
 
-    def set_gpu(self, index: int, **fields: Any) -> None:
+    def set_gpu(self, index: int, /, **fields: Any) -> None:
         """Set fields of GPU ``index`` in the scenario (its attributes as scenario() shows them: minor, util_gpu,
         persistence, display_active, fabric_state, ...): one validated, locked write; ScenarioError for an
         unknown GPU or field, or a value the scenario refuses.  Programs read it at their next call."""
