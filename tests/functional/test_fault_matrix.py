@@ -686,6 +686,7 @@ RECYCLE = r"""
 import os, runpy, signal, subprocess, sys, time
 from ansible_collections.gpuops.gpu.plugins.module_utils import _release
 victim, out, argsfile = int(sys.argv[1]), sys.argv[2], sys.argv[-1]
+module = sys.argv[sys.argv.index("-m") + 1]  # the module modrun names
 original = _release.scope_problem
 
 def starttime(pid):
@@ -717,7 +718,7 @@ def recycle(targets, *args):
 
 _release.scope_problem = recycle
 sys.argv = [sys.argv[0], argsfile]
-runpy.run_module(sys.argv[sys.argv.index("-m") + 1], run_name="__main__")  # the module modrun names
+runpy.run_module(module, run_name="__main__")
 """
 
 

@@ -36,8 +36,7 @@ def node(gpusim_factory):
     4129 (lxc style, GPUs 0-3, running), 4130 (devN style, GPUs 4 and 5, running), 4131 (no passthrough,
     running) and 4132 (lxc style, GPU 6, stopped)."""
     host = gpusim_factory(release_lag_ms=0)
-    for i in range(8):
-        host.set_gpu(i, minor=7 - i)
+    host.set_gpus({i: {"minor": 7 - i} for i in range(8)})
     host.ct_create(4129, "gpu-a", "0-3", devices_style="lxc", systemd=True)
     host.ct_create(4130, "gpu-b", "4,5", devices_style="dev", systemd=True)
     host.ct_create(4131, "plain", None, devices_style="none")
@@ -308,8 +307,7 @@ def toolkit_node(gpusim_factory):
     workload there opens the node of its own GPU, as what such a hook binds), 4153 the classic lxc lines (GPU 0, another
     tenant). All running."""
     host = gpusim_factory(release_lag_ms=0)
-    for i in range(8):
-        host.set_gpu(i, minor=7 - i)
+    host.set_gpus({i: {"minor": 7 - i} for i in range(8)})
     host.ct_create(4150, "hook-ct", "2,3", devices_style="hook")
     host.ct_create(4151, "devdir-ct", "all", devices_style="devdir")
     host.ct_create(4152, "own-hook", None, devices_style="none")
@@ -391,8 +389,7 @@ def shared_node(gpusim_factory):
     devN line for every /dev/nvidia* node into every GPU container: 4170 (CT A) and 4171 (CT B) both pass all 8 GPUs.
     Both run."""
     host = gpusim_factory(release_lag_ms=0)
-    for i in range(8):
-        host.set_gpu(i, minor=7 - i)
+    host.set_gpus({i: {"minor": 7 - i} for i in range(8)})
     host.ct_create(4170, "ct-a", "all", devices_style="dev")
     host.ct_create(4171, "ct-b", "all", devices_style="dev")
     for vmid in (4170, 4171):

@@ -395,16 +395,22 @@ class SimHost:
 
     def set_gpu(self, index: int, /, **fields: Any) -> None:
         """Set fields of GPU ``index`` in the scenario (its attributes as scenario() shows them: minor, util_gpu,
-        persistence, display_active, fabric_state, ...): one validated, locked write; ScenarioError for an
-        unknown GPU or field, or a value the scenario refuses.  Programs read it at their next call."""
+        persistence, display_active, fabric_state, ...): set_gpus({index: fields})."""
+        self.set_gpus({index: fields})
+
+    def set_gpus(self, changes: Dict[int, Dict[str, Any]]) -> None:
+        """Set fields of several GPUs, {index: {field: value}}, in one validated, locked write (what must change
+        together: swapping minor numbers, which must stay unique); ScenarioError for an unknown GPU or field, or a
+        value the scenario refuses, and then nothing is written.  Programs read it at their next call."""
         with scn.edit(self.dir) as sc:
-            if not 0 <= int(index) < len(sc.gpus):
-                raise ScenarioError(f"gpu: {index!r}: no such GPU (0-{len(sc.gpus) - 1})")
-            gpu = sc.gpus[int(index)]
-            for key, value in fields.items():
-                if key == "index" or not hasattr(gpu, key):
-                    raise ScenarioError(f"gpu.{index}.{key}: not a GPU field")
-                setattr(gpu, key, value)
+            for index, fields in changes.items():
+                if not 0 <= int(index) < len(sc.gpus):
+                    raise ScenarioError(f"gpu: {index!r}: no such GPU (0-{len(sc.gpus) - 1})")
+                gpu = sc.gpus[int(index)]
+                for key, value in fields.items():
+                    if key == "index" or not hasattr(gpu, key):
+                        raise ScenarioError(f"gpu.{index}.{key}: not a GPU field")
+                    setattr(gpu, key, value)
 
     def pct_calls(self) -> List[List[str]]:
         """The simulated node's pct invocations so far, oldest first: [pid, argument, ...] each."""

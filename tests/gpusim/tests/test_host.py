@@ -451,6 +451,10 @@ def test_host_fault_rejects_invalid_values(gpusim, kwargs, field):
     with pytest.raises(ScenarioError, match=field):
         gpusim.fault(**kwargs)
     assert open(gpusim.path("scenario"), encoding="utf-8").read() == before
+    with pytest.raises(ScenarioError, match="unique"):
+        gpusim.set_gpu(0, minor=1)  # GPU 1 has it
+    gpusim.set_gpus({0: {"minor": 1}, 1: {"minor": 0}})  # swapped in one write
+    assert [g.minor for g in gpusim.scenario().gpus[:2]] == [1, 0]
 
 
 def test_host_set_gpu_writes_one_gpu_and_rejects_what_the_scenario_has_not(gpusim):
