@@ -56,7 +56,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 from modrun import run_module_text
-from test_fault_matrix import MARK, marked, on_the_simulated_machine, write_summary
+from test_fault_matrix import MARK, marked, write_summary
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 set_hypothesis_home_dir(os.path.join(TOP, "build", "hypothesis"))
@@ -630,7 +630,7 @@ class Scene:
     def left_behind(self, token, before):
         deadline = time.monotonic() + 2.0
         while True:
-            new = [p for p in marked(token) - before if not on_the_simulated_machine(p, self.host)]
+            new = [p for p in marked(token) - before if not self.host.owns(p)]
             if not new or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
