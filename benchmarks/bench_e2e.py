@@ -238,7 +238,7 @@ def setup(host, variant, vmids, rundir, exit_delay=None, kind=None):
     (BYSTANDER_KINDS; None: none); returns what the checks need.
 
     exit_delay: the server (API and workers) exits that many seconds after SIGTERM (default: at once)."""
-    from gpusimkit import cgroups, container, proctools  # pylint: disable=import-outside-toplevel,import-error
+    from gpusimkit import nspid, starttime  # pylint: disable=import-outside-toplevel,import-error
 
     vmid, other = vmids
     host.ct_create(vmid, hostname="gpu-ct", systemd=True)
@@ -251,7 +251,7 @@ def setup(host, variant, vmids, rundir, exit_delay=None, kind=None):
     api = host.hold(gpus="0-7", mib=WORKER_MIB, ct=vmid, tree=True, name=SERVER_NAME, **kwargs)
     gpu_procs = host.procs()[0]
     workers = sorted({p["pid"] for p in gpu_procs})
-    server = {pid: proctools.starttime(pid) for pid in [api] + workers}
+    server = {pid: starttime(pid) for pid in [api] + workers}
     py3 = python3()
     env = host.env()
     logs = {}
@@ -263,10 +263,9 @@ def setup(host, variant, vmids, rundir, exit_delay=None, kind=None):
     names = (f"python3 in CT {vmid}", f"python3 in CT {other} (sglang.bench_serving)",
              "python3 on the node (sglang-metrics)")
     bystanders = {
-        names[0]: container.spawn(host.dir, vmid, argv(names[0]), env),
-        names[1]: container.spawn(host.dir, other, argv(names[1], "sglang.bench_serving"), env),
-        names[2]: proctools.spawn_via_driver(host.dir, argv(names[2], "sglang-metrics"), env,
-                                             cgroup=cgroups.session_path(host.dir)),
+        names[0]: host.spawn(argv(names[0]), env, ct=vmid),
+        names[1]: host.spawn(argv(names[1], "sglang.bench_serving"), env, ct=other),
+        names[2]: host.spawn(argv(names[2], "sglang-metrics"), env),
     }
     gpu_names = []
     for label, where, cmdline in (BYSTANDER_KINDS[kind]["where"] if kind else ()):
@@ -276,8 +275,8 @@ def setup(host, variant, vmids, rundir, exit_delay=None, kind=None):
             bystanders[name] = host.hold(ct=vmid if where == "ct" else None, name=cmdline,
                                          **BYSTANDER_KINDS[kind]["hold"])
         gpu_names.append(name)
-    by = {name: (pid, proctools.starttime(pid)) for name, pid in bystanders.items()}
-    nspids = {proctools.nspid(pid) for pid in server}
+    by = {name: (pid, starttime(pid)) for name, pid in bystanders.items()}
+    nspids = {nspid(pid) for pid in server}
     # the GPU contexts of the server: their exits (the driver's procs file) date the release exactly
     contexts = sorted({(p["pid"], p["starttime"]) for p in gpu_procs if p["used_mib"] > 0})
     return {"vmid": vmid, "other_vmid": other, "api": api, "workers": workers, "server": server,
@@ -324,15 +323,15 @@ def signals_received(path):
 
 def observe(host, scene):
     """The state right after the command returned, read by the harness from the simulator."""
-    from gpusimkit import container, proctools  # pylint: disable=import-outside-toplevel,import-error
+    from gpusimkit import alive  # pylint: disable=import-outside-toplevel,import-error
 
     status = host.status()
     used = [g["memory_used_mib"] for g in status["gpus"]]
     holders = sorted({p["pid"] for p in status["processes"] if p["alive"]})
-    left = [pid for pid, start in scene["server"].items() if proctools.alive(pid, start)]
-    dead = [name for name, (pid, start) in scene["bystanders"].items() if not proctools.alive(pid, start)]
+    left = [pid for pid, start in scene["server"].items() if alive(pid, start)]
+    dead = [name for name, (pid, start) in scene["bystanders"].items() if not alive(pid, start)]
     signals = {name: signals_received(path) for name, path in scene["bystander_logs"].items()}
-    running = {str(v): container.status(host.dir, v) == "running" for v in (scene["vmid"], scene["other_vmid"])}
+    running = {str(v): host.ct_status(v) == "running" for v in (scene["vmid"], scene["other_vmid"])}
     outside = sorted(set(dead) | {name for name, sigs in signals.items() if sigs}) + \
         [f"CT {v} stopped" for v, up in running.items() if not up]
     return {
@@ -368,10 +367,9 @@ def ansible_env(ws, env, profile):
         os.makedirs(ws.path("callback_plugins"))
         with open(ws.path("callback_plugins/e2e_profile.py"), "w", encoding="utf-8") as f:
             f.write(PROFILE_CALLBACK)
-    out = dict(env, ANSIBLE_CONFIG=cfg, ANSIBLE_HOME=ws.path("ansible-home"), ANSIBLE_COLLECTIONS_PATH=ws.colroot,
-               ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="False", ANSIBLE_LOCAL_TEMP=ws.path("ansible-local"),
-               ANSIBLE_REMOTE_TEMP=ws.path("ansible-remote"), ANSIBLE_RETRY_FILES_ENABLED="False",
-               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", PYTHONDONTWRITEBYTECODE="1")
+    out = benchlib.modrun.controller_env(ws.colroot, ws.dir, base=env, ANSIBLE_CONFIG=cfg, ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="False",
+                                         ANSIBLE_LOCAL_TEMP=ws.path("ansible-local"), ANSIBLE_REMOTE_TEMP=ws.path("ansible-remote"),
+                                         PYTHONDONTWRITEBYTECODE="1")
     for name in ("ANSIBLE_CALLBACKS_ENABLED", "ANSIBLE_CALLBACK_WHITELIST", "ANSIBLE_STDOUT_CALLBACK"):
         out.pop(name, None)
     if profile:
@@ -561,12 +559,11 @@ def run_one(ws, args, item, index, part="e2e", sshd=None):
         if conn:
             sshd.wait_sessions_ended()
             node_before = sshd.cpu_of_sessions()
-        from gpusimkit import pct as pct_sim  # pylint: disable=import-outside-toplevel,import-error
-        pct_before = len(pct_sim.calls(host.dir))
+        pct_before = len(host.pct_calls())
         with benchlib.ExitWatcher(host, scene["contexts"]) as exits:
             rc, wall, cpu, t0 = run_command(argv, env, rundir, args.timeout, log, stdin_path=stdin_path)
         # the pct processes the method started (the simulator's pct counts its invocations)
-        entry.update({"rc": rc, "wall_s": wall, "pct_calls": len(pct_sim.calls(host.dir)) - pct_before})
+        entry.update({"rc": rc, "wall_s": wall, "pct_calls": len(host.pct_calls()) - pct_before})
         modules_cpu, runs = benchlib.wrapper_cpu(python + ".cpu")
         if conn:
             # the controller: ansible-playbook, its workers, the ssh clients (the command's children) and the
@@ -609,15 +606,14 @@ IDLE_METHODS = ("d",)
 def idle_run(host, argv, env, rundir, args, python):
     """The same command again on the same node, right after it: nothing left to release (the second run of
     `make demo`). Its wall, controller CPU and pct processes, and its wall's ratio to the first run's."""
-    from gpusimkit import pct as pct_sim  # pylint: disable=import-outside-toplevel,import-error
     modules_before, _runs = benchlib.wrapper_cpu(python + ".cpu")
-    pct_before = len(pct_sim.calls(host.dir))
+    pct_before = len(host.pct_calls())
     rc, wall, cpu, _t0 = run_command(argv, env, rundir, args.timeout, os.path.join(rundir, "output-idle.log"))
     modules_cpu, _runs = benchlib.wrapper_cpu(python + ".cpu")
     modules_cpu -= modules_before
     status = host.status()
     return {"rc": rc, "wall_s": wall, "controller_cpu_s": max(0.0, cpu - modules_cpu), "node_cpu_s": modules_cpu,
-            "pct_calls": len(pct_sim.calls(host.dir)) - pct_before,
+            "pct_calls": len(host.pct_calls()) - pct_before,
             "ready": all(g["memory_used_mib"] <= THRESHOLD_MIB for g in status["gpus"])}
 
 
@@ -1079,7 +1075,7 @@ def run(args):
         ws = stack.enter_context(benchlib.workspace("gpubench-e2e-"))
         sshd = None
         if "ssh" in args.connections and (args.reps or args.latency_reps):
-            from gpusimkit.sshd import throwaway_sshd  # pylint: disable=import-outside-toplevel,import-error
+            from gpusimkit import throwaway_sshd  # pylint: disable=import-outside-toplevel,import-error
             sshd = stack.enter_context(throwaway_sshd())
             print(f"sshd: {sshd.address}:{sshd.port} (root, key {os.path.basename(sshd.key)} in {sshd.root})", flush=True)
         runs, skipped = execute(ws, args, plan(args), "e2e", sshd)

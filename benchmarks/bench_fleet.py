@@ -73,7 +73,7 @@ class Fleet:
 
     def start_servers(self):
         """A fresh server in every container; returns {index: {pid: starttime}} of the server's processes."""
-        from gpusimkit import proctools  # pylint: disable=import-outside-toplevel,import-error
+        from gpusimkit import starttime  # pylint: disable=import-outside-toplevel,import-error
 
         servers = {}
         for h in self.hosts:
@@ -82,7 +82,7 @@ class Fleet:
             api = host.hold(gpus="all", mib=WORKER_MIB, ct=h["vmid"], tree=True,
                             name=SERVER_NAME.format(gpus=self.args.gpus))
             workers = {p["pid"] for p in host.procs()[0] if (p["pid"], p["starttime"]) not in before}
-            servers[h["index"]] = {pid: proctools.starttime(pid) for pid in [api, *sorted(workers)]}
+            servers[h["index"]] = {pid: starttime(pid) for pid in [api, *sorted(workers)]}
         return servers
 
     def write_interpreters(self, run_id):
@@ -110,16 +110,16 @@ class Fleet:
         return path
 
     def observe(self, servers):
-        from gpusimkit import container, proctools  # pylint: disable=import-outside-toplevel,import-error
+        from gpusimkit import alive  # pylint: disable=import-outside-toplevel,import-error
 
         out = []
         for h in self.hosts:
             status = h["host"].status()
             used = [g["memory_used_mib"] for g in status["gpus"]]
-            left = [pid for pid, start in servers[h["index"]].items() if proctools.alive(pid, start)]
+            left = [pid for pid, start in servers[h["index"]].items() if alive(pid, start)]
             out.append({"host": h["gpu_host"], "ready": len(used) == self.args.gpus and all(u <= THRESHOLD_MIB for u in used),
                         "used_mib": used, "server_gone": not left, "server_left": left,
-                        "container_running": container.status(h["host"].dir, h["vmid"]) == "running"})
+                        "container_running": h["host"].ct_status(h["vmid"]) == "running"})
         return out
 
 
@@ -248,8 +248,7 @@ def fleet_playbook(method, gpus):
 
 
 def pct_calls(fleet):
-    from gpusimkit import pct  # pylint: disable=import-outside-toplevel,import-error
-    return sum(len(pct.calls(h["host"].dir)) for h in fleet.hosts)
+    return sum(len(h["host"].pct_calls()) for h in fleet.hosts)
 
 
 def one_run(ws, fleet, forks, args, run_id, method="d"):

@@ -38,11 +38,11 @@ THRESHOLD_MIB = 64  # the collection's default max_memory_used_mib; the idiomati
 
 def kill_and_time_free(host, pids, lag_s):
     """SIGKILL the workers; return (kill time, the moment the last GPU's memory is freed, exact?)."""
-    from gpusimkit import proctools  # pylint: disable=import-outside-toplevel,import-error
+    from gpusimkit import starttime  # pylint: disable=import-outside-toplevel,import-error
 
-    keys = {(pid, proctools.starttime(pid)) for pid in pids}
+    keys = {(pid, starttime(pid)) for pid in pids}
     for pid, start in keys:  # workers this benchmark started (host.hold), checked by start time
-        if start is not None and proctools.starttime(pid) == start:
+        if start is not None and starttime(pid) == start:
             os.kill(pid, signal.SIGKILL)
     t_kill = time.monotonic()
     deadline = t_kill + min(1.0, lag_s * 0.5)

@@ -24,15 +24,17 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 KIT = os.path.join(ROOT, "tests", "gpusim")
+FUNCTIONAL = os.path.join(ROOT, "tests", "functional")  # modrun: how a module and a playbook are run
 RESULTS = os.path.join(HERE, "results")
-MODULES = "ansible_collections.gpuops.gpu.plugins.modules."
 
-if KIT not in sys.path:
-    sys.path.insert(0, KIT)
+for _path in (KIT, FUNCTIONAL):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 # Never write byte code into the checkout (the collection is imported through a symlink to it);
 # ansible-core's own byte code in the virtual environment is used as usual.
 sys.dont_write_bytecode = True
 os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+import modrun  # noqa: E402  pylint: disable=wrong-import-position,import-error
 
 
 class Terminated(Exception):
@@ -87,22 +89,14 @@ class Workspace:
         the time.monotonic() clock).
         """
         self._count += 1
-        argsfile = self.path(f"args-{self._count}.json")
-        with open(argsfile, "w", encoding="utf-8") as f:
-            json.dump({"ANSIBLE_MODULE_ARGS": args}, f)
+        argv = modrun.module_argv(module, args, self.dir, tag=f"-{self._count}")
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", MODULES + module, argsfile], env=env, capture_output=True,
-                              text=True, check=False, timeout=timeout)
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=timeout)
         wall = time.monotonic() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-        try:
-            result = json.loads(proc.stdout)
-        except ValueError:
-            raise RuntimeError(f"{module}: no JSON result (rc {proc.returncode}): {proc.stdout[-2000:]}"
-                               f" {proc.stderr[-2000:]}") from None
-        return result, wall, cpu, proc.returncode, t0
+        return modrun.module_result(module, proc), wall, cpu, proc.returncode, t0
 
     def cleanup(self):
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -120,7 +114,7 @@ def workspace(prefix="gpubench-"):
 @contextlib.contextmanager
 def sim_host(**kwargs):
     """A simulated GPU host in a fresh short temp dir (unix socket path limit); always torn down."""
-    from gpusimkit.host import SimHost  # pylint: disable=import-outside-toplevel
+    from gpusimkit import SimHost  # pylint: disable=import-outside-toplevel
 
     base = tempfile.mkdtemp(prefix="gpub-")
     try:

@@ -26,9 +26,10 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "gpusim"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "functional"))
 
-from gpusimkit import profiles as profiles_mod  # noqa: E402
-from gpusimkit.host import SimHost  # noqa: E402
+from gpusimkit import DRIVERS, SimHost  # noqa: E402
+from modrun import run_module  # noqa: E402
 
 MIB = {0: (1024, 2048, 3072), 1: (4096,)}
 BINDINGS = r"""
@@ -46,13 +47,7 @@ print(json.dumps(out))
 
 
 def run_facts(host, collection):
-    args = os.path.join(host.dir, "facts-args.json")
-    with open(args, "w", encoding="utf-8") as f:
-        json.dump({"ANSIBLE_MODULE_ARGS": {"device_files": [host.dir + "/dev/nvidia*"]}}, f)
-    env = dict(host.env(), PYTHONPATH=collection)
-    proc = subprocess.run([sys.executable, "-m", "ansible_collections.gpuops.gpu.plugins.modules.gpu_facts", args],
-                          env=env, capture_output=True, text=True, timeout=120, check=False)
-    return json.loads(proc.stdout)
+    return run_module(host, collection, "gpu_facts", {"device_files": [host.dir + "/dev/nvidia*"]})
 
 
 def one(name, base, collection):
@@ -85,10 +80,10 @@ def one(name, base, collection):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", action="append", choices=sorted(profiles_mod.PROFILES), help="only these profiles")
+    ap.add_argument("--profile", action="append", choices=sorted(DRIVERS), help="only these profiles")
     ap.add_argument("--json", help="write the rows as JSON here")
     args = ap.parse_args(argv)
-    names = args.profile or list(profiles_mod.PROFILES)
+    names = args.profile or list(DRIVERS)
     base = tempfile.mkdtemp(prefix="gpdp-")
     collection = os.path.join(base, "collections")
     os.makedirs(os.path.join(collection, "ansible_collections", "gpuops"))

@@ -48,7 +48,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 KIT = os.path.join(ROOT, "tests", "gpusim")
-MODULES = "ansible_collections.gpuops.gpu.plugins.modules."
+FUNCTIONAL = os.path.join(ROOT, "tests", "functional")  # modrun: how a module is run
 CSV_FIELDS = ("index", "uuid", "name", "pci.bus_id", "memory.total", "memory.used")
 BACKENDS = ("nvml", "nvidia-smi")
 # The NVML poller holds the GPU's device files on a real host (every NVML client does): it is
@@ -179,16 +179,16 @@ class Runner:
         payload = dict(args)
         if self.device_files:
             payload["device_files"] = list(self.device_files)
-        argsfile = os.path.join(self.workdir, f"args-{self.count}-{name}.json")
-        with open(argsfile, "w", encoding="utf-8") as f:
-            json.dump({"ANSIBLE_MODULE_ARGS": payload}, f)
+        if FUNCTIONAL not in sys.path:
+            sys.path.insert(0, FUNCTIONAL)
+        import modrun  # pylint: disable=import-outside-toplevel,import-error
+        argv = modrun.module_argv(name, payload, self.workdir, tag=f"-{self.count}")
         start = now()
-        proc = subprocess.run([sys.executable, "-m", MODULES + name, argsfile], env=self.env, capture_output=True,
-                              text=True, timeout=timeout, check=False)
+        proc = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
         end = now()
         try:
-            result = json.loads(proc.stdout)
-        except ValueError:
+            result = modrun.module_result(name, proc)
+        except AssertionError:
             result = {"failed": True, "msg": f"{name} printed no JSON (rc {proc.returncode}):"
                                              f" {proc.stdout[-1500:]} {proc.stderr[-1500:]}"}
         return result, start, end
@@ -401,7 +401,7 @@ class SimulatedHost(RealHost):
     def __init__(self):  # pylint: disable=super-init-not-called
         if KIT not in sys.path:
             sys.path.insert(0, KIT)
-        from gpusimkit.host import SimHost  # pylint: disable=import-outside-toplevel,import-error
+        from gpusimkit import SimHost  # pylint: disable=import-outside-toplevel,import-error
         self.base = tempfile.mkdtemp(prefix="gpusmoke-")  # short: the daemon's socket path limit
         try:
             self.host = SimHost.up(os.path.join(self.base, "h"), gpus=SIM_GPUS, model=SIM_MODEL,

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from unittest import mock
 
+MODULES = "ansible_collections.gpuops.gpu.plugins.modules."
+
 
 def run_module(host, collection, name, args, prefix=(), check_mode=False, env=None):
     """Run one module as Ansible would (a fresh interpreter with its args file); returns its JSON result."""
@@ -24,40 +26,53 @@ def run_module_text(host, collection, name, args, prefix=(), check_mode=False, d
 
     ``tag`` names the args file apart, for runs of one module at the same time; ``env``: variables set over the
     host's environment (host.env())."""
-    payload = dict(args)
-    if check_mode:
-        payload["_ansible_check_mode"] = True
-    if diff:
-        payload["_ansible_diff"] = True
-    argsfile = os.path.join(host.dir, f"args-{name}{tag}.json")
-    with open(argsfile, "w", encoding="utf-8") as f:
-        json.dump({"ANSIBLE_MODULE_ARGS": payload}, f)
+    argv = module_argv(name, args, host.dir, prefix, check_mode=check_mode, diff=diff, tag=tag)
     env = dict(host.env(), **(env or {}), PYTHONPATH=collection)
-    argv = list(prefix) + [sys.executable, "-m", f"ansible_collections.gpuops.gpu.plugins.modules.{name}", argsfile]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
-    try:
-        return json.loads(proc.stdout), proc.stdout + proc.stderr
-    except ValueError:
-        raise AssertionError(f"{name} printed no JSON (rc {proc.returncode}): {proc.stdout[-2000:]} {proc.stderr[-2000:]}") from None
+    return module_result(name, proc), proc.stdout + proc.stderr
 
 
 def start_module(host, collection, name, args, prefix=(), tag=""):
     """Start one module as run_module does, without waiting: (the Popen, with stdout and stderr piped as text).
     ``prefix``: a wrapper argv before the interpreter. Read its result with json.loads(proc.communicate()[0])."""
-    argsfile = os.path.join(host.dir, f"args-{name}{tag}.json")
-    with open(argsfile, "w", encoding="utf-8") as f:
-        json.dump({"ANSIBLE_MODULE_ARGS": dict(args)}, f)
-    argv = list(prefix) + [sys.executable, "-m", f"ansible_collections.gpuops.gpu.plugins.modules.{name}", argsfile]
+    argv = module_argv(name, args, host.dir, prefix, tag=tag)
     return subprocess.Popen(argv, env=dict(host.env(), PYTHONPATH=collection), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
-def controller_env(collection, tmp_path, base=None):
-    """ansible-playbook's environment: this checkout's collection, its files in ``tmp_path``, no colours."""
-    env = dict(os.environ if base is None else base, ANSIBLE_COLLECTIONS_PATH=collection, ANSIBLE_FORCE_COLOR="0",
-               ANSIBLE_NOCOLOR="1", ANSIBLE_HOME=str(tmp_path / "ansible-home"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
+def module_argv(name, args, workdir, prefix=(), check_mode=False, diff=False, tag=""):
+    """The argv that runs module ``name`` as Ansible does on a target (a fresh interpreter, ``python -m`` the module
+    with its args file, written here in ``workdir``): for a caller that runs it itself (a benchmark timing it, a
+    tool on a real host). Run it with the collection on PYTHONPATH; read the result with module_result."""
+    payload = dict(args)
+    if check_mode:
+        payload["_ansible_check_mode"] = True
+    if diff:
+        payload["_ansible_diff"] = True
+    argsfile = os.path.join(workdir, f"args-{name}{tag}.json")
+    with open(argsfile, "w", encoding="utf-8") as f:
+        json.dump({"ANSIBLE_MODULE_ARGS": payload}, f)
+    return list(prefix) + [sys.executable, "-m", MODULES + name, argsfile]
+
+
+def module_result(name, proc):
+    """The JSON result a module run (a CompletedProcess with text stdout) printed; AssertionError when it printed none."""
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        raise AssertionError(f"{name} printed no JSON (rc {proc.returncode}): {proc.stdout[-2000:]} {proc.stderr[-2000:]}") from None
+
+
+def controller_env(collection, tmp_path, base=None, **extra):
+    """ansible-playbook's environment: ``collection`` (this checkout's, laid out as ansible_collections/...), Ansible's
+    files in ``tmp_path`` (a path or a str), no colours, no retry files; ``base``: the environment it starts from
+    (os.environ), ``extra``: variables set over it (an ANSIBLE_CONFIG, a callback)."""
+    tmp = str(tmp_path)
+    env = dict(os.environ if base is None else base, ANSIBLE_COLLECTIONS_PATH=str(collection), ANSIBLE_FORCE_COLOR="0",
+               ANSIBLE_NOCOLOR="1", ANSIBLE_HOME=os.path.join(tmp, "ansible-home"), ANSIBLE_LOCAL_TEMP=os.path.join(tmp, "tmp"),
                ANSIBLE_RETRY_FILES_ENABLED="0", ANSIBLE_HOST_KEY_CHECKING="0")
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "/usr/bin:/bin")
+    env.update(extra)
     return env
 
 
@@ -147,7 +162,7 @@ def run_module_in_process(host, collection, name, args, check_mode=False):
     if not _LOADED:
         # pynvml opens "libnvidia-ml.so.1" by name: the loader finds the one loaded here by its SONAME.
         _LOADED.append(ctypes.CDLL(os.path.join(host.dir, "lib", "libnvidia-ml.so.1")))
-    module = importlib.import_module(f"ansible_collections.gpuops.gpu.plugins.modules.{name}")
+    module = importlib.import_module(MODULES + name)
     payload = dict(args, _ansible_no_log=True)
     if check_mode:
         payload["_ansible_check_mode"] = True

@@ -6,6 +6,7 @@ import os
 import sys
 
 import ansible_runner
+from modrun import controller_env
 
 
 VMID = 9129
@@ -38,9 +39,7 @@ def test_predeploy_under_ansible_runner_leaves_set_stats_artifacts(gpusim, colle
     inventory["all"]["vars"]["gpuops_device_files"] = [host.dir + "/dev/nvidia*"]
     (pdd / "inventory" / "hosts.json").write_text(json.dumps(inventory))
     # Every variable that points programs at this simulated node (its PATH, its NVML, its /etc/pve, /run and kernel log).
-    env = dict(host.env_vars())
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
-    env["ANSIBLE_COLLECTIONS_PATH"] = collection
+    env = controller_env(collection, pdd, base=host.env_vars())
     (pdd / "env" / "envvars").write_text(json.dumps(env))
 
     run = ansible_runner.run(private_data_dir=str(pdd), playbook="site.yml", quiet=True)

@@ -12,7 +12,6 @@ vmids 4295-4296 only.
 import time
 
 import pytest
-from gpusimkit import container
 from modrun import alive, gone, run_module
 
 FENCED = 4295
@@ -22,8 +21,8 @@ OTHER = 4296
 @pytest.fixture
 def node(gpusim_factory):
     host = gpusim_factory(release_lag_ms=0)
-    container.create(host.dir, FENCED, "gpu-a", "0,1", devices_style="lxc")
-    container.create(host.dir, OTHER, "gpu-b", "1", devices_style="lxc")
+    host.ct_create(FENCED, "gpu-a", "0,1", devices_style="lxc")
+    host.ct_create(OTHER, "gpu-b", "1", devices_style="lxc")
     for vmid in (FENCED, OTHER):
         host.ct_start(vmid)
     return host

@@ -14,7 +14,6 @@ import sys
 import time
 
 import pytest
-from gpusimkit import container
 from modrun import alive, gone, run_module
 
 # vmids of this file's own (pytest-xdist runs tests in parallel; cgroups under lxc/ are machine-wide).
@@ -43,7 +42,7 @@ def fd_links(pid):
 def hold_in_container(host, vmid, paths):
     """A process in the container that holds ``paths`` (paths inside it) open, from fd 3 on."""
     redirs = " ".join(f"{3 + i}<{p}" for i, p in enumerate(paths))
-    pid = container.spawn(host.dir, vmid, ["/bin/sh", "-c", f"exec {redirs} && exec sleep 600"], env=None)
+    pid = host.spawn(["/bin/sh", "-c", f"exec {redirs} && exec sleep 600"], ct=vmid)
     assert pid, "the holder exited at once"
     deadline = time.monotonic() + 10
     while len([fd for fd in fd_links(pid) if fd >= 3]) < len(paths) and time.monotonic() < deadline:
@@ -61,7 +60,7 @@ def test_a_container_node_bound_from_another_path_is_found_and_released(gpusim, 
     elsewhere.mkdir()
     os.link(os.path.join(dev, "nvidia0"), elsewhere / "gpu0")
     host.ct_create(VMID, hostname="bound", gpus="0-1")
-    with open(container.config_path(host.dir, VMID), "a", encoding="utf-8") as f:
+    with open(host.ct_config_path(VMID), "a", encoding="utf-8") as f:
         f.write(f"lxc.mount.entry: {elsewhere / 'gpu0'} dev/gpu-a none bind,create=file\n")
     host.ct_start(VMID)
     a = hold_in_container(host, VMID, ["/dev/gpu-a", "/dev/nvidiactl"])

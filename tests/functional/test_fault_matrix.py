@@ -36,7 +36,8 @@ import uuid
 import pytest
 import test_holding_model as holding
 import test_predeploy as predeploy
-from gpusimkit import cgroups, proctools
+from gpusimkit import alive as alive_since, cmdline, ct_cgroups_left, read_stat
+from gpusimkit import starttime as start_of
 from modrun import alive, run_module_text
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -126,16 +127,6 @@ def marked(token):
             if e.isdigit() and int(e) != os.getpid() and has_marker(e, token) and alive(int(e))}
 
 
-def on_the_simulated_machine(pid, host):
-    """A process the simulated machine runs: started by gpusim, or in one of its cgroups (the host's
-    gpusim-<id> tree, a container's lxc/<vmid>)."""
-    if any(p == pid for p, _start in proctools.read_owned(host.dir)):
-        return True
-    path = cgroups.of_pid(pid) or ""
-    base = cgroups.host_base(host.dir)
-    return path.startswith("/lxc/") or (base is not None and path.startswith(cgroups.rel(base)))
-
-
 def kill_marked(pid, token):
     """SIGKILL ``pid`` only while it is a process of this row: pinned by a pidfd, then its marker checked."""
     try:
@@ -152,7 +143,7 @@ def kill_marked(pid, token):
 
 
 def describe_pid(pid):
-    return f"pid {pid} ({' '.join(proctools.cmdline(pid))[:120]})"
+    return f"pid {pid} ({' '.join(cmdline(pid))[:120]})"
 
 
 class Row:
@@ -176,7 +167,7 @@ class Row:
     # the scenario
     def bystander(self, pid, what):
         """A process outside the row's scope: it must be alive at the end of the row."""
-        self.bystanders.append((pid, proctools.starttime(pid), what))
+        self.bystanders.append((pid, start_of(pid), what))
         return pid
 
     def standard_bystanders(self, host, gpu=7, ct=None):
@@ -206,7 +197,7 @@ class Row:
         """No new process of this row's outside the simulated machine (a child the module left)."""
         deadline = time.monotonic() + 2.0
         while True:
-            new = [p for p in marked(self.token) - before - self.known if not on_the_simulated_machine(p, host)]
+            new = [p for p in marked(self.token) - before - self.known if not host.owns(p)]
             if not new or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
@@ -236,7 +227,7 @@ class Row:
     # the end of a row
     def finish(self, seconds):
         self.seconds = round(seconds, 1)
-        dead = [(pid, what) for pid, start, what in self.bystanders if not proctools.alive(pid, start)]
+        dead = [(pid, what) for pid, start, what in self.bystanders if not alive_since(pid, start)]
         self.bystanders_alive = f"{len(self.bystanders) - len(dead)}/{len(self.bystanders)}"
         return dead
 
@@ -324,11 +315,7 @@ def leftovers(rec):
     problems = [describe_pid(p) for p in sorted(left)]
     for pid in left:
         kill_marked(pid, rec.token)
-    try:
-        mount = cgroups.mount()
-    except cgroups.CgroupError:
-        return problems
-    problems += [f"cgroup lxc/{v}" for v in rec.vmids if os.path.exists(os.path.join(mount, "lxc", str(v)))]
+    problems += [f"cgroup {d}" for v in rec.vmids for d in ct_cgroups_left(v)]
     return problems
 
 
@@ -676,9 +663,9 @@ def test_16_zombie_and_exited_main_thread(row, gpusim, collection):
         gpusim.register(leader.pid, {5: 1024})
         os.kill(zombie.pid, signal.SIGKILL)  # our own child, not reaped: a zombie
         deadline = time.monotonic() + 5
-        while proctools.read_stat(zombie.pid)[0] != "Z" and time.monotonic() < deadline:
+        while read_stat(zombie.pid)[0] != "Z" and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert proctools.read_stat(zombie.pid)[0] == "Z"
+        assert read_stat(zombie.pid)[0] == "Z"
         res = row.ok(row.run(gpusim, collection, "gpu_release", {"gpus": ["6"], "grace_period": GRACE, "device_files": devices(gpusim)}),
                      "zombie: nothing to signal")
         assert zombie.pid not in signals_of(res) and res["survivors"] == [], res
@@ -699,6 +686,7 @@ RECYCLE = r"""
 import os, runpy, signal, subprocess, sys, time
 from ansible_collections.gpuops.gpu.plugins.module_utils import _release
 victim, out, argsfile = int(sys.argv[1]), sys.argv[2], sys.argv[-1]
+module = sys.argv[sys.argv.index("-m") + 1]  # the module modrun names
 original = _release.scope_problem
 
 def starttime(pid):
@@ -730,7 +718,7 @@ def recycle(targets, *args):
 
 _release.scope_problem = recycle
 sys.argv = [sys.argv[0], argsfile]
-runpy.run_module("ansible_collections.gpuops.gpu.plugins.modules.gpu_release", run_name="__main__")
+runpy.run_module(module, run_name="__main__")
 """
 
 
@@ -753,7 +741,7 @@ def test_17_pid_reused_between_discovery_and_signal(row, gpusim, collection, tmp
         assert victim not in signals_of(res), res["released"]
         (skip,) = [s for s in res["skipped_processes"] if s["pid"] == victim]
         assert "recycled" in skip["reason"], skip
-        assert proctools.alive(pid, start), "the process that got the pid was signalled"
+        assert alive_since(pid, start), "the process that got the pid was signalled"
         row.no_child_left(gpusim, set(), "gpu_release")
     finally:
         kill_marked(pid, row.token)  # the process the wrapper above started

@@ -20,7 +20,6 @@ import subprocess
 import sys
 
 import pytest
-from gpusimkit import container
 from modrun import run_module_text
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -353,7 +352,7 @@ def pct_run(host, collection, **args):
 def add_pending(host, vmid, lines):
     """What `pct set` writes for a running container when the change cannot be hot-plugged (pve-container
     PVE::LXC::Config->write_pct_config: a [pve:pending] section after the current keys)."""
-    with open(container.config_path(host.dir, vmid), "a", encoding="utf-8") as f:
+    with open(host.ct_config_path(vmid), "a", encoding="utf-8") as f:
         f.write("\n[pve:pending]\n" + "".join(line + "\n" for line in lines))
 
 
@@ -364,7 +363,7 @@ def add_pending(host, vmid, lines):
 def test_running_container_is_read_as_it_runs_and_pending_changes_are_said(
         gpusim_factory, collection, pending, removed, added, minors):
     host = gpusim_factory(gpus=2)
-    container.create(host.dir, 4140, "gpu-pending", "0", devices_style="dev")
+    host.ct_create(4140, "gpu-pending", "0", devices_style="dev")
     host.ct_start(4140)
     add_pending(host, 4140, pending)
     res = pct_run(host, collection)
@@ -378,7 +377,7 @@ def test_running_container_is_read_as_it_runs_and_pending_changes_are_said(
 
 def test_stopped_container_is_read_with_its_pending_changes(gpusim_factory, collection):
     host = gpusim_factory(gpus=2)
-    container.create(host.dir, 4141, "gpu-stopped", "0", devices_style="dev")
+    host.ct_create(4141, "gpu-stopped", "0", devices_style="dev")
     add_pending(host, 4141, ["dev0: /dev/nvidia1"])
     res = pct_run(host, collection, containers=[4141])
     (ct,) = res["containers"]

@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from gpusimkit.pytest_plugin import GpusimFactory
-from modrun import alive, run_module_in_process
+from modrun import alive, controller_env, run_module_in_process
 
 pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
 
@@ -583,11 +583,8 @@ def run_role(scene, role, variables, check_mode=True):
         extra = os.path.join(work, "vars.yml")
         with open(extra, "w", encoding="utf-8") as f:
             yaml.safe_dump(dict(variables, gpuops_device_files=[scene.dev]), f)
-        env = dict(scene.host.env(), ANSIBLE_COLLECTIONS_PATH=scene.collection, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1",
-                   ANSIBLE_HOME=os.path.join(work, "ansible-home"), ANSIBLE_LOCAL_TEMP=os.path.join(work, "tmp"),
-                   ANSIBLE_REMOTE_TEMP=os.path.join(work, "remote-tmp"),
-                   ANSIBLE_RETRY_FILES_ENABLED="0", ANSIBLE_PYTHON_INTERPRETER=sys.executable)
-        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
+        env = controller_env(scene.collection, work, base=scene.host.env(), ANSIBLE_REMOTE_TEMP=os.path.join(work, "remote-tmp"),
+                             ANSIBLE_PYTHON_INTERPRETER=sys.executable)
         argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,", "-c", "local",
                 "-e", "@" + extra, play] + (["--check"] if check_mode else [])
         proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)

@@ -7,11 +7,11 @@ fit and health; with gpu_report_prometheus_path the rows go to a node_exporter t
 prometheus_client's parser of the text format."""
 
 import json
-import os
 import sys
 
 import ansible_runner
 import pytest
+from modrun import controller_env
 from prometheus_client.parser import text_string_to_metric_families
 
 VMID = 6129
@@ -44,9 +44,7 @@ def report(host, collection, tmp_path, extravars=None, limit=None, more_hosts=No
     inventory["all"]["vars"]["gpuops_device_files"] = [host.dir + "/dev/nvidia*"]
     inventory["all"]["children"]["gpu_hosts"]["hosts"].update(more_hosts or {})
     (pdd / "inventory" / "hosts.json").write_text(json.dumps(inventory))
-    env = dict(host.env_vars())  # every variable that points programs at this simulated host
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
-    env.update(ANSIBLE_COLLECTIONS_PATH=collection, ANSIBLE_NOCOLOR="1")
+    env = controller_env(collection, pdd, base=host.env_vars())  # every variable that points programs at this host
     (pdd / "env" / "envvars").write_text(json.dumps(env))
     run = ansible_runner.run(private_data_dir=str(pdd), playbook="site.yml", quiet=True, extravars=extravars or {},
                              limit=limit)

@@ -20,7 +20,7 @@ import time
 import pytest
 from modrun import alive, gone, run_module, wait_for, warnings
 
-from gpusimkit import proctools
+from gpusimkit import read_stat
 
 VMID = 7351  # reserved machine-wide by ct_create (gpusimkit.vmids): no collision with another run
 
@@ -32,7 +32,7 @@ def release(host, collection, **args):
 
 
 def state(pid):
-    st = proctools.read_stat(pid)
+    st = read_stat(pid)
     return st[0] if st else None
 
 
@@ -121,9 +121,9 @@ def nested_init(gpusim, tmp_path):
     disposition): a container entrypoint started without an init."""
     ready = tmp_path / "ready"
     wargs = [f"--dir={gpusim.dir}", "--gpus=4", "--mib=2048", f"--ready-file={ready}"]
-    unshare = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--",
-                                *proctools.python_argv("gpusimkit.workload", wargs)],
-                               env=proctools.kit_env(gpusim.env()), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    argv, env = gpusim.workload_command(wargs)
+    unshare = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--", *argv],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     pid = None
     try:
         assert wait_for(lambda: ready.exists() and ready.read_text().strip().isdigit(), 30)
@@ -180,7 +180,7 @@ def set_frozen(path, on):
 
 
 def start_time(pid):
-    st = proctools.read_stat(pid)
+    st = read_stat(pid)
     return st[1] if st else None
 
 

@@ -12,7 +12,6 @@ import sys
 import time
 
 import pytest
-from gpusimkit import container
 
 import modrun
 
@@ -81,7 +80,7 @@ def test_two_tenants_on_one_node_each_waits_on_its_own_gpus(gpusim, collection, 
     host = gpusim
     host.fault(release_lag_ms=300)
     host.ct_create(ct_a, hostname="tenant-a", gpus="0-3")
-    container.create(host.dir, ct_b, "tenant-b", "4-7", devices_style="dev")
+    host.ct_create(ct_b, "tenant-b", "4-7", devices_style="dev")
     host.ct_start(ct_a)
     host.ct_start(ct_b)
     a = host.hold(gpus="0-3", mib=4096, ct=ct_a, tree=True, name="python3 -m vllm.entrypoints.api_server")

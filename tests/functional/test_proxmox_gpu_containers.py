@@ -2,13 +2,10 @@
 pct and systemctl, and the simulated driver for the GPUs' minor numbers."""
 
 import json
-import subprocess
 import sys
 import time
 
 import pytest
-from gpusimkit import container
-from gpusimkit import scenario as scn
 from modrun import alive, run_module_text
 
 NAME = "proxmox_gpu_containers"
@@ -39,13 +36,11 @@ def node(gpusim_factory):
     4129 (lxc style, GPUs 0-3, running), 4130 (devN style, GPUs 4 and 5, running), 4131 (no passthrough,
     running) and 4132 (lxc style, GPU 6, stopped)."""
     host = gpusim_factory(release_lag_ms=0)
-    with scn.edit(host.dir) as sc:
-        for gpu in sc.gpus:
-            gpu.minor = 7 - gpu.index
-    container.create(host.dir, 4129, "gpu-a", "0-3", devices_style="lxc", systemd=True)
-    container.create(host.dir, 4130, "gpu-b", "4,5", devices_style="dev", systemd=True)
-    container.create(host.dir, 4131, "plain", None, devices_style="none")
-    container.create(host.dir, 4132, "gpu-c", "6", devices_style="lxc")
+    host.set_gpus({i: {"minor": 7 - i} for i in range(8)})
+    host.ct_create(4129, "gpu-a", "0-3", devices_style="lxc", systemd=True)
+    host.ct_create(4130, "gpu-b", "4,5", devices_style="dev", systemd=True)
+    host.ct_create(4131, "plain", None, devices_style="none")
+    host.ct_create(4132, "gpu-c", "6", devices_style="lxc")
     for vmid in (4129, 4130, 4131):
         host.ct_start(vmid)
     return host
@@ -97,11 +92,11 @@ def test_discovery_finds_the_passthrough_containers_and_their_gpus(node, collect
 
 def test_every_minor_allowed_is_every_gpu_and_an_unreadable_driver_is_a_warning(gpusim_factory, collection):
     host = gpusim_factory()
-    container.create(host.dir, 4140, "all-gpus", None, devices_style="none")
-    with open(container.config_path(host.dir, 4140), "a", encoding="utf-8") as f:
+    host.ct_create(4140, "all-gpus", None, devices_style="none")
+    with open(host.ct_config_path(4140), "a", encoding="utf-8") as f:
         f.write("lxc.cgroup2.devices.allow: c 195:* rwm\n"
                 "lxc.mount.entry: /dev/nvidiactl dev/nvidiactl none bind,optional,create=file\n")
-    container.create(host.dir, 4141, "two", "2,3", devices_style="dev")
+    host.ct_create(4141, "two", "2,3", devices_style="dev")
     host.ct_start(4140)
     host.ct_start(4141)
     res = run(host, collection)
@@ -122,7 +117,7 @@ def test_an_unknown_vmid_fails_and_nothing_is_stopped(node, collection):
     assert res.get("failed")
     assert res["msg"] == ("containers: no container 4133 on this node (its containers: 4129, 4130, 4131, 4132)."
                           " Nothing was stopped."), res["msg"]
-    assert alive(worker) and container.status(node.dir, 4129) == "running"
+    assert alive(worker) and node.ct_status(4129) == "running"
 
 
 def logging_pct(host, tmp_path):
@@ -163,7 +158,7 @@ def test_a_node_without_pmxcfs_is_a_clear_error_and_nothing_is_stopped(node, col
     assert res["msg"].startswith(f"cannot read {empty}/.vmlist (No such file or directory): {empty} is not mounted -"
                                  " the Proxmox VE cluster filesystem (pmxcfs) is down"), res["msg"]
     assert "Nothing was stopped" in res["msg"] and res["pct_calls"] == 0
-    assert alive(worker) and container.status(node.dir, 4129) == "running"
+    assert alive(worker) and node.ct_status(4129) == "running"
 
 
 @pytest.mark.parametrize("args, option", [
@@ -178,7 +173,7 @@ def test_bad_input_fails_naming_the_option_before_anything_runs(node, collection
     worker = node.hold(gpus=[0], mib=2048, ct=4129, service="sglang", respawn=True)
     res = run(node, collection, **dict({"state": "shutdown", "services": ["sglang"]}, **args))
     assert res.get("failed") and res["msg"].startswith(option), res["msg"]
-    assert alive(worker) and container.status(node.dir, 4129) == "running"
+    assert alive(worker) and node.ct_status(4129) == "running"
 
 
 def test_services_are_stopped_in_the_selected_container_only(node, collection):
@@ -197,7 +192,7 @@ def test_services_are_stopped_in_the_selected_container_only(node, collection):
     time.sleep(0.6)  # longer than the restart delay
     assert mainpid(node, "sglang", 4129) is None  # stopped through systemd: not restarted
     assert alive(b)  # the other container's workload
-    assert container.status(node.dir, 4129) == "running"
+    assert node.ct_status(4129) == "running"
 
     again = run(node, collection, containers=[4129], services=["sglang.service"])
     assert not again["changed"] and again["services_stopped"] == []
@@ -214,7 +209,7 @@ def test_check_mode_stops_nothing_and_says_what_would_be_stopped(node, collectio
     assert res["diff"]["after"]["4129"] == {"status": "stopped", "services": {"sglang": "inactive"}}
     assert res["diff"]["before"]["4130"] == {"status": "running", "services": {"sglang": "inactive"}}
     assert alive(a) and mainpid(node, "sglang", 4129) == a
-    assert [container.status(node.dir, v) for v in (4129, 4130)] == ["running", "running"]
+    assert [node.ct_status(v) for v in (4129, 4130)] == ["running", "running"]
     node.systemctl("stop", "sglang", ct=4129)
 
 
@@ -224,8 +219,8 @@ def test_shutdown_shuts_the_container_down(node, collection):
     res = run(node, collection, containers=[4130], services=["sglang"], state="shutdown", shutdown_timeout=20)
     assert not res.get("failed"), res
     assert res["changed"] and res["shut_down"] == [4130] and [e["unit"] for e in res["services_stopped"]] == ["sglang"]
-    assert container.status(node.dir, 4130) == "stopped" and gone(a)
-    assert alive(other) and container.status(node.dir, 4129) == "running"
+    assert node.ct_status(4130) == "stopped" and gone(a)
+    assert alive(other) and node.ct_status(4129) == "running"
     again = run(node, collection, containers=[4130], state="shutdown")
     assert not again["changed"] and again["shut_down"] == [] and again["skipped_containers"] == [{"vmid": 4130, "reason": "stopped"}]
 
@@ -236,10 +231,10 @@ def test_a_container_that_does_not_shut_down_fails_with_the_advice_and_force_sto
     assert res.get("failed") and res["shut_down"] == []
     assert res["msg"].startswith("CT 4129 did not shut down (pct shutdown --timeout 1, rc 255): container did not stop."), res["msg"]
     assert "force: true" in res["msg"] and "shutdown_timeout" in res["msg"]
-    assert alive(stubborn) and container.status(node.dir, 4129) == "running"
+    assert alive(stubborn) and node.ct_status(4129) == "running"
     res = run(node, collection, containers=[4129], state="shutdown", shutdown_timeout=1, force=True)
     assert not res.get("failed") and res["shut_down"] == [4129], res
-    assert container.status(node.dir, 4129) == "stopped" and gone(stubborn)
+    assert node.ct_status(4129) == "stopped" and gone(stubborn)
 
 
 def test_released_fences_the_container_in_one_run(node, collection):
@@ -268,13 +263,13 @@ def test_a_frozen_container_fails_saying_it_did_not_answer(node, collection):
     """A frozen container never answers pct exec: the task fails within pct_timeout, names the container, and
     stops nothing (it used to hang to its limit and blame the driver)."""
     worker = node.hold(gpus=[4], mib=1024, ct=4130)
-    subprocess.run(container.lxc_argv(node.dir, "lxc-freeze", 4130), check=True, capture_output=True, timeout=30)
+    node.ct_freeze(4130)
     try:
         started = time.monotonic()
         res = run(node, collection, containers=[4129, 4130], services=["sglang"], state="released", pct_timeout=3)
         took = time.monotonic() - started
     finally:
-        subprocess.run(container.lxc_argv(node.dir, "lxc-unfreeze", 4130), check=True, capture_output=True, timeout=30)
+        node.ct_freeze(4130, False)
     assert res.get("failed") and res["error"] == "container_timeout", res
     assert res["msg"].startswith("CT 4130 did not answer: systemctl is-active sglang had not returned after 3 s"), res["msg"]
     assert "Nothing was stopped" in res["msg"] and "driver" not in res["msg"], res["msg"]
@@ -312,15 +307,13 @@ def toolkit_node(gpusim_factory):
     workload there opens the node of its own GPU, as what such a hook binds), 4153 the classic lxc lines (GPU 0, another
     tenant). All running."""
     host = gpusim_factory(release_lag_ms=0)
-    with scn.edit(host.dir) as sc:
-        for gpu in sc.gpus:
-            gpu.minor = 7 - gpu.index
-    container.create(host.dir, 4150, "hook-ct", "2,3", devices_style="hook")
-    container.create(host.dir, 4151, "devdir-ct", "all", devices_style="devdir")
-    container.create(host.dir, 4152, "own-hook", None, devices_style="none")
-    with open(container.config_path(host.dir, 4152), "a", encoding="utf-8") as f:
+    host.set_gpus({i: {"minor": 7 - i} for i in range(8)})
+    host.ct_create(4150, "hook-ct", "2,3", devices_style="hook")
+    host.ct_create(4151, "devdir-ct", "all", devices_style="devdir")
+    host.ct_create(4152, "own-hook", None, devices_style="none")
+    with open(host.ct_config_path(4152), "a", encoding="utf-8") as f:
         f.write(UNKNOWN_HOOK + "\n")
-    container.create(host.dir, 4153, "tenant", "0", devices_style="lxc")
+    host.ct_create(4153, "tenant", "0", devices_style="lxc")
     for vmid in (4150, 4151, 4152, 4153):
         host.ct_start(vmid)
     return host
@@ -353,7 +346,7 @@ def test_toolkit_hook_and_dev_bind_are_passthrough_and_an_unreadable_hook_is_dec
     assert alive(worker)
 
     # UUIDs (a unique prefix, as the toolkit's docs write them) are the node's GPUs; one that no GPU has: null, a warning
-    path = container.config_path(node.dir, 4150)
+    path = node.ct_config_path(4150)
     with open(path, encoding="utf-8") as f:
         text = f.read()
     for value, gpus in ((f"{uuids[1][:12]},{uuids[5]}", [1, 5]), ("all", None),
@@ -396,11 +389,9 @@ def shared_node(gpusim_factory):
     devN line for every /dev/nvidia* node into every GPU container: 4170 (CT A) and 4171 (CT B) both pass all 8 GPUs.
     Both run."""
     host = gpusim_factory(release_lag_ms=0)
-    with scn.edit(host.dir) as sc:
-        for gpu in sc.gpus:
-            gpu.minor = 7 - gpu.index
-    container.create(host.dir, 4170, "ct-a", "all", devices_style="dev")
-    container.create(host.dir, 4171, "ct-b", "all", devices_style="dev")
+    host.set_gpus({i: {"minor": 7 - i} for i in range(8)})
+    host.ct_create(4170, "ct-a", "all", devices_style="dev")
+    host.ct_create(4171, "ct-b", "all", devices_style="dev")
     for vmid in (4170, 4171):
         host.ct_start(vmid)
     return host

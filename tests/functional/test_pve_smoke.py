@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 
-from gpusimkit import container
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(TOP, "tools", "pve_smoke.py")
@@ -15,10 +14,10 @@ SCRIPT = os.path.join(TOP, "tools", "pve_smoke.py")
 
 def test_pve_smoke_on_the_simulator(gpusim, tmp_path):
     running, stopped = 7261, 7262   # this file's own (cgroups under lxc/ are machine-wide)
-    container.create(gpusim.dir, running, "gpu-a", "0,1", devices_style="dev")
-    container.create(gpusim.dir, stopped, "gpu-b", "2", devices_style="lxc")
+    gpusim.ct_create(running, "gpu-a", "0,1", devices_style="dev")
+    gpusim.ct_create(stopped, "gpu-b", "2", devices_style="lxc")
     gpusim.ct_start(running)
-    with open(container.config_path(gpusim.dir, running), "a", encoding="utf-8") as f:
+    with open(gpusim.ct_config_path(running), "a", encoding="utf-8") as f:
         f.write("\n[pve:pending]\ndev1: /dev/nvidia3\ndelete: dev0\n\n[snap1]\ndev0: /dev/nvidia5\n")
     out = tmp_path / "pve-smoke.json"
     env = dict(gpusim.env(), GPUSIM_PCT_STARTUP_S="0.05")

@@ -12,7 +12,6 @@ import json
 import time
 
 import pytest
-from gpusimkit import scenario as scn
 from modrun import run_module
 
 WAIT = {"timeout": 4, "settle": 0.3, "sleep": 0.1}
@@ -95,8 +94,7 @@ def test_checks_that_block_only_when_asked(gpusim_factory, collection, check, se
 
 
 def _util(host, index, pct):
-    with scn.edit(host.dir) as sc:
-        sc.gpus[index].util_gpu = pct
+    host.set_gpu(index, util_gpu=pct)
 
 
 def test_one_message_per_check_with_the_gpus(gpusim_factory, collection):

@@ -9,7 +9,6 @@ its reason, and the simulated ``nvidia-smi -r`` refuses each with the real tool'
 import subprocess
 
 import pytest
-from gpusimkit import scenario as scn
 from modrun import alive, run_module_text
 
 WAIT = {"timeout": 4, "settle": 0.3, "sleep": 0.1, "leak_after": 1, "reset_leaked": True}
@@ -25,11 +24,7 @@ def leaky(gpusim_factory, **fields):
     """A 3-GPU host whose GPU 2 leaked LEAK MiB; by default resettable (persistence off, no fabric, no display)."""
     host = gpusim_factory(gpus=3)
     host.fault(leak={2: LEAK})
-    with scn.edit(host.dir) as sc:
-        g = sc.gpus[2]
-        g.persistence, g.fabric_state, g.fabric_status = 0, 0, 0
-        for k, v in fields.items():
-            setattr(g, k, v)
+    host.set_gpu(2, **dict({"persistence": 0, "fabric_state": 0, "fabric_status": 0}, **fields))
     return host
 
 
@@ -45,7 +40,7 @@ def smi_reset(host, index):
 
 def test_a_leak_is_reset_on_request_and_the_wait_returns_ready(gpusim_factory, collection):
     host = leaky(gpusim_factory)
-    bus = scn.load(host.dir).gpus[2].pci_bus_id
+    bus = host.scenario().gpus[2].pci_bus_id
     res = wait(host, collection, timeout=10)
     assert res.get("ready"), res.get("msg")
     assert res["changed"] is True
@@ -119,26 +114,22 @@ def test_each_refusal_with_its_reason(gpusim_factory, collection, name, fields, 
 
 def test_simulated_nvidia_smi_reset_refusals_and_success(gpusim_factory):
     host = leaky(gpusim_factory, persistence=1)
-    bus = scn.load(host.dir).gpus[2].pci_bus_id
+    bus = host.scenario().gpus[2].pci_bus_id
     rc, out = smi_reset(host, 2)
     assert rc == 255 and out.startswith(f"The following GPUs could not be reset:\n  GPU {bus}: In use by another client\n")
-    with scn.edit(host.dir) as sc:
-        sc.gpus[2].persistence = 0
+    host.set_gpu(2, persistence=0)
     pid = host.hold(gpus=[2], device_only=True, name="gpu-probe")
     rc, out = smi_reset(host, 2)
     assert rc == 255 and out.startswith(f"GPU {bus} is currently in use by another process.\n\n1 device is currently"
                                         " being used by one or more other processes"), out
     host.kill(pid)
-    with scn.edit(host.dir) as sc:
-        sc.gpus[2].display_active = 1
+    host.set_gpu(2, display_active=1)
     rc, out = smi_reset(host, 2)
     assert (rc, out) == (3, f"GPU Reset couldn't run because GPU {bus} is the primary GPU.\n")
-    with scn.edit(host.dir) as sc:
-        sc.gpus[2].display_active, sc.gpus[2].fabric_state = 0, 3
+    host.set_gpu(2, display_active=0, fabric_state=3)
     rc, out = smi_reset(host, 2)
     assert rc == 3 and "NVSwitch" in out, out
     assert used(host, 2) == LEAK
-    with scn.edit(host.dir) as sc:
-        sc.gpus[2].fabric_state = 0
+    host.set_gpu(2, fabric_state=0)
     assert smi_reset(host, 2) == (0, f"GPU {bus} was successfully reset.\n")
     assert used(host, 2) == 0

@@ -50,13 +50,13 @@ from typing import Dict, List, Optional, Tuple
 import pytest
 import test_predeploy as predeploy
 from test_holding_model import children
-from gpusimkit import cgroups, proctools
+import gpusimkit as sim
 from gpusimkit.pytest_plugin import GpusimFactory
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 from modrun import run_module_text
-from test_fault_matrix import MARK, marked, on_the_simulated_machine, write_summary
+from test_fault_matrix import MARK, marked, write_summary
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 set_hypothesis_home_dir(os.path.join(TOP, "build", "hypothesis"))
@@ -192,7 +192,7 @@ class Proc:
 
 
 def cmdline_of(pid):
-    return " ".join(proctools.cmdline(pid))
+    return " ".join(sim.cmdline(pid))
 
 
 def ppid_of(pid):
@@ -273,7 +273,7 @@ class Scene:
         stack = [(pid, parent)]
         while stack:
             p, par = stack.pop()
-            start = proctools.starttime(p)
+            start = sim.starttime(p)
             if start is None or p in self.procs:
                 continue
             self.procs[p] = Proc(p, start, role, what if p == pid else f"{what}: child", place,
@@ -302,7 +302,7 @@ class Scene:
             self.main = self.hold("server", plan.shape, plan.place, tree=True, name=name, service="llm", respawn=True,
                                   restart_delay=plan.restart_delay, **common)
             sup = ppid_of(self.main)
-            self.procs[sup] = Proc(sup, proctools.starttime(sup), "supervisor", "the service's supervisor", plan.place,
+            self.procs[sup] = Proc(sup, sim.starttime(sup), "supervisor", "the service's supervisor", plan.place,
                                    frozenset(), cmdline_of(sup))
         for b in plan.bystanders:
             if b.kind == "nvml":
@@ -362,7 +362,7 @@ class Scene:
             selected = set(range(GPUS))
             args = {"containers": [self.vmids["A"]]}
         pids = set(args.get("pids") or [])
-        live = {p: x for p, x in self.procs.items() if proctools.alive(p, x.start)}
+        live = {p: x for p, x in self.procs.items() if sim.alive(p, x.start)}
 
         def passes(x):
             if "containers" in args and self.ct(x.place) not in args["containers"]:
@@ -478,7 +478,7 @@ class Scene:
         for sup in [p for p, x in self.procs.items() if x.role == "supervisor"]:
             for c in children(sup):
                 # in a container the supervisor is systemd, PID 1: only its children in the unit are the service's
-                if c not in self.procs and "/system.slice/llm.service" in (cgroups.of_pid(c) or ""):
+                if c not in self.procs and "/system.slice/llm.service" in (sim.cgroup_of(c) or ""):
                     self.adopt(c, "respawn", "the service respawned by its supervisor", self.procs[sup].place, sup)
 
     def signals(self) -> List[Tuple[int, str, str]]:
@@ -554,12 +554,12 @@ class Scene:
                 continue
             if x.parent in self.allowed and x.parent in noted:
                 continue
-            if not proctools.alive(pid, x.start) and x.role != "respawn":
+            if not sim.alive(pid, x.start) and x.role != "respawn":
                 self.bad(f"{x.what} (pid {pid}, outside the scope) is gone (SIGKILL?)")
         # Every target gone.
         if res is None or not res.get("failed"):
             for pid in sorted(self.must):
-                if proctools.alive(pid, self.procs[pid].start):
+                if sim.alive(pid, self.procs[pid].start):
                     self.bad(f"{self.procs[pid].what} (pid {pid}, a target) is still alive after the release")
         # Respawns and newcomers reported.
         if reported is not None and not self.refused:
@@ -577,7 +577,7 @@ class Scene:
         plan = self.plan
         if not waited:
             return
-        holders = {p["pid"] for p in self.host.procs()[0] if p["gpu"] in waited and proctools.alive(p["pid"], p["starttime"])}
+        holders = {p["pid"] for p in self.host.procs()[0] if p["gpu"] in waited and sim.alive(p["pid"], p["starttime"])}
         expect_ready = not holders
         args = {"gpus": [str(g) for g in waited], "settle": plan.settle, "device_files": [self.host.dir + "/dev/nvidia*"],
                 "timeout": plan.lag_ms / 1000 + plan.settle + 10 if expect_ready else 1.5}
@@ -630,7 +630,7 @@ class Scene:
     def left_behind(self, token, before):
         deadline = time.monotonic() + 2.0
         while True:
-            new = [p for p in marked(token) - before if not on_the_simulated_machine(p, self.host)]
+            new = [p for p in marked(token) - before if not self.host.owns(p)]
             if not new or time.monotonic() > deadline:
                 break
             time.sleep(0.1)

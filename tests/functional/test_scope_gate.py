@@ -12,8 +12,6 @@ import time
 
 from modrun import alive, run_module, wait_for
 
-from gpusimkit import proctools
-
 
 def devices(host):
     return [host.dir + "/dev/nvidia*"]
@@ -65,8 +63,8 @@ def test_a_restart_by_a_shell_loop_is_reported_and_fails_the_release(gpusim, col
     ready = tmp_path / "ready"
     wargs = [f"--dir={gpusim.dir}", "--gpus=3", "--mib=2048", f"--ready-file={ready}"]
     loop = ("while true; do rm -f " + str(ready) + "; \"$@\"; sleep 0.1; done")
-    sh = subprocess.Popen(["sh", "-c", loop, "loop", *proctools.python_argv("gpusimkit.workload", wargs)],
-                          env=proctools.kit_env(gpusim.env()), start_new_session=True,
+    argv, env = gpusim.workload_command(wargs)
+    sh = subprocess.Popen(["sh", "-c", loop, "loop", *argv], env=env, start_new_session=True,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         assert wait_for(ready.exists)
@@ -103,9 +101,9 @@ def test_a_sibling_of_a_released_job_under_one_launcher_is_left_alone(gpusim, co
     for gpu in (0, 7):
         ready = tmp_path / f"ready{gpu}"
         wargs = [f"--dir={gpusim.dir}", f"--gpus={gpu}", "--mib=2048", f"--ready-file={ready}"]
-        jobs.append((ready, proctools.python_argv("gpusimkit.workload", wargs)))
+        jobs.append((ready, gpusim.workload_command(wargs)[0]))
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, json.dumps([argv for _r, argv in jobs])],
-                                env=proctools.kit_env(gpusim.env()), stdout=subprocess.PIPE, text=True,
+                                env=gpusim.workload_command([])[1], stdout=subprocess.PIPE, text=True,
                                 start_new_session=True)
     try:
         assert wait_for(lambda: all(r.exists() for r, _a in jobs))

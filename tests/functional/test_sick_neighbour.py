@@ -10,7 +10,6 @@ vmids 4291-4292 only.
 """
 
 import pytest
-from gpusimkit import container
 from modrun import alive, gone, run_module_text, warnings
 
 CT = 4291
@@ -25,8 +24,8 @@ def run(host, collection, name, args, check_mode=False):
 def node(gpusim_factory):
     """An 8-GPU node with CT 4291 (GPUs 0-1, running) and CT 4292 (GPU 5, running)."""
     host = gpusim_factory(release_lag_ms=0)
-    container.create(host.dir, CT, "gpu-a", "0,1", devices_style="lxc", systemd=True)
-    container.create(host.dir, OTHER, "gpu-b", "5", devices_style="lxc")
+    host.ct_create(CT, "gpu-a", "0,1", devices_style="lxc", systemd=True)
+    host.ct_create(OTHER, "gpu-b", "5", devices_style="lxc")
     for vmid in (CT, OTHER):
         host.ct_start(vmid)
     return host

@@ -27,7 +27,7 @@ import sys
 
 import modrun
 import pytest
-from gpusimkit.sshd import SshdError, throwaway_sshd, world_runnable
+from gpusimkit import SshdError, throwaway_sshd, world_runnable
 
 # vmids of this file's own, one per test (pytest-xdist runs tests in parallel; cgroups under lxc/ are machine-wide).
 VMIDS = {"modules": 5301, "predeploy": 5303, "no-become-pipelining": 5305, "no-become-no-pipelining": 5307,

@@ -12,6 +12,7 @@ ready, runs it a second time to show that nothing changes, and cleans up.
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,8 +21,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(TOP, "tests", "functional"))
 
-from gpusimkit.host import SimHost  # noqa: E402  pylint: disable=wrong-import-position
+from gpusimkit import SimHost  # noqa: E402  pylint: disable=wrong-import-position
+from modrun import controller_env  # noqa: E402  pylint: disable=wrong-import-position,import-error
 
 VMID = 129
 WORKER_MIB = 130048  # what an SGLang worker with --mem-fraction-static 0.9 takes on an H200
@@ -77,9 +80,8 @@ def main() -> int:
         print(f"simulated Proxmox VE node with 8 x NVIDIA H200 in {simdir}; CT {VMID} runs the service 'sglang'"
               f" (API pid {api} on the node; a systemd unit with Restart=always; memory is freed 1.5 s after an exit)",
               flush=True)
-        env = dict(host.env(), ANSIBLE_COLLECTIONS_PATH=os.path.join(TOP, "build"), ANSIBLE_FORCE_COLOR="0",
-                   ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="default", ANSIBLE_DISPLAY_SKIPPED_HOSTS="false")
-        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
+        env = controller_env(os.path.join(TOP, "build"), base, base=host.env(), ANSIBLE_STDOUT_CALLBACK="default",
+                             ANSIBLE_DISPLAY_SKIPPED_HOSTS="false")
         show("what the node sees", ["nvidia-smi"], env)
         show("the containers", ["pct", "list"], env)
         show("what the container sees: its own processes, with the container's pids",
@@ -100,9 +102,13 @@ def main() -> int:
         left = (report.get("left") or []) + (report.get("errors") or [])
         print("cleaned up: container stopped, simulated host down" + (f"; LEFT BEHIND: {left}" if left else
               ", nothing left behind"), flush=True)
-        for name in ("inventory.yml",):
+        # The inventory and Ansible's files (controller_env); down() removed the host's (never rmtree base: a
+        # mount point left under the host's directory would be followed).
+        for name in ("inventory.yml", "ansible-home", "tmp"):
             path = os.path.join(base, name)
-            if os.path.exists(path):
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            elif os.path.exists(path):
                 os.unlink(path)
         if os.path.isdir(base):
             os.rmdir(base)

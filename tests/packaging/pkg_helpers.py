@@ -10,6 +10,9 @@ import sys
 import pytest
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FUNCTIONAL = os.path.join(TOP, "tests", "functional")  # modrun
+if FUNCTIONAL not in sys.path:
+    sys.path.append(FUNCTIONAL)
 
 # The tools of the virtual environment that runs pytest (ansible-core, antsibull-*, ansible-builder).
 BIN = os.path.dirname(sys.executable)
@@ -48,20 +51,13 @@ def copy_files(top, files, dest):
 
 
 def ansible_env(collections_path, home, extra=None):
-    """os.environ without the caller's Ansible settings; Ansible sees only collections_path."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "PYTEST_"))}
-    env.update(
-        HOME=str(home),
-        PATH=BIN + os.pathsep + env.get("PATH", "/usr/bin:/bin"),
-        ANSIBLE_COLLECTIONS_PATH=str(collections_path),
-        ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="false",
-        ANSIBLE_NOCOLOR="1",
-        ANSIBLE_FORCE_COLOR="0",
-        ANSIBLE_DEPRECATION_WARNINGS="1",
-        PYTHONDONTWRITEBYTECODE="1",
-    )
-    env.update(extra or {})
-    return env
+    """os.environ without the caller's Ansible settings; Ansible sees only collections_path (modrun.controller_env,
+    Ansible's files in ``home``)."""
+    from modrun import controller_env  # noqa: PLC0415  (tests/functional: one way to build Ansible's environment)
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "PYTEST_"))}
+    return controller_env(collections_path, home, base=base, HOME=str(home), ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="false",
+                          ANSIBLE_DEPRECATION_WARNINGS="1", PYTHONDONTWRITEBYTECODE="1", **(extra or {}))
 
 
 def pyenv_python(version):

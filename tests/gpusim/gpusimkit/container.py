@@ -280,7 +280,8 @@ def lxc_cgroups(vmid: Union[int, str]) -> List[str]:
     return out
 
 
-def _leftover_cgroups(vmid: int) -> List[str]:
+def leftover_cgroups(vmid: Union[int, str]) -> List[str]:
+    """The directories of lxc_cgroups(vmid) that exist now: after the container stopped, none should."""
     return [d for d in lxc_cgroups(vmid) if os.path.isdir(d)]
 
 
@@ -293,7 +294,7 @@ def _remove_cgroups(vmid: int, kill: bool) -> List[str]:
     empty).  The vmid is this scenario's (reserved), so processes still there are its own: with
     ``kill`` they get SIGKILL, else the directory is reported.  Returns the problems."""
     problems = []
-    for d in _leftover_cgroups(vmid):
+    for d in leftover_cgroups(vmid):
         if _cgroup_procs(d):
             if not kill:
                 problems.append(f"cgroup {d} still has processes {_cgroup_procs(d)}")

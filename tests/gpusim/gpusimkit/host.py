@@ -342,6 +342,81 @@ class SimHost:
         from . import container  # noqa: PLC0415
         container.start(self.dir, int(vmid))
 
+    def ct_status(self, vmid: int) -> str:
+        """"running" or "stopped" (lxc-info -s), as ``pct status`` says it."""
+        from . import container  # noqa: PLC0415
+        return container.status(self.dir, int(vmid))
+
+    def ct_config_path(self, vmid: int) -> str:
+        """The container's Proxmox config file (/etc/pve/lxc/<vmid>.conf of the node): a test appends lines to it."""
+        from . import container  # noqa: PLC0415
+        return container.config_path(self.dir, int(vmid))
+
+    def ct_freeze(self, vmid: int, freeze: bool = True) -> None:
+        """lxc-freeze (freeze=False: lxc-unfreeze) the running container: every process in it stops being scheduled."""
+        from . import container  # noqa: PLC0415
+        tool = "lxc-freeze" if freeze else "lxc-unfreeze"
+        r = subprocess.run(container.lxc_argv(self.dir, tool, int(vmid)), capture_output=True, text=True, timeout=30,
+                           check=False)
+        if r.returncode != 0:
+            raise SimError(f"{tool} {vmid} exited {r.returncode}: {(r.stderr or r.stdout).strip()}")
+
+    def spawn(self, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
+              ct: Optional[Union[int, str]] = None) -> Optional[int]:
+        """Start any command (argv[0] a path: it is exec'd as it is), detached, where the host's processes run: on
+        the host, in the session scope (started by the driver daemon, in owned(): kill() and down() end it; env None:
+        env()), or in the container ``ct`` (lxc-attach, the container's init adopts it; stdout/stderr to its console
+        log; env None: the container's default; not in owned(): the container's stop ends it).  Returns its host
+        pid (None: it exited at once, in a container)."""
+        if ct is not None:
+            from . import container  # noqa: PLC0415
+            return container.spawn(self.dir, int(ct), list(argv), env)
+        return proctools.spawn_via_driver(self.dir, list(argv), self.env() if env is None else env,
+                                          cgroup=cgroups.session_path(self.dir))
+
+    def workload_command(self, wargs: Sequence[str]) -> Tuple[List[str], Dict[str, str]]:
+        """(argv, env) of a simulated workload (``python -m gpusimkit.workload`` with ``wargs``: --dir=, --gpus=,
+        --mib=, --ready-file=, ... as README "Workloads") for a test that starts it itself (under unshare, in a
+        shell loop): env is env() with the kit importable.  gpusim did not start it: the test ends it."""
+        return proctools.python_argv("gpusimkit.workload", list(wargs)), proctools.kit_env(self.env())
+
+    def owned(self) -> List[Tuple[int, int]]:
+        """(pid, starttime) of every process gpusim started for this host (DIR/run/owned), alive or not."""
+        return proctools.read_owned(self.dir)
+
+    def owns(self, pid: int) -> bool:
+        """Whether ``pid`` is the simulated machine's: gpusim started it, or it runs in the host's cgroup tree
+        (gpusim-<id>) or in a container's (lxc/<vmid>)."""
+        if any(p == pid for p, _start in self.owned()):
+            return True
+        path = cgroups.of_pid(pid) or ""
+        base = cgroups.host_base(self.dir)
+        return path.startswith("/lxc/") or (base is not None and path.startswith(cgroups.rel(base)))
+
+    def set_gpu(self, index: int, /, **fields: Any) -> None:
+        """Set fields of GPU ``index`` in the scenario (its attributes as scenario() shows them: minor, util_gpu,
+        persistence, display_active, fabric_state, ...): set_gpus({index: fields})."""
+        self.set_gpus({index: fields})
+
+    def set_gpus(self, changes: Dict[int, Dict[str, Any]]) -> None:
+        """Set fields of several GPUs, {index: {field: value}}, in one validated, locked write (what must change
+        together: swapping minor numbers, which must stay unique); ScenarioError for an unknown GPU or field, or a
+        value the scenario refuses, and then nothing is written.  Programs read it at their next call."""
+        with scn.edit(self.dir) as sc:
+            for index, fields in changes.items():
+                if not 0 <= int(index) < len(sc.gpus):
+                    raise ScenarioError(f"gpu: {index!r}: no such GPU (0-{len(sc.gpus) - 1})")
+                gpu = sc.gpus[int(index)]
+                for key, value in fields.items():
+                    if key == "index" or not hasattr(gpu, key):
+                        raise ScenarioError(f"gpu.{index}.{key}: not a GPU field")
+                    setattr(gpu, key, value)
+
+    def pct_calls(self) -> List[List[str]]:
+        """The simulated node's pct invocations so far, oldest first: [pid, argument, ...] each."""
+        from . import pct  # noqa: PLC0415
+        return pct.calls(self.dir)
+
     def hold(self, gpus: Union[str, int, Iterable[int], None], mib: int = 1024, ct: Optional[Union[int, str]] = None,
              tree: bool = False, ignore_term: bool = False, exit_delay: Optional[float] = None,
              respawn: bool = False, service: Optional[str] = None, name: Optional[str] = None,

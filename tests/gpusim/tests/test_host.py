@@ -451,6 +451,41 @@ def test_host_fault_rejects_invalid_values(gpusim, kwargs, field):
     with pytest.raises(ScenarioError, match=field):
         gpusim.fault(**kwargs)
     assert open(gpusim.path("scenario"), encoding="utf-8").read() == before
+    with pytest.raises(ScenarioError, match="unique"):
+        gpusim.set_gpu(0, minor=1)  # GPU 1 has it
+    gpusim.set_gpus({0: {"minor": 1}, 1: {"minor": 0}})  # swapped in one write
+    assert [g.minor for g in gpusim.scenario().gpus[:2]] == [1, 0]
+
+
+def test_host_set_gpu_writes_one_gpu_and_rejects_what_the_scenario_has_not(gpusim):
+    gpusim.set_gpu(2, minor=9, util_gpu=40)
+    sc = gpusim.scenario()
+    assert (sc.gpus[2].minor, sc.gpus[2].util_gpu) == (9, 40) and sc.gpus[1].util_gpu == 0
+    with open(gpusim.path("scenario"), encoding="utf-8") as f:
+        assert "gpu.2.util_gpu 40\n" in f.read()
+    before = open(gpusim.path("scenario"), encoding="utf-8").read()
+    for index, fields, field in ((8, {"minor": 1}, "gpu"), (0, {"warp": 1}, "gpu.0.warp"), (0, {"index": 3}, "gpu.0.index")):
+        with pytest.raises(ScenarioError, match=field):
+            gpusim.set_gpu(index, **fields)
+    assert open(gpusim.path("scenario"), encoding="utf-8").read() == before
+
+
+def test_host_spawn_and_workload_command_start_the_machines_processes(gpusim, tmp_path):
+    pid = gpusim.spawn([shutil.which("sleep"), "60"])  # the daemon execs argv as it is (no PATH search)
+    assert pid in [p for p, _s in gpusim.owned()] and gpusim.owns(pid) and gpusim.kill(pid)
+    assert not gpusim.owns(os.getpid())  # pytest itself: neither started by gpusim nor in its cgroups
+    held = gpusim.hold(gpus=[0], mib=64)
+    assert gpusim.owns(held) and held in [p for p, _s in gpusim.owned()]
+    ready = tmp_path / "ready"
+    argv, env = gpusim.workload_command([f"--dir={gpusim.dir}", "--gpus=1", "--mib=128", f"--ready-file={ready}"])
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(ready.exists, timeout=30)
+        assert wait_for(lambda: [p for p in proc_lines(gpusim, proc.pid) if p["used_mib"] == 128], timeout=10)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert gpusim.pct_calls() == []
 
 
 # --- the CLI ------------------------------------------------------------------------------------
