@@ -73,8 +73,9 @@ def gpusimkit_uses(tree):
 
 
 def public(name):
+    """A public name, a public module, or the package's own declaration of them (__all__, PUBLIC_MODULES)."""
     rest = name[len("gpusimkit."):]
-    return rest in gpusimkit.__all__ or rest.split(".")[0] in gpusimkit.PUBLIC_MODULES
+    return rest in gpusimkit.__all__ or rest in ("__all__", "PUBLIC_MODULES") or rest.split(".")[0] in gpusimkit.PUBLIC_MODULES
 
 
 def strings(tree):
