@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 # Copyright (c) gpuops.gpu contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -124,13 +124,13 @@ def report(rev):
 def main(argv):
     revs = argv[1:] or [None]
     reports = [(rev or "working tree", report(rev)) for rev in revs]
-    names = [n for n, _ in reports]
+    names = [n for n, _r in reports]
     print("## Lines per file under plugins/\n")
-    paths = sorted(set().union(*(r["files"] for _, r in reports)))
+    paths = sorted(set().union(*(r["files"] for _n, r in reports)))
     print("| file | " + " | ".join(names) + " |\n| --- |" + " --- |" * len(names))
     for p in paths:
-        print(f"| {p.split('/', 1)[1]} | " + " | ".join(str(r["files"].get(p, "-")) for _, r in reports) + " |")
-    print("| **plugins/ in all** | " + " | ".join(str(sum(r["files"].values())) for _, r in reports) + " |")
+        print(f"| {p.split('/', 1)[1]} | " + " | ".join(str(r["files"].get(p, "-")) for _n, r in reports) + " |")
+    print("| **plugins/ in all** | " + " | ".join(str(sum(r["files"].values())) for _n, r in reports) + " |")
     for name, r in reports:
         print(f"\n## {name}: the five biggest classes and functions; functions over 50 lines\n")
         for kind in ("class", "function"):
