@@ -497,7 +497,7 @@ def _passes_every_gpu(config, gpus, node_gpus) -> bool:
 
 def validate(p: dict) -> dict:
     """The fence's parameters from the module's, every one checked before anything runs."""
-    params = dict(containers=_pct.validate_vmids(p["containers"]), units=_pct.validate_units(p["services"]),
+    params = dict(containers=_validate.vmids(p["containers"]), units=_pct.validate_units(p["services"]),
                   state=p["state"], force=p["force"], include_stopped=p["include_stopped"],
                   shutdown_timeout=_validate.integer("shutdown_timeout", p["shutdown_timeout"], 0, int(_validate.DAY)),
                   pct_timeout=_validate.number("pct_timeout", p["pct_timeout"], above_low=True))

@@ -58,45 +58,18 @@ _ELSEWHERE_KEYS = ("lxc.include", "lxc.mount.fstab")
 _LXC_CONFIGS = "/usr/share/lxc/config/"   # LXC's own common configs pass no NVIDIA device
 
 
-def _split(values) -> list:
-    """A list (or one value) whose strings may hold comma-separated items: the items, stripped."""
-    if values is None:
-        return []
-    if not isinstance(values, (list, tuple)):
-        values = [values]
-    out = []
-    for value in values:
-        if isinstance(value, str) and "," in value:
-            out.extend(part.strip() for part in value.split(","))
-        else:
-            out.append(value)
-    return out
-
-
-def _unique(values) -> list:
-    seen = set()
-    return [v for v in values if not (v in seen or seen.add(v))]
-
-
-def validate_vmids(values) -> list:
-    """Container ids from ints, ASCII digit strings or a comma-separated string ("129,130"):
-    unique, in the order given; InvalidOption (a ValueError) naming ``containers`` and the bad value.
-    The bounds are _validate.vmids' (100 to 999999999, PVE's own)."""
-    return _unique(_validate.vmids(_split(values)))
-
-
 def validate_units(values) -> list:
     """systemd unit names (``sglang``, ``sglang.service``, ``vllm@0.service``), also as a comma-separated
     string: unique, in the order given; InvalidOption naming ``services`` and the bad name."""
     out = []
-    for value in _split(values):
+    for value in _validate.items(values):
         text = value.strip() if isinstance(value, str) else value
         if not isinstance(text, str) or len(text) > MAX_UNIT_CHARS or not _UNIT.fullmatch(text):
             raise InvalidOption(
                 f"services: {value!r} is not a systemd unit name (ASCII letters, digits and : _ . @ \\ -, not starting"
                 f" with -, at most {MAX_UNIT_CHARS} characters)", option="services", unit=str(value))
         out.append(text)
-    return _unique(out)
+    return _validate.unique(out)
 
 
 def parse_list(stdout: str) -> dict:
@@ -296,7 +269,7 @@ class _Passthrough:
         if (self.every and not self.nodes) or self.whole_dev or visible == "all":
             minors = None
         passthrough = True if self.lines else (None if self.unknown else False)
-        return {"hostname": self.hostname, "passthrough": passthrough, "minors": minors, "devices": _unique(self.devices),
+        return {"hostname": self.hostname, "passthrough": passthrough, "minors": minors, "devices": _validate.unique(self.devices),
                 "lines": self.lines, "visible": visible, "unknown": self.unknown}
 
 
@@ -334,7 +307,7 @@ def parse_visible(value: str):
         part = part.strip()
         if part:
             out.append(int(part) if _validate.is_ascii_digits(part) else part)
-    return _unique(out)
+    return _validate.unique(out)
 
 
 def visible_gpus(ids, gpus: list):

@@ -119,16 +119,39 @@ def gpu_selectors(values) -> list:
     return out
 
 
-def vmids(values) -> list:
-    """Proxmox VE container ids: integers PVE_VMID_MIN..PVE_VMID_MAX (ASCII digits when given as text)."""
+def items(values) -> list:
+    """A list (or one value) whose strings may hold comma-separated items ("129,130"): the items, stripped."""
+    if values is None:
+        return []
+    if not isinstance(values, (list, tuple)):
+        values = [values]
     out = []
-    for v in values or []:
+    for value in values:
+        if isinstance(value, str) and "," in value:
+            out.extend(part.strip() for part in value.split(","))
+        else:
+            out.append(value)
+    return out
+
+
+def unique(values) -> list:
+    """The values in the order given, each once."""
+    seen = set()
+    return [v for v in values if not (v in seen or seen.add(v))]
+
+
+def vmids(values) -> list:
+    """Proxmox VE container ids, the one form of every module's ``containers``: ints, ASCII digit strings or
+    comma-separated strings ("129,130"), each PVE_VMID_MIN..PVE_VMID_MAX (PVE's own bounds); unique, in the order
+    given. InvalidOption (a ValueError) naming ``containers`` and the bad value."""
+    out = []
+    for v in items(values):
         text = str(v).strip() if not isinstance(v, bool) else ""
         if not is_ascii_digits(text) or len(text) > 9 or not PVE_VMID_MIN <= int(text) <= PVE_VMID_MAX:
             _fail("containers", f"containers: {v!r} is not a Proxmox VE container id (an integer"
                                 f" {PVE_VMID_MIN}..{PVE_VMID_MAX})")
         out.append(int(text))
-    return out
+    return unique(out)
 
 
 def path(option: str, value, absolute: bool = False) -> str:

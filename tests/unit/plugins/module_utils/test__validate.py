@@ -249,3 +249,37 @@ def test_regex_object_is_what_the_policy_needs():
     rx = _validate.regex("match", "vllm")
     compiled = re.compile("vllm")
     assert rx.pattern == compiled.pattern and bool(rx.search("vllm serve")) == bool(compiled.search("vllm serve"))
+
+
+# --- containers: one form (gpu_release, proxmox_gpu_containers) ---------------------------------------------
+@pytest.mark.parametrize("values, expected", [
+    ([], []),
+    (None, []),
+    ([129, "130", " 131 "], [129, 130, 131]),
+    ("129,130", [129, 130]),
+    (["129, 130", 129, 100, 999999999], [129, 130, 100, 999999999]),
+    (129, [129]),
+])
+def test_vmids_one_form_for_every_module(values, expected):
+    assert _validate.vmids(values) == expected
+
+
+@pytest.mark.parametrize("values, bad", [
+    (["abc"], "'abc'"),
+    ([99], "99"),
+    ([1000000000], "1000000000"),
+    (["129,x"], "'x'"),
+    (["129,,130"], "''"),
+    ([True], "True"),
+    ([-129], "-129"),
+    (["1e3"], "'1e3'"),
+    (["\u0661\u0662\u0663"], "'\u0661\u0662\u0663'"),
+    ([129.0], "129.0"),
+    (["129; rm -rf /"], "'129; rm -rf /'"),
+])
+def test_vmids_names_the_bad_value(values, bad):
+    with pytest.raises(InvalidOption) as info:
+        _validate.vmids(values)
+    assert str(info.value).startswith(f"containers: {bad} is not a Proxmox VE container id")
+    assert "100..999999999" in str(info.value) and info.value.details["option"] == "containers"
+    assert isinstance(info.value, ValueError)
