@@ -203,12 +203,8 @@ def read_identity(pid: int, proc: str = "/proc"):
 
     A leader in state Z whose other threads still run is alive: only its main thread exited.
     """
-    text = _read(f"{proc}/{pid}/stat")
-    if text is None:
-        return None
-    try:
-        st = parse_stat(text)
-    except ValueError:
+    st = read_stat(pid, proc)
+    if st is None:
         return None
     if st.state in ("Z", "X") and not _thread_fd_dirs(proc, str(pid)):
         return None
@@ -217,9 +213,17 @@ def read_identity(pid: int, proc: str = "/proc"):
 
 def process_state(pid: int, proc: str = "/proc"):
     """The state letter of a process (R, S, D, Z, ...), or None when it is gone."""
+    st = read_stat(pid, proc)
+    return None if st is None else st.state
+
+
+def read_stat(pid: int, proc: str = "/proc"):
+    """/proc/<pid>/stat parsed (parse_stat), or None when the process is gone or its stat cannot be read."""
     text = _read(f"{proc}/{pid}/stat")
+    if text is None:
+        return None
     try:
-        return parse_stat(text).state if text else None
+        return parse_stat(text)
     except ValueError:
         return None
 
@@ -337,12 +341,8 @@ def read_process(pid: int, proc: str = "/proc", cmdline=None):
     ``cmdline(argv) -> text`` makes the ``cmdline`` value from the argv list; by default it is
     redacted and cut (_redact.redact_argv), so that no secret leaves this function.
     """
-    stat_text = _read(f"{proc}/{pid}/stat")
-    if stat_text is None:
-        return None
-    try:
-        st = parse_stat(stat_text)
-    except ValueError:
+    st = read_stat(pid, proc)
+    if st is None:
         return None
     status = parse_status(_read(f"{proc}/{pid}/status") or "")
     raw_cmdline = _read(f"{proc}/{pid}/cmdline", "rb") or b""
