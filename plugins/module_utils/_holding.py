@@ -252,42 +252,19 @@ def verdict(gpu: dict, max_memory_used_mib: int, max_utilization_pct=None, inclu
     GPU it sees - memory here that the list does not account for is not its (a leak, or a process
     this namespace cannot see), so it lingers, and the diagnosis names the memory.
     """
-    reasons = []
-    blockers = []
     health = gpu.get("health") or {}
-    if health.get("status", "ok") != "ok":
-        reasons.append(f"health {health.get('status')}: {health.get('detail')}")
+    reasons = [f"health {health.get('status')}: {health.get('detail')}"] if health.get("status", "ok") != "ok" else []
     if gpu.get("processes_error"):
         reasons.append(gpu["processes_error"])
     procs = gpu.get("processes") or []
-    for p in procs:
-        blockers.append(p)
-        if p.get("visible", True):
-            reasons.append(f"used by {describe(p)}" + (f", {mib_text(p.get('used_mib'))}" if p.get("used_mib") is not None else "")
-                           + (f": {mps_server_text(p['mps_server'])}" if p.get("mps_server") else ""))
-        else:
-            reasons.append(f"used by pid {p['pid']}, which does not exist from here (a process in another PID"
-                           " namespace: the host or another container)")
+    blockers = list(procs)
+    reasons += [_process_reason(p) for p in procs]
     lingering = []
     if include_device_holders:
-        incomplete = list_incomplete(gpu, max_memory_used_mib)
-        for h in _unprotected(gpu.get("holders") or [], DEVICE):
-            elsewhere = (contexts or {}).get(h["pid"]) or set()
-            if incomplete and not (elsewhere and gpu.get("index") not in elsewhere and not gpu.get("processes_error")):
-                blockers.append(h)
-                reasons.append(f"device file held by {describe(h)} ({', '.join(h.get('files') or [])}), and the"
-                               f" driver's list may be incomplete ({incomplete})")
-            else:
-                lingering.append(h)
-    used = (gpu.get("memory") or {}).get("used")
-    if used is not None and used > max_memory_used_mib:
-        if gpu.get("processes_error"):
-            reasons.append(f"{used} MiB used")
-        elif not procs:
-            reasons.append(unaccounted_memory(used, gpu.get("index"), in_container))
-    util = (gpu.get("utilization") or {}).get("gpu")
-    if max_utilization_pct is not None and util is not None and util > max_utilization_pct:
-        reasons.append(f"utilization {util}% (more than {max_utilization_pct}%)")
+        held, lingering = _device_verdicts(gpu, max_memory_used_mib, contexts)
+        blockers += [h for h, _why in held]
+        reasons += [why for _h, why in held]
+    reasons += _load_reasons(gpu, max_memory_used_mib, max_utilization_pct, in_container, procs)
     for failure in _health.failed_checks(gpu, health_checks):
         if failure["blocking"]:
             reasons.append(f"health check {failure['check']} failed: {failure['detail']}: {failure['action']}")
@@ -295,6 +272,44 @@ def verdict(gpu: dict, max_memory_used_mib: int, max_utilization_pct=None, inclu
     if short:
         reasons.append(short)
     return (not reasons, reasons, blockers, lingering)
+
+
+def _process_reason(p: dict) -> str:
+    if p.get("visible", True):
+        return (f"used by {describe(p)}" + (f", {mib_text(p.get('used_mib'))}" if p.get("used_mib") is not None else "")
+                + (f": {mps_server_text(p['mps_server'])}" if p.get("mps_server") else ""))
+    return (f"used by pid {p['pid']}, which does not exist from here (a process in another PID"
+            " namespace: the host or another container)")
+
+
+def _device_verdicts(gpu: dict, max_memory_used_mib: int, contexts) -> tuple:
+    """([(holder, reason)] of the device holders that keep the GPU busy - its list may be incomplete - and
+    [lingering holders]): a holder the driver lists on other GPUs only, while this GPU's list was read, lingers."""
+    incomplete = list_incomplete(gpu, max_memory_used_mib)
+    held, lingering = [], []
+    for h in _unprotected(gpu.get("holders") or [], DEVICE):
+        elsewhere = (contexts or {}).get(h["pid"]) or set()
+        if incomplete and not (elsewhere and gpu.get("index") not in elsewhere and not gpu.get("processes_error")):
+            held.append((h, f"device file held by {describe(h)} ({', '.join(h.get('files') or [])}), and the"
+                            f" driver's list may be incomplete ({incomplete})"))
+        else:
+            lingering.append(h)
+    return held, lingering
+
+
+def _load_reasons(gpu: dict, max_memory_used_mib: int, max_utilization_pct, in_container, procs) -> list:
+    """Memory in use above the threshold that no listed process accounts for, and utilization above its bound."""
+    out = []
+    used = (gpu.get("memory") or {}).get("used")
+    if used is not None and used > max_memory_used_mib:
+        if gpu.get("processes_error"):
+            out.append(f"{used} MiB used")
+        elif not procs:
+            out.append(unaccounted_memory(used, gpu.get("index"), in_container))
+    util = (gpu.get("utilization") or {}).get("gpu")
+    if max_utilization_pct is not None and util is not None and util > max_utilization_pct:
+        out.append(f"utilization {util}% (more than {max_utilization_pct}%)")
+    return out
 
 
 def holders_of(gpu: dict) -> list:
@@ -353,57 +368,67 @@ def release_candidates(all_gpus: list, selected: set, include_device_holders=Tru
     ``evidence`` (the strongest it has on them); ``skipped``: the holders that are not taken,
     each with its ``reason``.
     """
-    contexts = context_gpus(all_gpus)
-    named = set(named_pids or ())
-    merged, skipped = {}, {}
-    order = {CONTEXT: 0, DEVICE: 1, CONTROL: 2}
+    found = _Candidates(context_gpus(all_gpus), selected, named_pids)
+    for gpu in all_gpus:
+        if gpu["index"] not in selected:
+            continue
+        for p in gpu.get("processes") or []:
+            if p.get("visible") is False:
+                found.skip(p, "the driver reports this pid but it does not exist from this PID namespace"
+                              " (run on the host / Proxmox node to reach it)")
+                continue
+            found.take(p, gpu["index"], CONTEXT)
+        for h in (gpu.get("holders") or []) if include_device_holders else ():
+            found.holder(h, gpu["index"])
+    return list(found.merged.values()), list(found.skipped.values())
 
-    def take(proc, gpu_index, evidence, why=None):
-        entry = merged.setdefault(proc["pid"], dict(proc, gpus=[], evidence=evidence))
-        if order[evidence] < order[entry["evidence"]]:
+
+class _Candidates:
+    """What release_candidates gathers: the candidates merged by pid (``merged``) and the holders not taken
+    (``skipped``, each with its reason)."""
+
+    ORDER = {CONTEXT: 0, DEVICE: 1, CONTROL: 2}
+
+    def __init__(self, contexts: dict, selected: set, named_pids):
+        self.contexts, self.selected, self.named = contexts, selected, set(named_pids or ())
+        self.merged, self.skipped = {}, {}
+
+    def take(self, proc, gpu_index, evidence, why=None):
+        entry = self.merged.setdefault(proc["pid"], dict(proc, gpus=[], evidence=evidence))
+        if self.ORDER[evidence] < self.ORDER[entry["evidence"]]:
             entry["evidence"] = evidence
             entry["gpus"] = []  # the GPUs of its strongest evidence: where it has a context, if any
         if evidence == entry["evidence"] and gpu_index not in entry["gpus"]:
             entry["gpus"].append(gpu_index)
         if why:
             entry["why"] = why
-        skipped.pop(proc["pid"], None)
+        self.skipped.pop(proc["pid"], None)
 
-    def skip(proc, reason):
-        if proc["pid"] not in merged:
-            skipped.setdefault(proc["pid"], dict(proc, gpus=[], reason=reason))
+    def skip(self, proc, reason):
+        if proc["pid"] not in self.merged:
+            self.skipped.setdefault(proc["pid"], dict(proc, gpus=[], reason=reason))
 
-    for gpu in all_gpus:
-        if gpu["index"] not in selected:
-            continue
-        for p in gpu.get("processes") or []:
-            if p.get("visible") is False:
-                skip(p, "the driver reports this pid but it does not exist from this PID namespace"
-                        " (run on the host / Proxmox node to reach it)")
-                continue
-            take(p, gpu["index"], CONTEXT)
-        if not include_device_holders:
-            continue
-        for h in gpu.get("holders") or []:
-            ev = h.get("evidence")
-            if ev == CONTEXT:
-                continue  # listed above from the driver
-            if ev == DEVICE:
-                elsewhere = contexts.get(h["pid"], set())
-                if elsewhere and not elsewhere & selected:
-                    skip(h, "holds this GPU's device node as CUDA does for every GPU it can see, but the driver"
-                            " shows its context only on GPU(s) " + ", ".join(map(str, sorted(elsewhere)))
-                            + ", which are not selected")
-                    continue
-                take(h, gpu["index"], DEVICE)
-            elif h["pid"] in named:
-                take(h, gpu["index"], CONTROL, why="named in pids; it holds only the NVIDIA control nodes ("
-                     + ", ".join(h.get("files") or []) + ") and has no context on a selected GPU")
-            else:
-                skip(h, "holds only the NVIDIA control nodes (" + ", ".join(h.get("files") or [])
-                        + "), as every NVML or CUDA client does; it has no context on a selected GPU and keeps"
-                          " none busy. Name it in pids to stop it")
-    return list(merged.values()), list(skipped.values())
+    def holder(self, h: dict, gpu_index: int) -> None:
+        """A device-file holder of a selected GPU: its node (unless the driver shows its context only elsewhere), or
+        only the control nodes (taken when named in pids)."""
+        ev = h.get("evidence")
+        if ev == CONTEXT:
+            return  # listed from the driver
+        if ev == DEVICE:
+            elsewhere = self.contexts.get(h["pid"], set())
+            if elsewhere and not elsewhere & self.selected:
+                self.skip(h, "holds this GPU's device node as CUDA does for every GPU it can see, but the driver"
+                             " shows its context only on GPU(s) " + ", ".join(map(str, sorted(elsewhere)))
+                             + ", which are not selected")
+                return
+            self.take(h, gpu_index, DEVICE)
+        elif h["pid"] in self.named:
+            self.take(h, gpu_index, CONTROL, why="named in pids; it holds only the NVIDIA control nodes ("
+                      + ", ".join(h.get("files") or []) + ") and has no context on a selected GPU")
+        else:
+            self.skip(h, "holds only the NVIDIA control nodes (" + ", ".join(h.get("files") or [])
+                         + "), as every NVML or CUDA client does; it has no context on a selected GPU and keeps"
+                           " none busy. Name it in pids to stop it")
 
 
 # Processes that start and watch others: a workload's root is never above one of them.

@@ -380,27 +380,9 @@ def _appeared(state: dict, gpus: list) -> bool:
     return found
 
 
-def step(state: dict, now: float, snapshot, alive, settle: float, full_scan_every: float):
-    """One poll at time ``now`` (seconds since the wait began). Returns (done, gpus).
-
-    ``snapshot(full) -> gpus``: the selected GPUs with their idle verdicts; with ``full`` false
-    the device-file scan is skipped (holders empty), so the device-file holders found by the last
-    full scan are followed with ``alive(pid, start_time) -> bool`` instead.
-    The first poll counts as the moment a holder left: the wait does not return before ``settle``
-    seconds of watching, so a supervisor that restarts the server just after a release is caught -
-    unless the release that ran just before handed over its quiet time (``credit``: the state's
-    ``last_holder_at`` is then when that release last saw a holder, and ``credited`` is set), or the
-    first look (a full one) finds nothing at all on an idle node and no release is in progress: then it is
-    ready at once (``idle_at_first_look``).
-    The clock restarts at a poll that sees a context, a device-node holder not seen before, or a
-    device-node holder that was blocking and is gone.
-    Raises GpuLost at once for a GPU that fell off the bus.
-    """
-    state["polls"] += 1
-    first = state["last_full_scan_at"] is None
-    full = first or now - state["last_full_scan_at"] >= full_scan_every
-    gpus = snapshot(full)
-    _check_lost(gpus)
+def _track(state: dict, now: float, gpus: list, full: bool, alive, settle: float, first: bool) -> None:
+    """The holders a poll knows (a full look's scan, else the last scan's that are still alive and blocking) and the
+    settle clock's origin (``last_holder_at``): when a holder left or appeared, or the first look's."""
     before = state["known_holders"]
     if full:
         _full_scan(state, now, gpus)
@@ -422,6 +404,30 @@ def step(state: dict, now: float, snapshot, alive, settle: float, full_scan_ever
         state["last_holder_at"] = now - settle if nothing else now
     elif appeared:
         state["last_holder_at"] = now
+
+
+def step(state: dict, now: float, snapshot, alive, settle: float, full_scan_every: float):
+    """One poll at time ``now`` (seconds since the wait began). Returns (done, gpus).
+
+    ``snapshot(full) -> gpus``: the selected GPUs with their idle verdicts; with ``full`` false
+    the device-file scan is skipped (holders empty), so the device-file holders found by the last
+    full scan are followed with ``alive(pid, start_time) -> bool`` instead.
+    The first poll counts as the moment a holder left: the wait does not return before ``settle``
+    seconds of watching, so a supervisor that restarts the server just after a release is caught -
+    unless the release that ran just before handed over its quiet time (``credit``: the state's
+    ``last_holder_at`` is then when that release last saw a holder, and ``credited`` is set), or the
+    first look (a full one) finds nothing at all on an idle node and no release is in progress: then it is
+    ready at once (``idle_at_first_look``).
+    The clock restarts at a poll that sees a context, a device-node holder not seen before, or a
+    device-node holder that was blocking and is gone.
+    Raises GpuLost at once for a GPU that fell off the bus.
+    """
+    state["polls"] += 1
+    first = state["last_full_scan_at"] is None
+    full = first or now - state["last_full_scan_at"] >= full_scan_every
+    gpus = snapshot(full)
+    _check_lost(gpus)
+    _track(state, now, gpus, full, alive, settle, first)
     state["last_poll_at"] = now
     for g in gpus:
         record_sample(state, now, g, len(memory_holders(g)))
