@@ -727,36 +727,7 @@ class _WatchMixin:
             self.scope.mps.update(_scope.mps_of(after_all))
             new, _invisible = _holding.release_candidates(after_all, selected, p["include_device_holders"], p["pids"])
             contexts = _holding.context_gpus(after_all)
-            forked = []
-            for x in new:
-                key = (x["pid"], x.get("start_time"))
-                if key in self.known:
-                    continue
-                info = io.read(x["pid"]) or x
-                x = dict(x, session=info.get("session"), pgrp=info.get("pgrp"), exe=info.get("exe"),
-                         context_gpus=sorted(contexts.get(x["pid"], ())))
-                target, supervisor = self._lineage(x, groups, t0_ticks)
-                if x.get("evidence") != _scope.CONTEXT and target is None and not (
-                        set(x["gpus"]) & set(self.scope.untrusted)):
-                    continue  # a device node only, no memory: a bystander (looked at again while it gains a context)
-                self.known.add(key)
-                if self.scope.protection(x):
-                    continue
-                if target is not None:
-                    if self.scope.admit(x, _scope.NEWCOMER, via=target,
-                                        why="appeared during the release below (or orphaned by) signalled pid"
-                                            f" {target['pid']}"):
-                        forked.append(self.scope.entry(x))
-                    continue
-                as_holder = dict(x, evidence=_scope.CONTEXT)
-                in_scope = self._respawn_of_target(x) or not self.scope.judge(as_holder, _scope.HOLDER)
-                after_s = None
-                if x.get("start_time") is not None:
-                    after_s = max(0.0, (x["start_time"] - t0_ticks) / io.ticks_per_s())
-                res["respawned"].append(report(x, supervisor=supervisor, in_scope=in_scope,
-                                               advice=respawn_advice(
-                                                   x, after_s, supervisor, p["stop_units"], in_scope,
-                                                   (_scope.container_id(x), x.get("unit")) in self.units_stopped)))
+            forked = [e for e in (self._newcomer(x, contexts, groups, t0_ticks) for x in new) if e is not None]
             if forked:
                 # SIGKILL at once: they had their graceful signal through their parent, and a child that
                 # forked in a SIGTERM handler would fork again on its own SIGTERM.
@@ -765,6 +736,39 @@ class _WatchMixin:
             if res["respawned"] or io.now() >= watch_until:
                 return after
             io.sleep(RESPAWN_POLL_S)
+
+    def _newcomer(self, x: dict, contexts: dict, groups: dict, t0_ticks):
+        """A holder of a selected GPU the watch sees: a child of a signalled target is admitted through the gate (its
+        scope entry, to be stopped, is returned); a new holder with a context or on a GPU whose list cannot be
+        trusted is reported in ``respawned``, never signalled; a known one, a protected one or a bystander with a
+        device node only is passed over."""
+        io, p, res = self.io, self.p, self.result
+        key = (x["pid"], x.get("start_time"))
+        if key in self.known:
+            return None
+        info = io.read(x["pid"]) or x
+        x = dict(x, session=info.get("session"), pgrp=info.get("pgrp"), exe=info.get("exe"),
+                 context_gpus=sorted(contexts.get(x["pid"], ())))
+        target, supervisor = self._lineage(x, groups, t0_ticks)
+        if x.get("evidence") != _scope.CONTEXT and target is None and not (set(x["gpus"]) & set(self.scope.untrusted)):
+            return None  # a device node only, no memory: a bystander (looked at again while it gains a context)
+        self.known.add(key)
+        if self.scope.protection(x):
+            return None
+        if target is not None:
+            if self.scope.admit(x, _scope.NEWCOMER, via=target,
+                                why=f"appeared during the release below (or orphaned by) signalled pid {target['pid']}"):
+                return self.scope.entry(x)
+            return None
+        as_holder = dict(x, evidence=_scope.CONTEXT)
+        in_scope = self._respawn_of_target(x) or not self.scope.judge(as_holder, _scope.HOLDER)
+        after_s = None
+        if x.get("start_time") is not None:
+            after_s = max(0.0, (x["start_time"] - t0_ticks) / io.ticks_per_s())
+        res["respawned"].append(report(x, supervisor=supervisor, in_scope=in_scope,
+                                       advice=respawn_advice(x, after_s, supervisor, p["stop_units"], in_scope,
+                                                             (_scope.container_id(x), x.get("unit")) in self.units_stopped)))
+        return None
 
     def _respawn_of_target(self, proc: dict) -> bool:
         """Whether a new holder runs in the unit of a target (what was released came back)."""

@@ -714,22 +714,31 @@ class _PollMixin:
             if done:
                 return self._confirmed(gpus, confirmed.get("job") if confirmed.get("at") == scan_at else None)
             elapsed = self.elapsed()
-            found = left_blockers(gpus, self.left) if self.left else []
-            if found:
-                since = state.setdefault("left_since", elapsed)
-                if elapsed - since >= p["blocker_grace"] and elapsed < p["timeout"]:
-                    return self._blocked(found, elapsed)
-            else:
-                state.pop("left_since", None)
-            if elapsed >= p["timeout"]:
-                return self._timed_out(elapsed)
-            if slice_end is not None and io.now() >= slice_end:
-                settling = None if state["last_holder_at"] is None else elapsed - state["last_holder_at"]
-                return True, dict({k: v for k, v in result.items() if k != "changed"}, pending=True,
-                                  progress_state={"wait": state}, elapsed=round(elapsed, 3),
-                                  progress=progress_line(gpus, elapsed, p["timeout"], settling, self.left),
-                                  changed=result.get("changed", False))
+            out = self._ends_here(gpus, elapsed, slice_end)
+            if out is not None:
+                return out
             io.sleep(next_sleep(state, elapsed, gpus, p["sleep"], p["settle"], p["timeout"]))
+
+    def _ends_here(self, gpus: list, elapsed: float, slice_end):
+        """The run's answer when a poll that is not done ends it, else None: blocked (a holder the release left,
+        past blocker_grace), timed out, or the end of a progress slice (pending, with the state to carry on)."""
+        p, state, result = self.p, self.state, self.result
+        found = left_blockers(gpus, self.left) if self.left else []
+        if found:
+            since = state.setdefault("left_since", elapsed)
+            if elapsed - since >= p["blocker_grace"] and elapsed < p["timeout"]:
+                return self._blocked(found, elapsed)
+        else:
+            state.pop("left_since", None)
+        if elapsed >= p["timeout"]:
+            return self._timed_out(elapsed)
+        if slice_end is not None and self.io.now() >= slice_end:
+            settling = None if state["last_holder_at"] is None else elapsed - state["last_holder_at"]
+            return True, dict({k: v for k, v in result.items() if k != "changed"}, pending=True,
+                              progress_state={"wait": state}, elapsed=round(elapsed, 3),
+                              progress=progress_line(gpus, elapsed, p["timeout"], settling, self.left),
+                              changed=result.get("changed", False))
+        return None
 
 
 class _JudgeMixin:
