@@ -106,6 +106,32 @@ options:
       - The O(protect) expressions (and those of M(gpuops.gpu.gpu_release)) still match the real command line.
     type: bool
     default: true
+  detail:
+    description:
+      - How much of the result the task returns. ansible-runner (AWX) drops a task's result whose text is over
+        700,000 characters, and a host with many GPUs and many processes per GPU returns more than that in full.
+      - V(summary) keeps every GPU and every verdict whole (C(idle), C(busy_reasons) not empty, C(blockers) not empty,
+        C(fits), C(health), C(idle_gpus)) and caps each list that grows with the processes - a GPU's C(processes)
+        (4), C(holders) by evidence, C(blockers) and C(lingering) (8 pids each), C(busy_reasons) (4, each cut at
+        200 characters); the holders' details (64, the blockers' first, each with 8 files per directory and 8
+        GPUs); the processes and units released, left, respawned, skipped or protected (16); a wait's C(blockers)
+        (8 per GPU) and C(samples) (the latest 16 per GPU). What is kept comes first by what matters (a GPU's
+        blockers first); command lines are cut at 160 characters. An object whose lists were cut carries C(more),
+        the entries left out by key (V({"processes": 12, "holders": {"lingering": 1000}})); the result's own lists
+        cut are counted in RV(detail.more). A result of 64 GPUs with 16 processes on each stays under 140,000
+        characters.
+      - V(full) returns the whole result, as big as the host makes it.
+    type: str
+    choices: [summary, full]
+    default: summary
+  detail_file:
+    description:
+      - An absolute path on the host the module runs on where the whole result (as O(detail=full) returns it) is
+        written as JSON, mode C(0600), whatever O(detail) is; RV(detail.file) says where. Command lines in it are
+        redacted as in the result.
+      - A file that cannot be written is a warning; the task's result is returned all the same.
+      - Unset - no file.
+    type: path
 """
 
     IDLE = r"""

@@ -347,7 +347,7 @@ resets:
             "used_mib": 2048, "rc": 0, "output": "GPU 00000000:3A:00.0 was successfully reset."}]
 """
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _snapshot, _validate, _wait
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _snapshot, _validate, _wait
 from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import run_in_group
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     SBIN_DIRS,
@@ -406,7 +406,10 @@ def main() -> None:
         io = _wait.HostIO(taker, p, bin_path, run_in_group)
         ok, result = _wait.Wait(p, io, check_mode=module.check_mode, diff=module._diff).run()
         # Each holder once (_snapshot.compact_result): gpus_before and gpus name pids, holder_processes has the details.
-        return ok, _snapshot.compact_result(result)
+        result = _snapshot.compact_result(result)
+        if p["progress_state"] and p["detail_file"]:
+            result = _bound.carry(p["detail_file"], result)  # the first slice's look stays in the file
+        return ok, result
 
     run_module(module, body)
 
