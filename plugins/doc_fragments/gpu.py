@@ -116,10 +116,11 @@ options:
         200 characters); the holders' details (64, the blockers' first, each with 8 files per directory and 8
         GPUs); the processes and units released, left, respawned, skipped or protected (16); a wait's C(blockers)
         (8 per GPU) and C(samples) (the latest 16 per GPU). What is kept comes first by what matters (a GPU's
-        blockers first); command lines are cut at 160 characters. An object whose lists were cut carries C(more),
-        the entries left out by key (V({"processes": 12, "holders": {"lingering": 1000}})); the result's own lists
-        cut are counted in RV(detail.more). A result of 64 GPUs with 16 processes on each stays under 140,000
-        characters.
+        blockers first); command lines are cut at 160 characters.
+      - 'An object whose lists were cut carries C(more), the entries left out by key (C({"processes": 12, "holders":
+        {"lingering": 1000}})); the lists of the result itself that were cut are counted in C(detail.more).'
+      - A result of 64 GPUs with 16 processes on each stays well under 700,000 characters (the collection's
+        C(benchmarks/bench_output.py) prints the sizes).
       - V(full) returns the whole result, as big as the host makes it.
     type: str
     choices: [summary, full]
@@ -127,7 +128,7 @@ options:
   detail_file:
     description:
       - An absolute path on the host the module runs on where the whole result (as O(detail=full) returns it) is
-        written as JSON, mode C(0600), whatever O(detail) is; RV(detail.file) says where. Command lines in it are
+        written as JSON, mode C(0600), whatever O(detail) is; C(detail.file) in the result says where. Command lines in it are
         redacted as in the result.
       - A file that cannot be written is a warning; the task's result is returned all the same.
       - Unset - no file.
