@@ -112,11 +112,11 @@ options:
         700,000 characters, and a host with many GPUs and many processes per GPU returns more than that in full.
       - V(summary) keeps every GPU and every verdict whole (C(idle), C(busy_reasons) not empty, C(blockers) not empty,
         C(fits), C(health), C(idle_gpus)) and caps each list that grows with the processes - a GPU's C(processes)
-        (4), C(holders) by evidence, C(blockers) and C(lingering) (8 pids each), C(busy_reasons) (4, each cut at
+        (2), C(holders) by evidence, C(blockers) and C(lingering) (8 pids each), C(busy_reasons) (4, each cut at
         200 characters); the holders' details (64, the blockers' first, each with 8 files per directory and 8
         GPUs); the processes and units released, left, respawned, skipped or protected (16); a wait's C(blockers)
         (8 per GPU) and C(samples) (the latest 16 per GPU). What is kept comes first by what matters (a GPU's
-        blockers first); command lines are cut at 160 characters.
+        blockers first); command lines are cut at 100 characters.
       - 'An object whose lists were cut carries C(more), the entries left out by key (C({"processes": 12, "holders":
         {"lingering": 1000}})); the lists of the result itself that were cut are counted in C(detail.more).'
       - A result of 64 GPUs with 16 processes on each stays well under 700,000 characters (the collection's

@@ -48,13 +48,13 @@ DETAIL_ARGS = dict(
 )
 
 CAP = 8             # pids of a GPU's list (blockers, holders by evidence, lingering); files and GPUs of a process
-CAP_PROCESSES = 4   # a GPU's processes (each with its details)
+CAP_PROCESSES = 2   # a GPU's processes (each with its details; busy_reasons name more of them)
 CAP_REASONS = 4     # a GPU's busy reasons
 CAP_ENTRIES = 16    # processes or units of a result's list (released, survivors, skipped_processes, ...)
 CAP_DETAILS = 64    # holders' details (holder_processes)
 CAP_SAMPLES = 16    # the latest points of a GPU's samples
 TEXT = 200          # characters of a busy reason in a summary
-CMDLINE = 160       # characters of a command line in a summary (_redact.cut's marker says how many more)
+CMDLINE = 100       # characters of a command line in a summary (_redact.cut's marker says how many more)
 
 GPU_LISTS = ("gpus_before", "gpus", "gpu_devices")
 DETAILS = ("holder_processes", "gpu_holder_processes")

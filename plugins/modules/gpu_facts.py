@@ -369,7 +369,7 @@ ansible_facts:
           sample: ["used by pid 8812 (python3) in CT 129, 80 GiB"]
         more:
           description:
-            - With O(detail=summary), how many entries of this GPU's lists were left out - C(processes) (4 kept),
+            - With O(detail=summary), how many entries of this GPU's lists were left out - C(processes) (2 kept),
               C(blockers) (8), C(busy_reasons) (4), C(lingering) (8) and C(holders) by evidence (8 pids each); the
               GPU's blockers come first in each list. Absent when nothing was left out.
           type: dict
