@@ -77,7 +77,7 @@ def main(argv=None):
     ap.add_argument("--only", nargs="+", choices=BENCHES, help="run only these benchmarks")
     ap.add_argument("--vmid", type=int, help="bench_e2e's container (its default: 129, the seeds')")
     ap.add_argument("--fleet-vmid-base", type=int, help="bench_fleet's first container (its default: 7300)")
-    ap.add_argument("--output-vmid-base", type=int, help="bench_output's two containers (its default: 7700 and 7701)")
+    ap.add_argument("--output-vmid-base", type=int, help="bench_output's container (its default: 7700)")
     ap.add_argument("--no-docs", action="store_true", help="a full run: do not regenerate docs/performance.md and docs/scale.md")
     args = ap.parse_args(argv)
     mode = "smoke" if args.smoke else "full"
