@@ -47,6 +47,9 @@ DETAIL_ARGS = dict(
     detail_file=dict(type="path"),
 )
 
+# The caps of a GPU's lists are those of a host of SCALE_GPUS GPUs or more; a host of N < SCALE_GPUS GPUs gets
+# SCALE_GPUS // N times as many per GPU (scale()), so that its lists are cut only where a large host's would be.
+SCALE_GPUS = 64
 CAP = 8             # pids of a GPU's list (blockers, holders by evidence, lingering); files and GPUs of a process
 CAP_PROCESSES = 2   # a GPU's processes (each with its details; busy_reasons name more of them)
 CAP_REASONS = 4     # a GPU's busy reasons
@@ -99,52 +102,60 @@ def _cmdline(entry):
     return entry
 
 
-def gpu(entry: dict) -> dict:
+def scale(gpus: int) -> int:
+    """How many times the caps of a GPU's lists a host of ``gpus`` GPUs gets (1 from SCALE_GPUS GPUs on)."""
+    return max(1, SCALE_GPUS // max(int(gpus), 1))
+
+
+def gpu(entry: dict, times: int = 1) -> dict:
     """One GPU in summary: its blockers, processes, holders by evidence, lingering pids and busy reasons capped
-    (the blockers first in each), ``more`` counting what was left out; every other field as it is."""
+    (the blockers first in each; ``times`` the caps, scale()), ``more`` counting what was left out; every other field
+    as it is."""
     if not isinstance(entry, dict):
         return entry
     out, more = dict(entry), {}
-    blockers = _cap(entry.get("blockers"), CAP, more, "blockers")
+    pids, processes, reasons = CAP * times, CAP_PROCESSES * times, CAP_REASONS * times
+    blockers = _cap(entry.get("blockers"), pids, more, "blockers")
     keep = set(blockers) if isinstance(blockers, list) else set()
     out["blockers"] = blockers
     if isinstance(entry.get("processes"), list):
-        out["processes"] = [_cmdline(p) for p in _cap(_first(entry["processes"], keep, _pid), CAP_PROCESSES, more,
+        out["processes"] = [_cmdline(p) for p in _cap(_first(entry["processes"], keep, _pid), processes, more,
                                                       "processes")]
     holders = entry.get("holders")
     if isinstance(holders, dict):
         cut_holders = {}
-        out["holders"] = {k: _cap(_first(v, keep), CAP, cut_holders, k) if isinstance(v, list) else v
+        out["holders"] = {k: _cap(_first(v, keep), pids, cut_holders, k) if isinstance(v, list) else v
                           for k, v in holders.items()}
         if cut_holders:
             more["holders"] = cut_holders
     elif isinstance(holders, list):  # the snapshot's form (a result not compacted): dicts
-        out["holders"] = [_cmdline(h) for h in _cap(_first(holders, keep, _pid), CAP, more, "holders")]
-    out["lingering"] = _cap(entry.get("lingering"), CAP, more, "lingering")
+        out["holders"] = [_cmdline(h) for h in _cap(_first(holders, keep, _pid), pids, more, "holders")]
+    out["lingering"] = _cap(entry.get("lingering"), pids, more, "lingering")
     if "lingering" not in entry:
         del out["lingering"]
     if isinstance(entry.get("busy_reasons"), list):
         out["busy_reasons"] = [cut(r, TEXT) if isinstance(r, str) else r
-                               for r in _cap(entry["busy_reasons"], CAP_REASONS, more, "busy_reasons")]
+                               for r in _cap(entry["busy_reasons"], reasons, more, "busy_reasons")]
     if more:
         out[MORE] = more
     return out
 
 
-def holder_details(entry: dict) -> dict:
-    """A holder's details in summary: its files (by directory) and GPUs capped, its command line cut."""
+def holder_details(entry: dict, times: int = 1) -> dict:
+    """A holder's details in summary: its files (by directory) and GPUs capped (``times`` the cap), its command
+    line cut."""
     if not isinstance(entry, dict):
         return entry
     out, more = dict(_cmdline(entry)), {}
     files = entry.get("files")
     if isinstance(files, dict):
         cut_files = {}
-        out["files"] = {d: _cap(names, CAP, cut_files, d) for d, names in files.items()}
+        out["files"] = {d: _cap(names, CAP * times, cut_files, d) for d, names in files.items()}
         if cut_files:
             more["files"] = cut_files
     elif isinstance(files, list):
-        out["files"] = _cap(files, CAP, more, "files")
-    out["gpus"] = _cap(entry.get("gpus"), CAP, more, "gpus")
+        out["files"] = _cap(files, CAP * times, more, "files")
+    out["gpus"] = _cap(entry.get("gpus"), CAP * times, more, "gpus")
     if "gpus" not in entry:
         del out["gpus"]
     if more:
@@ -152,7 +163,7 @@ def holder_details(entry: dict) -> dict:
     return out
 
 
-def _process_entry(entry):
+def _process_entry(entry, times=1):
     """One entry of a result's process list (released, skipped_processes, a wait's blockers): its command line
     cut, its GPUs and files capped."""
     if not isinstance(entry, dict):
@@ -160,7 +171,7 @@ def _process_entry(entry):
     out, more = dict(_cmdline(entry)), {}
     for key in ("gpus", "files"):
         if isinstance(entry.get(key), list):
-            out[key] = _cap(entry[key], CAP, more, key)
+            out[key] = _cap(entry[key], CAP * times, more, key)
     if more:
         out[MORE] = more
     return out
@@ -193,9 +204,10 @@ def summarize(result: dict, more: dict = None, prefix: str = "") -> dict:
     more = {} if more is None else more
     out = dict(result)
     gpus = []
+    times = scale(max([len(out[k]) for k in GPU_LISTS if isinstance(out.get(k), list)] or [SCALE_GPUS]))
     for key in GPU_LISTS:
         if isinstance(out.get(key), list):
-            out[key] = [gpu(g) for g in out[key]]
+            out[key] = [gpu(g, times) for g in out[key]]
             gpus += out[key]
     for key in DETAILS:
         details = out.get(key)
@@ -205,12 +217,13 @@ def summarize(result: dict, more: dict = None, prefix: str = "") -> dict:
             kept = named[:CAP_DETAILS]
             if len(kept) < len(details):
                 more[prefix + key] = len(details) - len(kept)
-            out[key] = {k: holder_details(details[k]) for k in sorted(kept, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else k))}
+            out[key] = {k: holder_details(details[k], times) for k in sorted(kept, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else k))}
     for key in ENTRY_LISTS:
         if isinstance(out.get(key), list):
-            out[key] = [_process_entry(e) for e in _cap(out[key], CAP_ENTRIES, more, prefix + key)]
+            out[key] = [_process_entry(e, times) for e in _cap(out[key], CAP_ENTRIES, more, prefix + key)]
     if isinstance(out.get("blockers"), dict):  # a wait's failure: {gpu: [holders]}
-        out["blockers"] = {k: [_process_entry(e) for e in _cap(v, CAP, more, f"{prefix}blockers.{k}")] if isinstance(v, list) else v
+        out["blockers"] = {k: [_process_entry(e, times) for e in _cap(v, CAP * times, more, f"{prefix}blockers.{k}")]
+                           if isinstance(v, list) else v
                            for k, v in out["blockers"].items()}
     if isinstance(out.get("samples"), dict):  # a wait's time series per GPU: the latest points
         samples = {}

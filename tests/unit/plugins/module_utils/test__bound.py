@@ -168,3 +168,14 @@ def test_the_filters_count_what_a_summary_left_out():
 def compact_gpu_expanded(gpu, details):
     from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import expand_gpus  # noqa: PLC0415
     return expand_gpus([gpu], details)[0]
+
+
+@pytest.mark.parametrize("gpus, processes_kept", [(64, _bound.CAP_PROCESSES), (128, _bound.CAP_PROCESSES),
+                                                  (32, 2 * _bound.CAP_PROCESSES), (8, 8 * _bound.CAP_PROCESSES),
+                                                  (1, 64 * _bound.CAP_PROCESSES)])
+def test_a_smaller_host_keeps_more_per_gpu(gpus, processes_kept):
+    """The caps of a GPU's lists are a 64-GPU host's; N GPUs get 64 / N times as many: the same bound in all."""
+    result = {"gpus": [busy_gpu(g, list(range(1000 * g, 1000 * g + 200)), []) for g in range(gpus)]}
+    out = _bound.summarize(result)
+    assert {len(g["processes"]) for g in out["gpus"]} == {processes_kept}
+    assert {g["more"]["processes"] for g in out["gpus"]} == {200 - processes_kept}
