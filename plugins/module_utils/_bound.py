@@ -96,9 +96,10 @@ def _pid(entry):
     return entry.get("pid") if isinstance(entry, dict) else entry
 
 
-def _cmdline(entry):
-    if isinstance(entry, dict) and isinstance(entry.get("cmdline"), str) and len(entry["cmdline"]) > CMDLINE:
-        return dict(entry, cmdline=cut(entry["cmdline"], CMDLINE))
+def _cmdline(entry, times=1):
+    limit = CMDLINE * times
+    if isinstance(entry, dict) and isinstance(entry.get("cmdline"), str) and len(entry["cmdline"]) > limit:
+        return dict(entry, cmdline=cut(entry["cmdline"], limit))
     return entry
 
 
@@ -119,8 +120,8 @@ def gpu(entry: dict, times: int = 1) -> dict:
     keep = set(blockers) if isinstance(blockers, list) else set()
     out["blockers"] = blockers
     if isinstance(entry.get("processes"), list):
-        out["processes"] = [_cmdline(p) for p in _cap(_first(entry["processes"], keep, _pid), processes, more,
-                                                      "processes")]
+        kept = _cap(_first(entry["processes"], keep, _pid), processes, more, "processes")
+        out["processes"] = [_cmdline(p, times) for p in kept]
     holders = entry.get("holders")
     if isinstance(holders, dict):
         cut_holders = {}
@@ -129,7 +130,7 @@ def gpu(entry: dict, times: int = 1) -> dict:
         if cut_holders:
             more["holders"] = cut_holders
     elif isinstance(holders, list):  # the snapshot's form (a result not compacted): dicts
-        out["holders"] = [_cmdline(h) for h in _cap(_first(holders, keep, _pid), pids, more, "holders")]
+        out["holders"] = [_cmdline(h, times) for h in _cap(_first(holders, keep, _pid), pids, more, "holders")]
     out["lingering"] = _cap(entry.get("lingering"), pids, more, "lingering")
     if "lingering" not in entry:
         del out["lingering"]
@@ -146,7 +147,7 @@ def holder_details(entry: dict, times: int = 1) -> dict:
     line cut."""
     if not isinstance(entry, dict):
         return entry
-    out, more = dict(_cmdline(entry)), {}
+    out, more = dict(_cmdline(entry, times)), {}
     files = entry.get("files")
     if isinstance(files, dict):
         cut_files = {}
@@ -168,7 +169,7 @@ def _process_entry(entry, times=1):
     cut, its GPUs and files capped."""
     if not isinstance(entry, dict):
         return entry
-    out, more = dict(_cmdline(entry)), {}
+    out, more = dict(_cmdline(entry, times)), {}
     for key in ("gpus", "files"):
         if isinstance(entry.get(key), list):
             out[key] = _cap(entry[key], CAP * times, more, key)
