@@ -53,8 +53,8 @@ SCALE_GPUS = 64
 CAP = 8             # pids of a GPU's list (blockers, holders by evidence, lingering); files and GPUs of a process
 CAP_PROCESSES = 2   # a GPU's processes (each with its details; busy_reasons name more of them)
 CAP_REASONS = 4     # a GPU's busy reasons
-CAP_ENTRIES = 16    # processes or units of a result's list (released, survivors, skipped_processes, ...)
-CAP_DETAILS = 64    # holders' details (holder_processes)
+CAP_ENTRIES = 16    # processes or units of a result's list (released, survivors, skipped_processes, ...), scaled too
+CAP_DETAILS = 64    # holders' details (holder_processes), on any host (the blockers' first)
 CAP_SAMPLES = 16    # the latest points of a GPU's samples
 TEXT = 200          # characters of a busy reason in a summary
 CMDLINE = 100       # characters of a command line in a summary (_redact.cut's marker says how many more)
@@ -221,7 +221,7 @@ def summarize(result: dict, more: dict = None, prefix: str = "") -> dict:
             out[key] = {k: holder_details(details[k], times) for k in sorted(kept, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else k))}
     for key in ENTRY_LISTS:
         if isinstance(out.get(key), list):
-            out[key] = [_process_entry(e, times) for e in _cap(out[key], CAP_ENTRIES, more, prefix + key)]
+            out[key] = [_process_entry(e, times) for e in _cap(out[key], CAP_ENTRIES * times, more, prefix + key)]
     if isinstance(out.get("blockers"), dict):  # a wait's failure: {gpu: [holders]}
         out["blockers"] = {k: [_process_entry(e, times) for e in _cap(v, CAP * times, more, f"{prefix}blockers.{k}")]
                            if isinstance(v, list) else v

@@ -370,8 +370,9 @@ ansible_facts:
         more:
           description:
             - With O(detail=summary), how many entries of this GPU's lists were left out - C(processes) (2 kept),
-              C(blockers) (8), C(busy_reasons) (4), C(lingering) (8) and C(holders) by evidence (8 pids each); the
-              GPU's blockers come first in each list. Absent when nothing was left out.
+              C(blockers) (8), C(busy_reasons) (4), C(lingering) (8) and C(holders) by evidence (8 pids each), at 64
+              GPUs (64 / N times as many on N GPUs); the GPU's blockers come first in each list. Absent when nothing
+              was left out.
           type: dict
           returned: when a list of this GPU was cut
           sample: {"processes": 12, "blockers": 8, "holders": {"context": 8, "lingering": 1000}}
