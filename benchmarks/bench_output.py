@@ -9,9 +9,9 @@ Per GPU count, one simulated host (tests/gpusim) with that many GPUs and
 - in container CT <vmid-base>: a small job on GPU 0 and an NVML agent (what the fence releases);
 - on the host: --others other processes (default 20): NVML-only clients and CUDA clients holding every device
   node with no context;
-- servers of one worker per GPU (a tree: an API process and one worker per GPU, each with a context on its own
-  GPU and every /dev/nvidiaN open, as CUDA does), with a real server's command line (about 300 characters):
-  1, then 4, then 16 of them (--per-gpu), so 1, 4 and 16 processes with a context on each GPU.
+- servers of one worker per GPU (trees of up to 16 GPUs each: an API process and one worker per GPU, each with a
+  context on its own GPU and every /dev/nvidiaN open, as CUDA does), with a real server's command line (about 300
+  characters): 1, then 4, then 16 of them (--per-gpu), so 1, 4 and 16 processes with a context on each GPU.
 
 At each step each module runs as Ansible runs it (tests/functional/modrun.py's run_module: a fresh interpreter and
 an args file, with ``_ansible_inject_invocation`` so that the result carries its ``invocation`` as ansible-runner
@@ -55,10 +55,16 @@ def start_base(host, others, vmid):
             host.hold("all", device_only=True, name="cuda-client")
 
 
+TREE_GPUS = 16  # the workers of one tree start at once: at most this many (a loaded machine starts 64 in over 30 s)
+
+
 def add_servers(host, count, first):
-    """``count`` servers of one worker per GPU (numbered from ``first``)."""
+    """``count`` servers of one worker per GPU (numbered from ``first``), each as trees of TREE_GPUS workers."""
+    gpus = len(host.scenario().gpus)
     for index in range(first, first + count):
-        host.hold(gpus="all", mib=WORKER_MIB, tree=True, name=f"{COMMAND} --worker-set {index}")
+        for low in range(0, gpus, TREE_GPUS):
+            host.hold(gpus=f"{low}-{min(low + TREE_GPUS, gpus) - 1}", mib=WORKER_MIB, tree=True,
+                      name=f"{COMMAND} --worker-set {index}")
 
 
 def run_modules(ws, host, vmid, dump=None):
@@ -106,7 +112,7 @@ def run(args):
                     start_s = time.monotonic() - t0
                     count = benchlib.process_count()
                     results = run_modules(ws, host, args.vmid_base, args.dump and os.path.join(args.dump, f"x{per_gpu}"))
-                    processes = per_gpu * (gpus + 1) + args.others + 2
+                    processes = per_gpu * (gpus + -(-gpus // TREE_GPUS)) + args.others + 2
                     data.append({"gpus": gpus, "per_gpu": per_gpu, "gpu_processes": processes, "machine_processes": count,
                                  "start_s": round(start_s, 1), "results": results})
                     for name in MODULES:
