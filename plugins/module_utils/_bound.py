@@ -54,6 +54,7 @@ CAP = 8             # pids of a GPU's list (blockers, holders by evidence, linge
 CAP_PROCESSES = 2   # a GPU's processes (each with its details; busy_reasons name more of them)
 CAP_REASONS = 4     # a GPU's busy reasons
 CAP_ENTRIES = 16    # processes or units of a result's list (released, survivors, skipped_processes, ...), scaled too
+CAP_LEFT = 64       # a release's left_holders (each keeps a GPU busy: the wait fails fast on any of them), scaled
 CAP_DETAILS = 64    # holders' details (holder_processes), on any host (the blockers' first)
 CAP_SAMPLES = 16    # the latest points of a GPU's samples
 TEXT = 200          # characters of a busy reason in a summary
@@ -222,6 +223,8 @@ def summarize(result: dict, more: dict = None, prefix: str = "") -> dict:
     for key in ENTRY_LISTS:
         if isinstance(out.get(key), list):
             out[key] = [_process_entry(e, times) for e in _cap(out[key], CAP_ENTRIES * times, more, prefix + key)]
+    if isinstance(out.get("left_holders"), list):  # what the wait after a release fails fast on: any one of them will do
+        out["left_holders"] = _cap(out["left_holders"], CAP_LEFT * times, more, prefix + "left_holders")
     if isinstance(out.get("blockers"), dict):  # a wait's failure: {gpu: [holders]}
         out["blockers"] = {k: [_process_entry(e, times) for e in _cap(v, CAP * times, more, f"{prefix}blockers.{k}")]
                            if isinstance(v, list) else v

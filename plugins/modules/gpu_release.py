@@ -204,6 +204,8 @@ left_holders:
       Nothing this release or the wait after it does will stop them.
     - For O(gpuops.gpu.gpu_wait_idle#module:left_holders) of the wait that follows on this host, which then fails
       fast on them, naming each and why it was left, instead of waiting out its timeout.
+    - With O(detail=summary), at most 64 of them (at 64 GPUs; 64 / N times as many on N GPUs), counted in
+      RV(detail.more) - each one keeps a GPU busy, so the wait fails fast on any one of them all the same.
   returned: when not failed
   type: list
   elements: dict

@@ -85,7 +85,9 @@ def release_result(gpus, per_gpu, others):
                 "busy_reasons": [f"used by pid {p}" for p in contexts[g]]}
 
     released = [{"pid": p, "name": "w", "gpus": list(range(gpus)), "signals": ["SIGTERM"]} for p in everyone]
-    return compact_result({"changed": True, "released": released, "survivors": [], "gpus_before": [gpu(g) for g in range(gpus)],
+    left = [{"pid": p, "start_time": 1, "reason": "on the host, not in containers (7700)"} for p in everyone]
+    return compact_result({"changed": True, "released": released, "survivors": [], "left_holders": left,
+                           "gpus_before": [gpu(g) for g in range(gpus)],
                            "gpus": [gpu(g) for g in range(gpus)], "samples": {"0": [[i, 1, 1] for i in range(40)]}})
 
 
@@ -98,6 +100,7 @@ def test_a_result_in_summary_is_bounded_and_counts_what_it_left_out():
     assert len(out["released"]) + more["released"] == len(whole["released"])
     assert len(out["holder_processes"]) + more["holder_processes"] == len(whole["holder_processes"])
     assert len(out["holder_processes"]) <= _bound.CAP_DETAILS
+    assert len(out["left_holders"]) == _bound.CAP_LEFT and more["left_holders"] == len(whole["left_holders"]) - _bound.CAP_LEFT
     assert len(out["samples"]["0"]) == _bound.CAP_SAMPLES and more["samples.0"] == 40 - _bound.CAP_SAMPLES
     assert out["samples"]["0"][-1] == whole["samples"]["0"][-1], "the latest points are kept"
     # every GPU there, each with its verdict; the details kept are the blockers' first
