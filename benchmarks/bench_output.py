@@ -1,99 +1,99 @@
-"""The size of the modules' results: gpu_facts, gpu_release --check, gpu_wait_idle --check and the fence
-(proxmox_gpu_containers state=released --check) at 8, 32 and 64 GPUs.
+"""The size of the modules' results, as ansible-runner measures them: gpu_facts, gpu_release --check,
+gpu_wait_idle --check and the fence (proxmox_gpu_containers state=released --check), in summary (the default,
+detail: summary) and in full (detail: full), at 8, 32 and 64 GPUs with 1, 4 and 16 processes per GPU.
 
-ansible-runner (AWX) drops any event over 700,000 characters, so a result larger than that never reaches AWX.
-Per size, one simulated host (tests/gpusim) with that many GPUs and
+ansible-runner (AWX) replaces an event's result by {} when len(str(result)) is over 700,000 characters
+(ansible_runner/display_callback/callback/awx_display.py, MAX_EVENT_RES), so a larger result never reaches AWX.
+Per GPU count, one simulated host (tests/gpusim) with that many GPUs and
 
-- a server in container CT <vmid-base> (an API process and one worker per GPU: each worker opens every
-  /dev/nvidiaN, as CUDA does, and has a context on its own GPU);
-- --others other processes (default 100): 40 % NVML-only clients on the host (nvidiactl, nvidia-uvm),
-  40 % CUDA clients on the host holding every device node with no context, 20 % in container
-  CT <vmid-base + 1> (a quarter of them with a small context on one GPU, the rest NVML-only or CUDA clients).
+- in container CT <vmid-base>: a small job on GPU 0 and an NVML agent (what the fence releases);
+- on the host: --others other processes (default 20): NVML-only clients and CUDA clients holding every device
+  node with no context;
+- servers of one worker per GPU (trees of up to 16 GPUs each: an API process and one worker per GPU, each with a
+  context on its own GPU and every /dev/nvidiaN open, as CUDA does), with a real server's command line (about 300
+  characters): 1, then 4, then 16 of them (--per-gpu), so 1, 4 and 16 processes with a context on each GPU.
 
-Then each module runs as Ansible runs it (tests/functional/modrun.py's run_module: a fresh interpreter and an
-args file): gpu_facts; gpu_release in check mode, scoped to the server's container; gpu_wait_idle in check
-mode; proxmox_gpu_containers with state=released in check mode, on the server's container. Measured:
-len(json.dumps(result)) of each, and of its largest keys. Nothing asserts on a size: the table says which
-results fit under the limit.
+At each step each module runs as Ansible runs it (tests/functional/modrun.py's run_module: a fresh interpreter and
+an args file, with ``_ansible_inject_invocation`` so that the result carries its ``invocation`` as ansible-runner
+sees it) in summary and in full. Measured: len(str(result)). Nothing asserts on a size (the functional test
+tests/functional/test_output_size.py does): the table says which results fit under the limit.
 
-    .venv/bin/python benchmarks/bench_output.py [--smoke] [--sizes 8,32,64] [--others 100] [--vmid-base 7700]
+    .venv/bin/python benchmarks/bench_output.py [--smoke] [--sizes 8,32,64] [--per-gpu 1,4,16] [--others 20]
+                                                [--vmid-base 7700] [--dump DIR]
 """
 
 import argparse
 import json
 import os
 import sys
+import time
 
 import benchlib
 
 sys.path.insert(0, os.path.join(benchlib.ROOT, "tests", "functional"))
 import modrun  # noqa: E402  pylint: disable=wrong-import-position,import-error
 
-RUNNER_LIMIT = 700000  # ansible-runner's event size limit (characters of the JSON)
-WORKER_MIB = 40960
+RUNNER_LIMIT = 700000  # ansible-runner's MAX_EVENT_RES (characters of str(result))
+WORKER_MIB = 1024
 MODULES = ("gpu_facts", "gpu_release", "gpu_wait_idle", "proxmox_gpu_containers")
+LEVELS = ("summary", "full")
+COMMAND = ("python3 -m sglang.launch_server --model-path /models/Qwen3-235B-A22B-Instruct-2507-FP8 --tp-size 8"
+           " --host 0.0.0.0 --port 30000 --mem-fraction-static 0.88 --context-length 131072 --chunked-prefill-size"
+           " 8192 --enable-metrics --served-model-name qwen3 --trust-remote-code --log-level info")
 
 
-def start_processes(host, gpus, others, vmid_base):
-    """The server (API + one worker per GPU) in CT vmid_base, then ``others`` processes; returns their counts."""
-    server_ct, other_ct = vmid_base, vmid_base + 1
-    for vmid in (server_ct, other_ct):
-        host.ct_create(vmid, hostname=f"out-{vmid}")
-        host.ct_start(vmid)
-    host.hold(gpus="all", mib=WORKER_MIB, ct=server_ct, tree=True, name="sglang-server")
-    in_ct = others // 5
-    on_host = others - in_ct
-    kinds = {"control": 0, "device": 0, "ct_context": 0, "ct_control": 0, "ct_device": 0}
-    for index in range(on_host):
+def start_base(host, others, vmid):
+    """The fence's container (a job on GPU 0, an NVML agent) and ``others`` NVML and CUDA clients on the host."""
+    host.ct_create(vmid, hostname=f"out-{vmid}")
+    host.ct_start(vmid)
+    host.hold([0], mib=512, ct=vmid, name="ct-job")
+    host.hold(None, control_only=True, ct=vmid, name="ct-agent")
+    for index in range(others):
         if index % 2 == 0:
             host.hold(None, control_only=True, name="nvml-agent")
-            kinds["control"] += 1
         else:
             host.hold("all", device_only=True, name="cuda-client")
-            kinds["device"] += 1
-    for index in range(in_ct):
-        if index % 4 == 0:
-            host.hold([index % gpus], mib=512, ct=other_ct, name="ct-job")
-            kinds["ct_context"] += 1
-        elif index % 4 in (1, 2):
-            host.hold("all", device_only=True, ct=other_ct, name="ct-cuda")
-            kinds["ct_device"] += 1
-        else:
-            host.hold(None, control_only=True, ct=other_ct, name="ct-agent")
-            kinds["ct_control"] += 1
-    return {"server_ct": server_ct, "other_ct": other_ct, "workers": gpus, "others": kinds}
 
 
-def measure(result: dict) -> dict:
-    """The size of the whole result and of each of its largest keys (ansible_facts' too)."""
-    out = {"total": len(json.dumps(result))}
-    parts = dict(result)
-    parts.update({f"ansible_facts.{k}": v for k, v in (result.get("ansible_facts") or {}).items()})
-    parts.pop("ansible_facts", None)
-    sizes = sorted(((len(json.dumps(v)), k) for k, v in parts.items()), reverse=True)
-    out["largest"] = {k: n for n, k in sizes[:4]}
-    return out
+TREE_GPUS = 16  # the workers of one tree start at once: at most this many (a loaded machine starts 64 in over 30 s)
 
 
-def run_modules(ws, host, server_ct, dump=None):
-    device_files = [benchlib.device_glob(host)]
+def add_servers(host, count, first):
+    """``count`` servers of one worker per GPU (numbered from ``first``), each as trees of TREE_GPUS workers."""
+    gpus = len(host.scenario().gpus)
+    for index in range(first, first + count):
+        for low in range(0, gpus, TREE_GPUS):
+            host.hold(gpus=f"{low}-{min(low + TREE_GPUS, gpus) - 1}", mib=WORKER_MIB, tree=True,
+                      name=f"{COMMAND} --worker-set {index}")
+
+
+def run_modules(ws, host, vmid, dump=None):
+    """{module: {level: len(str(result)), 'failed': msg or None, 'more': the summary's detail.more}}."""
+    base = {"device_files": [benchlib.device_glob(host)], "_ansible_inject_invocation": True}
     runs = {
-        "gpu_facts": ({"device_files": device_files}, False),
-        "gpu_release": ({"device_files": device_files, "containers": [server_ct]}, True),
-        "gpu_wait_idle": ({"device_files": device_files, "timeout": 5}, True),
-        # the fence in one run: the server's container, its GPUs and the release of its holders
-        "proxmox_gpu_containers": ({"device_files": device_files, "containers": [server_ct], "state": "released",
-                                    "pct": host.path("bin", "pct")}, True),
+        "gpu_facts": (base, False),
+        "gpu_release": (dict(base, all=True), True),
+        "gpu_wait_idle": (dict(base, timeout=5), True),
+        # the fence in one run: the container, its GPUs and the release of its holders
+        "proxmox_gpu_containers": (dict(base, containers=[vmid], state="released", pct=host.path("bin", "pct")), True),
     }
     out = {}
+    gpus = len(host.scenario().gpus)
     for name in MODULES:
         args, check = runs[name]
-        result = modrun.run_module(host, ws.colroot, name, args, check_mode=check)
-        if dump:
-            os.makedirs(dump, exist_ok=True)
-            with open(os.path.join(dump, f"{name}-{len(host.scenario().gpus)}.json"), "w", encoding="utf-8") as f:
-                json.dump(result, f, indent=1)
-        out[name] = dict(measure(result), failed=bool(result.get("failed")), msg=result.get("msg") if result.get("failed") else None)
+        row = {"failed": None}
+        for level in LEVELS:
+            result = modrun.run_module(host, ws.colroot, name, dict(args, detail=level), check_mode=check)
+            row[level] = len(str(result))
+            if result.get("failed"):
+                row["failed"] = str(result.get("msg"))[:200]
+            if level == "summary":
+                row["more"] = (result.get("detail") or {}).get("more")
+            if dump:
+                os.makedirs(dump, exist_ok=True)
+                with open(os.path.join(dump, f"{name}-{gpus}-{level}.json"), "w", encoding="utf-8") as f:
+                    json.dump(result, f, indent=1)
+        out[name] = row
     return out
 
 
@@ -103,21 +103,30 @@ def run(args):
     with benchlib.workspace("gpubench-out-") as ws:
         for gpus in args.sizes:
             with benchlib.sim_host(gpus=gpus) as host:
-                procs = start_processes(host, gpus, args.others, args.vmid_base)
-                count = benchlib.process_count()
-                results = run_modules(ws, host, procs["server_ct"], args.dump)
-            data.append({"gpus": gpus, "processes": procs, "machine_processes": count, "results": results})
-            for name in MODULES:
-                r = results[name]
-                largest = ", ".join(f"{k} {v:,}" for k, v in r["largest"].items())
-                rows.append([gpus, 1 + gpus + args.others, name + (" (check)" if name != "gpu_facts" else ""),
-                             f"{r['total']:,}", "yes" if r["total"] < RUNNER_LIMIT else "NO",
-                             "failed: " + str(r["msg"])[:60] if r["failed"] else "ok", largest])
-    benchlib.table(f"Result sizes (len(json.dumps(result)); ansible-runner's limit: {RUNNER_LIMIT:,})",
-                   ["GPUs", "GPU processes", "module", "characters", f"< {RUNNER_LIMIT:,}", "result", "largest keys"], rows)
+                start_base(host, args.others, args.vmid_base)
+                servers = 0
+                for per_gpu in args.per_gpu:
+                    t0 = time.monotonic()
+                    add_servers(host, per_gpu - servers, servers)
+                    servers = per_gpu
+                    start_s = time.monotonic() - t0
+                    count = benchlib.process_count()
+                    results = run_modules(ws, host, args.vmid_base, args.dump and os.path.join(args.dump, f"x{per_gpu}"))
+                    processes = per_gpu * (gpus + -(-gpus // TREE_GPUS)) + args.others + 2
+                    data.append({"gpus": gpus, "per_gpu": per_gpu, "gpu_processes": processes, "machine_processes": count,
+                                 "start_s": round(start_s, 1), "results": results})
+                    for name in MODULES:
+                        r = results[name]
+                        rows.append([gpus, per_gpu, processes, name + (" (check)" if name != "gpu_facts" else ""),
+                                     f"{r['summary']:,}", "yes" if r["summary"] < RUNNER_LIMIT else "NO",
+                                     f"{r['full']:,}", "yes" if r["full"] < RUNNER_LIMIT else "NO",
+                                     "failed: " + r["failed"][:60] if r["failed"] else "ok"])
+    benchlib.table(f"Result sizes (len(str(result)), invocation included; ansible-runner's limit: {RUNNER_LIMIT:,})",
+                   ["GPUs", "per GPU", "GPU processes", "module", "summary", f"< {RUNNER_LIMIT:,}", "full",
+                    f"< {RUNNER_LIMIT:,}", "result"], rows)
     result = {"name": "output", "smoke": args.smoke, "machine": started,
-              "params": {"sizes": args.sizes, "others": args.others, "vmid_base": args.vmid_base, "worker_mib": WORKER_MIB,
-                         "limit": RUNNER_LIMIT},
+              "params": {"sizes": args.sizes, "per_gpu": args.per_gpu, "others": args.others, "vmid_base": args.vmid_base,
+                         "worker_mib": WORKER_MIB, "limit": RUNNER_LIMIT, "measure": "len(str(result))"},
               "runs": data}
     benchlib.write_json("output", result)
     return result
@@ -125,17 +134,20 @@ def run(args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="8 GPUs and 20 other processes only")
+    ap.add_argument("--smoke", action="store_true", help="8 GPUs, 1 and 4 processes per GPU, 4 other processes")
     ap.add_argument("--sizes", type=benchlib.sizes_arg, help="GPU counts (default 8,32,64; smoke 8)")
-    ap.add_argument("--others", type=int, help="other processes besides the server (default 100; smoke 20)")
-    ap.add_argument("--dump", metavar="DIR", help="also write each module's result to DIR/<module>-<GPUs>.json")
-    ap.add_argument("--vmid-base", type=int, default=7700,
-                    help="the server's container; the other processes' is vmid-base+1 (default 7700)")
+    ap.add_argument("--per-gpu", type=benchlib.sizes_arg, help="processes per GPU, in steps (default 1,4,16; smoke 1,4)")
+    ap.add_argument("--others", type=int, help="other processes on the host (default 20; smoke 4)")
+    ap.add_argument("--dump", metavar="DIR", help="also write each result to DIR/x<per GPU>/<module>-<GPUs>-<level>.json")
+    ap.add_argument("--vmid-base", type=int, default=7700, help="the fence's container (default 7700)")
     args = ap.parse_args(argv)
     args.sizes = args.sizes or ([8] if args.smoke else [8, 32, 64])
-    args.others = args.others if args.others is not None else (20 if args.smoke else 100)
+    args.per_gpu = args.per_gpu or ([1, 4] if args.smoke else [1, 4, 16])
+    args.others = args.others if args.others is not None else (4 if args.smoke else 20)
     if args.vmid_base < 100:
         ap.error("--vmid-base: a Proxmox VE vmid is 100 or more")
+    if args.per_gpu[0] < 1:
+        ap.error("--per-gpu: at least 1")
     benchlib.install_signal_handlers()
     run(args)
     return 0

@@ -31,8 +31,9 @@ FULL_ARGS = {"scan": ["--procs", SIZES], "snapshot": ["--idle", SIZES], "e2e": [
 LIMIT_S = {"smoke": 180, "full": 900}
 # e2e: 4 x 12 method/variant pairs and 3 latency methods, each of which may run into bench_e2e's own --timeout
 # (30 s smoke, 120 s full) once; fleet: 7 playbook runs over up to 64 hosts; output: hosts of 8, 32 and 64 GPUs,
-# each with up to 165 simulated processes (about 1.5 minutes on 2 cores, a smoke run 5 s).
-LIMIT_S_OF = {"e2e": {"smoke": 300, "full": 4800}, "fleet": {"smoke": 300, "full": 2400}}
+# with 1, 4 and 16 servers of one worker per GPU (up to 1,062 simulated processes: about 9 minutes on 2 cores, most
+# of it starting the processes; a smoke run 15 s).
+LIMIT_S_OF = {"e2e": {"smoke": 300, "full": 4800}, "fleet": {"smoke": 300, "full": 2400}, "output": {"smoke": 180, "full": 1500}}
 DOC_TOOL = os.path.join(ROOT, "tools", "performance_doc.py")
 
 
@@ -76,7 +77,7 @@ def main(argv=None):
     ap.add_argument("--only", nargs="+", choices=BENCHES, help="run only these benchmarks")
     ap.add_argument("--vmid", type=int, help="bench_e2e's container (its default: 129, the seeds')")
     ap.add_argument("--fleet-vmid-base", type=int, help="bench_fleet's first container (its default: 7300)")
-    ap.add_argument("--output-vmid-base", type=int, help="bench_output's two containers (its default: 7700 and 7701)")
+    ap.add_argument("--output-vmid-base", type=int, help="bench_output's container (its default: 7700)")
     ap.add_argument("--no-docs", action="store_true", help="a full run: do not regenerate docs/performance.md and docs/scale.md")
     args = ap.parse_args(argv)
     mode = "smoke" if args.smoke else "full"

@@ -523,19 +523,22 @@ def output_section(data) -> list:
         return out
     p = res["params"]
     limit = p.get("limit", 700000)
-    out += [f"`len(json.dumps(result))` of each module run as Ansible runs it, on a simulated host of N GPUs with a"
-            f" server of one worker per GPU (each opens every `/dev/nvidiaN`, as CUDA does) and {p.get('others')} other"
-            f" processes (NVML and CUDA clients on the node and in a second container). ansible-runner (AWX) drops any"
-            f" event over {limit:,} characters.", ""]
+    out += [f"`len(str(result))` of each module run as Ansible runs it (`invocation` included), as ansible-runner"
+            f" (AWX) measures an event: over {limit:,} characters it drops the result. On a simulated host of N GPUs"
+            " with 1, 4 and 16 servers of one worker per GPU (each worker has a context on its GPU and opens every"
+            f" `/dev/nvidiaN`, as CUDA does; a real server's command line), {p.get('others')} NVML and CUDA clients and"
+            " a job in the fenced container; in summary (`detail: summary`, the default: the lists that grow with the"
+            " processes capped, what is left out counted) and in full (`detail: full`).", ""]
     rows = []
     for run in res.get("runs") or []:
         for name, r in (run.get("results") or {}).items():
-            largest = ", ".join(f"{k} {v:,}" for k, v in sorted((r.get("largest") or {}).items(), key=lambda kv: -kv[1])[:3])
-            total = r.get("total")
-            rows.append([run["gpus"], name + (" (check)" if name != "gpu_facts" else ""),
-                         f"{total:,}" if isinstance(total, int) else "-",
-                         "yes" if isinstance(total, int) and total < limit else "NO", largest])
-    out += md_table(["GPUs", "module", "characters", f"< {limit:,}", "largest keys"], rows)
+            cells = []
+            for level in ("summary", "full"):
+                size = r.get(level)
+                cells += [f"{size:,}" if isinstance(size, int) else "-",
+                          "yes" if isinstance(size, int) and size < limit else "NO"]
+            rows.append([run["gpus"], run.get("per_gpu", "-"), name + (" (check)" if name != "gpu_facts" else "")] + cells)
+    out += md_table(["GPUs", "per GPU", "module", "summary", f"< {limit:,}", "full", f"< {limit:,}"], rows)
     return out
 
 

@@ -70,6 +70,11 @@ class ActionModule(ActionBase):
             if not res.get("pending"):
                 for key in ("pending", "progress", "progress_state"):
                     res.pop(key, None)
+                invocation = res.get("invocation")
+                if isinstance(invocation, dict) and isinstance(invocation.get("module_args"), dict):
+                    # The task's arguments, not the slices' state (its size grows with the holders and the polls).
+                    res["invocation"] = dict(invocation, module_args={k: v for k, v in invocation["module_args"].items()
+                                                                      if k not in INTERNAL})
                 result.update(res)
                 return result
             display.display(f"[{host}] {res.get('progress')}" if host else str(res.get("progress")))

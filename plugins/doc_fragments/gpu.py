@@ -106,6 +106,35 @@ options:
       - The O(protect) expressions (and those of M(gpuops.gpu.gpu_release)) still match the real command line.
     type: bool
     default: true
+  detail:
+    description:
+      - How much of the result the task returns. ansible-runner (AWX) drops a task's result whose text is over
+        700,000 characters, and a host with many GPUs and many processes per GPU returns more than that in full.
+      - V(summary) keeps every GPU and every verdict whole (C(idle), C(busy_reasons) not empty, C(blockers) not empty,
+        C(fits), C(health), C(idle_gpus)) and caps each list that grows with the processes - a GPU's C(processes)
+        (2), C(holders) by evidence, C(blockers) and C(lingering) (8 pids each), C(busy_reasons) (4, each cut at
+        200 characters); the holders' details (64, the blockers' first, each with 8 files per directory and 8
+        GPUs); the processes and units released, surviving, respawned, skipped or protected, and a wait's
+        C(left_blockers) (16); a release's C(left_holders) (64); a wait's C(blockers) (8 per GPU) and C(samples) (the latest 16 per GPU). What is kept comes first by what matters (a GPU's
+        blockers first); command lines are cut at 100 characters.
+      - Those caps (but the number of holders' details and of samples) are a host's of 64 GPUs or more; a host of N GPUs
+        gets 64 / N times as many (rounded down), so a small host's lists are cut only where a large host's would be.
+      - 'An object whose lists were cut carries C(more), the entries left out by key (C({"processes": 12, "holders":
+        {"lingering": 1000}})); the lists of the result itself that were cut are counted in C(detail.more).'
+      - A result of 64 GPUs with 16 processes on each stays well under 700,000 characters (the collection's
+        C(benchmarks/bench_output.py) prints the sizes).
+      - V(full) returns the whole result, as big as the host makes it.
+    type: str
+    choices: [summary, full]
+    default: summary
+  detail_file:
+    description:
+      - An absolute path on the host the module runs on where the whole result (as O(detail=full) returns it) is
+        written as JSON, mode C(0600), whatever O(detail) is; C(detail.file) in the result says where. Command lines in it are
+        redacted as in the result.
+      - A file that cannot be written is a warning; the task's result is returned all the same.
+      - Unset - no file.
+    type: path
 """
 
     IDLE = r"""

@@ -82,7 +82,10 @@ _value:
       C(table) (lines), C(processes) (one line per process the fence and the release released, left alive or saw
       respawn, each once, with its container, unit, GPUs, signals and redacted command line) and C(summary) (what
       C(set_stats) publishes per host - C(ready), C(elapsed), C(gpus),
-      C(idle_gpus), C(released), C(respawned), C(stopped_units), C(shut_down), C(check_mode), C(error), C(failure)).
+      C(idle_gpus), C(released), C(respawned), C(stopped_units), C(shut_down), C(check_mode), C(error), C(failure),
+      and C(more) when some were left out).
+    - C(more), only when a module's result in summary (O(gpuops.gpu.gpu_release#module:detail)) left processes out of
+      C(released) or C(respawned) - C({released, respawned}), how many.
   type: dict
 """
 
@@ -91,6 +94,7 @@ import signal
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import _gpus, describe, gpu_blockers, gpu_table, holders
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound
 from ansible_collections.gpuops.gpu.plugins.module_utils._redact import cut, redact_text
 
 # --- whether a registered module result is a success (module_outcome), for both roles' filters ------------
@@ -356,6 +360,9 @@ def gpu_idle_result(wait, release=None, fence=None, host="", seen_from="", check
     fence = fence if isinstance(fence, dict) else {}
     released = [r.get("pid") for r in (fence.get("released") or []) + (release.get("released") or [])]
     respawned = [r.get("pid") for r in (fence.get("respawned") or []) + (release.get("respawned") or [])]
+    # The processes a result in summary (_bound: the modules' detail option) left out of those lists, counted.
+    more = {k: (fence.get("more") or {}).get(k, 0) + _bound.left_out(release, k) for k in ("released", "respawned")}
+    more = {k: v for k, v in more.items() if v}
     units = [_unit_text(u) for u in (fence.get("services_stopped") or []) + (fence.get("stopped_units") or [])
              + (release.get("stopped_units") or [])]
     if _ran(release) and release.get("gpus_before") is not None:
@@ -408,6 +415,8 @@ def gpu_idle_result(wait, release=None, fence=None, host="", seen_from="", check
     )
     out["summary"] = {k: out[k] for k in ("ready", "elapsed", "gpus", "idle_gpus", "released", "respawned",
                                           "stopped_units", "shut_down", "check_mode", "error", "failure")}
+    if more:
+        out["more"] = out["summary"]["more"] = more
     return out
 
 

@@ -98,7 +98,7 @@ _value:
     - "GPU 2  NVIDIA H200       0 -> 0 / 143771 MiB  idle -> idle"
 """
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _holding, _snapshot
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _holding, _snapshot
 
 MAX_HOLDERS = 3
 MAX_REASON = 72  # a table cuts a busy reason here; busy_reasons and gpu_blockers keep it whole
@@ -153,8 +153,11 @@ def describe(proc: dict, mib=True, containers=None) -> str:
     return f"pid {pid} {proc.get('name') or UNKNOWN}" + (f" ({', '.join(extras)})" if extras else "")
 
 
-def _cut(items: list, limit=MAX_HOLDERS) -> list:
-    return items if len(items) <= limit else items[:limit] + [f"+{len(items) - limit} more"]
+def _cut(items: list, limit=MAX_HOLDERS, more=0) -> list:
+    """At most ``limit`` items and '+N more'; ``more``: those a result in summary left out already (_bound)."""
+    if len(items) <= limit and not more:
+        return items
+    return items[:limit] + [f"+{max(len(items) - limit, 0) + more} more"]
 
 
 def _reasons(gpu: dict) -> list:
@@ -175,7 +178,8 @@ def state_text(gpu: dict, containers=None) -> str:
     if found:
         status = (gpu.get("health") or {}).get("status") if isinstance(gpu.get("health"), dict) else None
         prefix = f"health {status}: " if status not in (None, "ok") else ""
-        return prefix + ", ".join(_cut([describe(h, containers=containers) for h in found]))
+        return prefix + ", ".join(_cut([describe(h, containers=containers) for h in found],
+                                       more=_bound.left_out(gpu, "blockers")))
     if gpu.get("idle") is True:
         return "idle"
     reasons = _reasons(gpu)
@@ -271,6 +275,8 @@ def gpu_blockers(gpus, holder_processes=None) -> list:
         if found:
             what = ", ".join(describe(h, mib=False) + (f" {h['used_mib']} MiB" if h.get("used_mib") is not None else "")
                              for h in found)
+            left = _bound.left_out(gpu, "blockers")
+            what += f", +{left} more" if left else ""
         else:
             what = "; ".join(_reasons(gpu)) or "busy"
         out.append(f"GPU {_text(gpu.get('index'))}: {what}")

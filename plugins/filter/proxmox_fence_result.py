@@ -69,11 +69,14 @@ _value:
       C(left_holders) (the release's, for O(gpuops.gpu.gpu_wait_idle#module:left_holders)), C(changed),
       C(check_mode), C(error) (null, or what failed and, for a crash, what to do), C(failure) (null, or
       C({module, kind}), the kinds of P(gpuops.gpu.gpu_idle_result#filter)), C(summary) (one line) and C(stats) (for
-      C(set_stats), with C(error) and C(failure)).
+      C(set_stats), with C(error) and C(failure), and C(more) when the module's result in summary left some out),
+      C(more) (C({released, respawned}) - how many processes a result in summary, O(gpuops.gpu.gpu_release#module:detail),
+      left out of C(released) and C(respawned); empty when none).
   type: dict
 """
 
 from ansible_collections.gpuops.gpu.plugins.filter.gpu_idle_result import module_outcome
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound
 
 
 def _ran(result) -> bool:
@@ -124,6 +127,9 @@ def proxmox_fence_result(containers, release=None, method="processes", check_mod
     services = [{"vmid": s.get("vmid"), "unit": s.get("unit")} for s in containers.get("services_stopped") or []]
     released = list(release.get("released") or [])
     respawned = list(release.get("respawned") or [])
+    # What a result in summary left out of its lists (_bound: the module's detail option), counted, never lost.
+    more = {k: _bound.left_out(release, k) or _bound.left_out(containers, f"release.{k}") for k in ("released", "respawned")}
+    more = {k: v for k, v in more.items() if v}
     units = list(release.get("stopped_units") or [])
     shut_down = list(containers.get("shut_down") or [])
     in_check = bool(containers.get("check_mode", check_mode))
@@ -148,7 +154,9 @@ def proxmox_fence_result(containers, release=None, method="processes", check_mod
         pass  # it failed before anything ran: the error says it all
     elif method == "processes":
         pids = [r.get("pid") for r in released]
-        parts.append(f"released {len(pids)} process(es)" + (f" (pid {', '.join(map(str, pids))})" if pids else ""))
+        parts.append(f"released {len(pids) + more.get('released', 0)} process(es)" + (
+            f" (pid {', '.join(map(str, pids))}" + (f", +{more['released']} more" if more.get("released") else "") + ")"
+            if pids else ""))
     else:
         parts.append(f"shut down {len(shut_down)} container(s)")
     for s in containers.get("skipped_containers") or []:
@@ -167,13 +175,15 @@ def proxmox_fence_result(containers, release=None, method="processes", check_mod
              "stopped_units": [{"unit": u.get("unit"), "container": u.get("container")} for u in units],
              "shut_down": shut_down, "changed": changed, "check_mode": in_check, "error": error,
              "failure": {"module": failure["module"], "kind": failure["kind"]} if failure else None}
+    if more:
+        stats["more"] = more
     return dict(method=method, containers=running, skipped=list(containers.get("skipped_containers") or []), gpus=per_ct,
                 gpus_from={c["vmid"]: c.get("gpus_from", "config") for c in rows}, container_gpus=union,
                 services_stopped=services, released=released, respawned=respawned,
                 stopped_units=units, shut_down=shut_down, gpus_before=release.get("gpus_before"),
                 holder_processes=release.get("holder_processes") or {}, quiet_since=release.get("quiet_since"),
                 left_holders=list(release.get("left_holders") or []), gpu_errors=gpu_errors, changed=changed,
-                check_mode=in_check, error=error, failure=stats["failure"], summary=summary, stats=stats)
+                check_mode=in_check, error=error, failure=stats["failure"], summary=summary, stats=stats, more=more)
 
 
 class FilterModule:

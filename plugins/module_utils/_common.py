@@ -18,7 +18,7 @@ import math
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _lock, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _health, _lock, _snapshot, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots import SBIN_DIRS
 
 # The options of the doc fragment gpuops.gpu.gpu (every module).
@@ -33,6 +33,7 @@ SNAPSHOT_ARGS = dict(
     protect=dict(type="list", elements="str", default=[]),
     redact=dict(type="list", elements="str", default=[]),
     cmdline=dict(type="bool", default=True),
+    **_bound.DETAIL_ARGS,
 )
 # The options of the doc fragment gpuops.gpu.gpu.idle (gpu_facts, gpu_wait_idle).
 IDLE_ARGS = dict(
@@ -120,17 +121,28 @@ def new_module(argument_spec: dict, **kwargs):
         raise  # not reached: fail_json exits
 
 
+def _emit(module, ok: bool, result: dict) -> None:
+    """exit_json or fail_json with ``result`` bounded (_bound: the options detail and detail_file): every module's
+    every result - a success, a failure, a GpuError's - leaves through here."""
+    params = module.params or {}
+    out = _bound.bound(result, params.get("detail") or _bound.SUMMARY, params.get("detail_file"), module.warn)
+    if ok:
+        module.exit_json(**out)
+    module.fail_json(**out)
+
+
 def fail(module, exc: _errors.GpuError, **extra):
     result = exc.result()
     result.update(extra)
-    module.fail_json(**result)
+    _emit(module, False, result)
 
 
 def run_module(module, body, partial=None) -> None:
     """The one failure boundary of every module: ``body()`` returns (ok, result) - exit_json(**result) when ok, else
     fail_json(**result), a result that carries its ``error`` kind. A GpuError that ``body`` raises (an option, a
     driver, a parser that cannot read what nvidia-smi, /proc or pct printed: _errors.UnreadableOutput) fails the task
-    with its kind and message, and ``partial(exc)`` - what was done until then - beside them.
+    with its kind and message, and ``partial(exc)`` - what was done until then - beside them. Either way the result
+    is bounded here (_bound: in summary unless detail=full, the whole of it in detail_file).
 
     Anything else is a bug of this collection and stays a traceback, which ansible-core reports as a module failure
     (and the roles as a crash): it is not turned into a failure that looks handled."""
@@ -141,6 +153,4 @@ def run_module(module, body, partial=None) -> None:
         return
     finally:
         _lock.release_all()  # the release locks go with the run (a process of its own lets go of them anyway)
-    if ok:
-        module.exit_json(**result)
-    module.fail_json(**result)
+    _emit(module, ok, result)

@@ -318,6 +318,10 @@ def snapshot(params: dict) -> None:
                                   " device nodes, or set allow_any_device_files: true if you really mean it.")
     regexes("protect", params["protect"])
     regexes("redact", params.get("redact"))
+    if params.get("detail_file") is not None:
+        where = path("detail_file", params["detail_file"])
+        if not where.startswith("/") or where.endswith("/"):
+            _fail("detail_file", f"detail_file: {where!r} must be the absolute path of a file (like /root/gpu_release.json)")
     idle(params)
 
 

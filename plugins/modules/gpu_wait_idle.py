@@ -277,6 +277,8 @@ gpus:
   description:
     - The final state of each selected GPU, as in M(gpuops.gpu.gpu_facts) C(gpu_devices) - its C(holders) are pids by
       evidence (C(context), C(device), C(control)), their details once each in RV(holder_processes).
+    - With O(detail=summary) a GPU's lists are capped, and its C(more) counts what was left out (see
+      M(gpuops.gpu.gpu_facts) C(gpu_devices[].more) and RV(detail)).
   returned: always
   type: list
   elements: dict
@@ -345,9 +347,40 @@ resets:
   elements: dict
   sample: [{"index": 2, "action": "done", "reason": "memory leaked and nothing holds the GPU's device node",
             "used_mib": 2048, "rc": 0, "output": "GPU 00000000:3A:00.0 was successfully reset."}]
+detail:
+  description:
+    - What this result holds of the whole (O(detail), O(detail_file)).
+  returned: always
+  type: dict
+  contains:
+    level:
+      description:
+        - V(summary) - each list that grows with the processes is capped (see O(detail)), and what was left out is
+          counted, in C(more) of the object whose lists were cut (a GPU, a holder's details, a process) and in
+          RV(detail.more) for the lists of the result itself; V(full) - the whole result.
+      type: str
+      returned: always
+      sample: summary
+    file:
+      description: The path of O(detail_file), where the whole result was written; null when none was asked for or it could not be written.
+      type: str
+      returned: always
+      sample: /root/gpu-result.json
+    more:
+      description:
+        - How many entries the summary left out of each list or mapping of the result itself, by its dotted key
+          (C(holder_processes), C(released), C(release.released), C(ansible_facts.gpu_holder_processes),
+          C(blockers.3), C(samples.0)); empty when nothing was left out (and always with V(full)).
+        - A GPU's own lists that were cut are counted in its C(more) - C(processes), C(blockers), C(busy_reasons),
+          C(lingering), and C(holders) by evidence - and a process's (or a holder's details') in its C(more) -
+          C(files) by directory, C(gpus); the GPUs themselves, their C(idle), C(fits), C(health) and RV(idle_gpus) are
+          never cut, and a busy GPU keeps at least one blocker and one busy reason.
+      type: dict
+      returned: always
+      sample: {"holder_processes": 976, "released": 1024}
 """
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _snapshot, _validate, _wait
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _snapshot, _validate, _wait
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     IDLE_ARGS,
     SNAPSHOT_ARGS,
@@ -406,7 +439,10 @@ def main() -> None:
         io = WaitIO(taker, p, bin_path, run_in_group)
         ok, result = _wait.Wait(p, io, check_mode=module.check_mode, diff=module._diff).run()
         # Each holder once (_snapshot.compact_result): gpus_before and gpus name pids, holder_processes has the details.
-        return ok, _snapshot.compact_result(result)
+        result = _snapshot.compact_result(result)
+        if p["progress_state"] and p["detail_file"]:
+            result = _bound.carry(p["detail_file"], result)  # the first slice's look stays in the file
+        return ok, result
 
     run_module(module, body)
 

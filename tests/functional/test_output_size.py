@@ -1,16 +1,26 @@
-"""The modules' results say each GPU holder once (issue 20): their size grows with the GPUs plus the processes,
-not with GPUs x processes x files, so a large host's result still fits in an AWX event (ansible-runner drops
-any event over 700,000 characters; benchmarks/bench_output.py measures 8 to 64 GPUs).
+"""The size of the modules' results.
 
-A 16-GPU host with a server of 16 workers (each opens every /dev/nvidiaN, as CUDA does, and has a context on
-its own GPU) in CT 7600, and 20 other processes: NVML-only clients and CUDA clients holding every node with
-no context on the host, and in CT 7600 a few of each.
+1. In full (detail: full) they say each GPU holder once (issue 20): their size grows with the GPUs plus the
+   processes, not with GPUs x processes x files. A 16-GPU host with a server of 16 workers (each opens every
+   /dev/nvidiaN, as CUDA does, and has a context on its own GPU) in CT 7600, and 20 other processes: NVML-only
+   clients and CUDA clients holding every node with no context on the host, and in CT 7600 a few of each.
+2. In summary (the default) they are bounded by design (issue 27, item 4): ansible-runner (AWX) replaces any
+   event whose len(str(res)) is over 700,000 characters by {} (awx_display.py, MAX_EVENT_RES), and a host of 64
+   GPUs with many processes per GPU returns more than that in full. A 64-GPU host with PER_GPU servers of one
+   worker per GPU (a long command line each), measured as ansible-runner measures it (invocation included),
+   for every module, then the roles proxmox_fence and gpu_idle under ansible-runner itself: no event dropped,
+   each under the limit, the set_stats artifacts too; detail: full and detail_file give the whole record.
+   benchmarks/bench_output.py measures 8/32/64 GPUs with 1/4/16 processes per GPU.
 """
 
 import json
 import os
+import stat
+import sys
 
-from modrun import run_module
+import ansible_runner
+
+from modrun import controller_env, run_module
 
 VMID = 7600
 GPUS = 16
@@ -67,6 +77,7 @@ def test_each_holder_once_and_the_size_linear(gpusim_factory, collection):
     dev_dir = host.path("dev")
     devices = {"device_files": [os.path.join(dev_dir, "nvidia*")]}
 
+    devices["detail"] = "full"  # the whole result: each holder once (in summary the lists are capped: below)
     facts = run_module(host, collection, "gpu_facts", devices)
     assert not facts.get("failed"), facts.get("msg")
     check(facts["ansible_facts"], ("gpu_devices",), "gpu_holder_processes", dev_dir)
@@ -83,3 +94,133 @@ def test_each_holder_once_and_the_size_linear(gpusim_factory, collection):
     assert not release.get("failed") and release["changed"], release.get("msg")
     check(release, ("gpus_before", "gpus"), "holder_processes", dev_dir)
     assert {r["pid"] for r in release["released"]} >= set(workers) | {api}
+
+
+# --- bounded by design (issue 27, item 4) ----------------------------------------------------------------
+
+RUNNER_LIMIT = 700000  # ansible-runner's MAX_EVENT_RES: an event's res over it becomes {}
+BIG_GPUS = 64
+# Servers of one worker per GPU: PER_GPU processes with a context on each GPU, each holding all 64 nodes. 16 per
+# GPU (benchmarks/bench_output.py) takes 4 minutes to start on 2 cores and 10 GB; 4 per GPU already makes every
+# module's full result but gpu_facts' larger than the limit, and the summary's caps are reached at 4 (2 processes,
+# 4 busy reasons, 8 pids of each list).
+PER_GPU = 4
+BIG_VMID = 7601
+# A real server's command line (sglang, vLLM): a few hundred characters.
+COMMAND = ("python3 -m sglang.launch_server --model-path /models/Qwen3-235B-A22B-Instruct-2507-FP8 --tp-size 8"
+           " --host 0.0.0.0 --port 30000 --mem-fraction-static 0.88 --context-length 131072 --chunked-prefill-size"
+           " 8192 --enable-metrics --served-model-name qwen3 --trust-remote-code --log-level info")
+
+
+def runner_size(result) -> int:
+    """len(str(res)), as ansible-runner's display callback measures an event's result."""
+    return len(str(result))
+
+
+def start_big(host):
+    host.ct_create(BIG_VMID, hostname="out-big")
+    host.ct_start(BIG_VMID)
+    for index in range(PER_GPU):
+        for low in range(0, BIG_GPUS, 16):  # trees of 16 workers: a loaded machine starts 64 at once in over 30 s
+            host.hold(gpus=f"{low}-{low + 15}", mib=1024, tree=True, name=f"{COMMAND} --worker-set {index}")
+    # the fence's container: a job on GPU 0 and an NVML agent
+    job = host.hold([0], mib=512, ct=BIG_VMID, name="ct-job")
+    host.hold(None, control_only=True, name="nvml-agent")
+    return job
+
+
+def assert_verdicts_kept(gpus, details=None):
+    """Every GPU there, each busy one with its blockers (named among its processes or holders) and reasons."""
+    assert len(gpus) == BIG_GPUS
+    for g in gpus:
+        assert g["idle"] is False and g["blockers"] and g["busy_reasons"], g["index"]
+        named = {p["pid"] for p in g["processes"]} | {pid for pids in g["holders"].values() for pid in pids}
+        assert set(g["blockers"]) <= named, g["index"]
+        assert g["more"]["holders"]["lingering"] > 0  # every other GPU's workers hold this node
+    if details is not None:
+        assert 0 < len(details) <= 64
+
+
+def test_every_result_is_bounded_at_64_gpus_and_whole_on_request(gpusim_factory, collection, tmp_path):
+    host = gpusim_factory(gpus=BIG_GPUS)
+    start_big(host)
+    devices = {"device_files": [host.path("dev", "nvidia*")], "_ansible_inject_invocation": True}
+    runs = {
+        "gpu_facts": (dict(devices), False),
+        "gpu_release": (dict(devices, all=True), True),
+        "gpu_wait_idle": (dict(devices, timeout=5), True),
+        "proxmox_gpu_containers": (dict(devices, containers=[BIG_VMID], state="released"), True),
+    }
+    sizes = {}
+    for name, (args, check) in runs.items():
+        summary = run_module(host, collection, name, args, check_mode=check)
+        full = run_module(host, collection, name, dict(args, detail="full"), check_mode=check)
+        for result in (summary, full):
+            assert not result.get("failed"), (name, result.get("msg"))
+            assert "module_args" in result["invocation"]
+        sizes[name] = (runner_size(summary), runner_size(full))
+        assert summary["detail"]["level"] == "summary" and full["detail"] == {"level": "full", "file": None, "more": {}}
+        # Under half the limit in summary (the caps are reached: 16 per GPU is no larger); in full, what the
+        # scenario makes (past the limit but for the facts, which have one GPU list).
+        assert sizes[name][0] < RUNNER_LIMIT // 2, sizes
+        assert sizes[name][1] > RUNNER_LIMIT or name == "gpu_facts", sizes
+    facts = run_module(host, collection, "gpu_facts", runs["gpu_facts"][0])["ansible_facts"]
+    assert_verdicts_kept(facts["gpu_devices"], facts["gpu_holder_processes"])
+    release = run_module(host, collection, "gpu_release", runs["gpu_release"][0], check_mode=True)
+    for key in ("gpus_before", "gpus"):
+        assert_verdicts_kept(release[key], release["holder_processes"])
+    # Counted, never lost: every process released is in the list or in the count.
+    full = run_module(host, collection, "gpu_release", dict(runs["gpu_release"][0], detail="full"), check_mode=True)
+    assert len(release["released"]) + release["detail"]["more"]["released"] == len(full["released"])
+    assert len(full["released"]) > 4 * BIG_GPUS
+
+    # detail_file: the whole result on the node, mode 0600, the result says where.
+    path = str(tmp_path / "release.json")
+    told = run_module(host, collection, "gpu_release", dict(runs["gpu_release"][0], detail_file=path), check_mode=True)
+    assert told["detail"]["file"] == path and told["detail"]["level"] == "summary"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    with open(path, encoding="utf-8") as f:
+        whole = json.load(f)
+    assert {r["pid"] for r in whole["released"]} == {r["pid"] for r in full["released"]}
+    assert set(whole["holder_processes"]) == set(full["holder_processes"])
+    assert [g["holders"] for g in whole["gpus_before"]] == [g["holders"] for g in full["gpus_before"]]
+    print("\nlen(str(result)) at 64 GPUs x", PER_GPU, "processes per GPU (summary, full):", sizes)
+
+
+def test_the_roles_events_and_set_stats_fit_under_ansible_runner(gpusim_factory, collection, tmp_path):
+    """proxmox_fence then gpu_idle (with its release), in check mode, under ansible-runner as AWX runs them: no
+    event's result is dropped, each is under the limit, and so are the set_stats artifacts."""
+    host = gpusim_factory(gpus=BIG_GPUS)
+    start_big(host)
+    pdd = tmp_path / "runner"
+    for sub in ("project", "inventory", "env"):
+        (pdd / sub).mkdir(parents=True)
+    (pdd / "project" / "site.yml").write_text(json.dumps([{
+        "name": "Fence and release a 64-GPU node", "hosts": "node", "gather_facts": False,
+        "roles": [{"role": "gpuops.gpu.proxmox_fence", "proxmox_fence_containers": [BIG_VMID]},
+                  {"role": "gpuops.gpu.gpu_idle", "gpu_idle_release": True, "gpu_idle_release_users": ["root"]}]}]))
+    (pdd / "inventory" / "hosts.json").write_text(json.dumps({"all": {
+        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                 "gpuops_device_files": [host.path("dev", "nvidia*")]},
+        "hosts": {"node": {}}}}))
+    env = controller_env(collection, pdd, base=host.env_vars(), ANSIBLE_INJECT_INVOCATION="1")
+    (pdd / "env" / "envvars").write_text(json.dumps(env))
+    run = ansible_runner.run(private_data_dir=str(pdd), playbook="site.yml", cmdline="--check", quiet=True)
+    assert run.status == "successful", "".join(e.get("stdout", "") for e in run.events)[-4000:]
+    modules = {"gpuops.gpu.proxmox_gpu_containers", "gpuops.gpu.gpu_release", "gpuops.gpu.gpu_wait_idle"}
+    done = [e for e in run.events if e.get("event") in ("runner_on_ok", "runner_on_failed")]
+    ran = [e for e in done if e["event_data"].get("resolved_action") in modules]
+    assert {e["event_data"]["resolved_action"] for e in ran} == modules
+    for e in ran:
+        res = e["event_data"]["res"]
+        assert res, f"{e['event_data']['task']}: its result was dropped (over {RUNNER_LIMIT:,} characters)"
+        assert res["detail"]["level"] == "summary" and "module_args" in res["invocation"]
+    biggest = max(runner_size(e["event_data"].get("res")) for e in done)
+    assert biggest < RUNNER_LIMIT // 2, biggest
+    stats = [e for e in run.events if e.get("event") == "playbook_on_stats"][-1]["event_data"]["artifact_data"]
+    assert runner_size(stats) < RUNNER_LIMIT // 10, runner_size(stats)
+    summary = stats["gpu_idle_summary"]["node"]
+    assert summary["ready"] is False and summary["check_mode"] is True  # busy GPUs: it would wait
+    assert len(summary["released"]) + summary["more"]["released"] > 4 * BIG_GPUS
+    assert stats["proxmox_fence_summary"]["node"]["released"]
+    print(f"\nlargest event {biggest:,}, set_stats {runner_size(stats):,} characters")
