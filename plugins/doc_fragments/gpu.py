@@ -161,6 +161,8 @@ options:
       - "V(inforom) - the infoROM is corrupted (C(nvmlDeviceValidateInforom); nvidia-smi prints C(WARNING: infoROM is
         corrupted at gpu ...) and exits 14, read as a warning) - the GPU runs, but its ECC and retirement records may
         not be kept; have it reflashed or RMA it."
+      - V(mig_mode_pending) - a MIG mode change is pending (C(nvmlDeviceGetMigMode) current and pending differ,
+        nvidia-smi C(mig.mode.current) and C(mig.mode.pending); R450 and later) - a GPU reset or a reboot applies it.
       - V(xid) - an Xid in the kernel log since boot (read at the full scans; see O(kernel_log)) whose immediate action
         in NVIDIA's Xid catalog (U(https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), Ampere and
         newer, no version on the page; read 2026-12-04, Xid 1-172, newest rows R575) is a reset, a reboot, a site check
@@ -171,7 +173,7 @@ options:
     type: list
     elements: str
     choices: [row_remap_pending, row_remap_failure, retired_pages_pending, fabric, ecc_uncorrectable, hw_slowdown,
-              utilization_latched, inforom, xid]
+              utilization_latched, inforom, mig_mode_pending, xid]
     default: [row_remap_pending, row_remap_failure, retired_pages_pending, fabric, ecc_uncorrectable]
   kernel_log:
     description:

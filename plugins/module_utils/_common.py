@@ -21,7 +21,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import (
-    _errors, _health, _lock, _nvml, _procs, _redact, _smi, _snapshot, _validate)
+    _errors, _health, _lock, _mig, _nvml, _procs, _redact, _smi, _snapshot, _validate)
 from ansible_collections.gpuops.gpu.plugins.module_utils._waiting import call_with_timeout, run_in_group
 
 # The options of the doc fragment gpuops.gpu.gpu (every module).
@@ -321,7 +321,8 @@ class SnapshotTaker:
             xids = getattr(self, "_xids", None)
         holders = None
         if gather_holders:
-            holders = _procs.scan_fd_holders(self.params["device_files"], exclude_pids=(os.getpid(),))
+            holders = _procs.scan_fd_holders(_mig.scan_patterns(self.params["device_files"], raw["gpus"]),
+                                             exclude_pids=(os.getpid(),))
             if self.smi_ids and self.backend == "nvidia-smi":
                 holders = self._selected_files_only(holders, raw)
         return self._redact(_snapshot.build(

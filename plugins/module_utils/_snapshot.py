@@ -19,7 +19,7 @@ import posixpath
 import re
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
-from ansible_collections.gpuops.gpu.plugins.module_utils import _health, _holding
+from ansible_collections.gpuops.gpu.plugins.module_utils import _health, _holding, _mig
 
 # Never signalled, and never counted as keeping a GPU busy: the NVIDIA daemons hold nvidiactl
 # (or a device) on an idle GPU by design. The MPS control daemon holds no context (its servers do, and
@@ -237,6 +237,8 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
             if server is not None:
                 proc["mps_server"] = {"gpus": list(server["gpus"]),
                                       "clients": [dict(c, gpus=list(c["gpus"])) for c in server["clients"]]}
+    for gpu in gpus:
+        _mig_facts(gpu, max_memory_used_mib)
     contexts = _holding.context_gpus(gpus)
     for gpu in gpus:
         gpu["idle"], gpu["busy_reasons"], blockers, lingering = _holding.verdict(
@@ -245,6 +247,25 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
         gpu["blockers"] = sorted({b["pid"] for b in blockers})
         gpu["lingering"] = sorted({h["pid"] for h in lingering})
     return {"driver": raw["driver"], "gpus": gpus}
+
+
+def _mig_facts(gpu: dict, max_memory_used_mib) -> None:
+    """A GPU's MIG devices in the facts' form (_mig.facts); each process and holder names the MIG devices it is on
+    (``mig_device``: the UUID of the device whose process list has it; ``mig_devices``: those whose capability nodes
+    a holder holds). Nothing is added to a GPU without MIG devices but an empty list."""
+    devs = gpu.get("mig_devices")
+    if not devs:
+        gpu["mig_devices"] = devs if devs is None else []
+        return
+    raw_procs = {}
+    for dev in devs:
+        for p in dev.get("processes") or []:
+            raw_procs.setdefault(p["pid"], dev["uuid"])
+    for proc in gpu["processes"]:
+        proc["mig_device"] = raw_procs.get(proc["pid"])
+    for holder in gpu["holders"]:
+        holder["mig_devices"] = _mig.devices_of_nodes([gpu], holder.get("files"))
+    gpu["mig_devices"] = [_mig.facts(dev, gpu, gpu["holders"], max_memory_used_mib) for dev in devs]
 
 
 def visibility_warnings(gpus: list, in_container=None) -> list:

@@ -1,0 +1,120 @@
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Note that this module util is **PRIVATE** to the collection. It can have breaking changes at any time.
+# Do not use this from other collections or standalone plugins/modules!
+
+"""MIG (Multi-Instance GPU): the MIG devices of a GPU, their capability nodes, and which of them a set of device
+files or a selector names - the one place the modules read MIG from.
+
+A GPU in MIG mode is split into GPU instances, each into compute instances; a MIG device is one compute instance,
+with its own UUID (``MIG-...``). A process on a MIG device holds its GPU's ``/dev/nvidiaN`` and two capability
+nodes, ``/dev/nvidia-caps/nvidia-cap<N>`` of its GPU instance and of its compute instance; the driver names N in
+``/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<g>[/ci<c>]/access`` (``DeviceFileMinor: N``; NVIDIA's MIG
+user guide, "Device Nodes and Capabilities").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+# Where the driver lists the capabilities (a simulator points GPUOPS_NVIDIA_CAPS elsewhere).
+CAPS_ENV = "GPUOPS_NVIDIA_CAPS"
+CAPS_DIR = "/proc/driver/nvidia/capabilities"
+CAP_DEV_DIR = "/dev/nvidia-caps"
+_CAP_NODE = re.compile(r"(?:^|/)nvidia-cap(\d+)$")
+_MINOR_LINE = re.compile(r"^DeviceFileMinor:\s*(\d+)\s*$", re.MULTILINE)
+MIG_UUID = re.compile(r"^MIG-[0-9a-fA-F-]+$")
+
+
+def caps_dir() -> str:
+    return os.environ.get(CAPS_ENV) or CAPS_DIR
+
+
+def cap_minor(gpu_minor, gi, ci=None):
+    """The minor of the capability node of GPU instance ``gi`` (``ci`` None) or of its compute instance ``ci`` on the
+    GPU of minor number ``gpu_minor``; None when the driver does not list it (or it cannot be read)."""
+    if gpu_minor is None or gi is None:
+        return None
+    parts = [caps_dir(), f"gpu{gpu_minor}", "mig", f"gi{gi}"] + ([] if ci is None else [f"ci{ci}"]) + ["access"]
+    try:
+        with open(os.path.join(*parts), encoding="utf-8") as f:
+            m = _MINOR_LINE.search(f.read())
+    except OSError:
+        return None
+    return int(m.group(1)) if m else None
+
+
+def device_nodes(gpu_minor, gi, ci) -> list:
+    """The capability nodes of a MIG device, as the node names them: [GPU instance's, compute instance's]."""
+    out = []
+    for minor in (cap_minor(gpu_minor, gi), cap_minor(gpu_minor, gi, ci)):
+        if minor is not None:
+            out.append(f"{CAP_DEV_DIR}/nvidia-cap{minor}")
+    return out
+
+
+def node_minor(path):
+    """N of a path ending in nvidia-cap<N>, else None."""
+    m = _CAP_NODE.search(str(path))
+    return int(m.group(1)) if m else None
+
+
+def devices_of_nodes(gpus, paths) -> list:
+    """The MIG UUIDs whose capability nodes (either of the two) are among ``paths`` (host paths, a container
+    config's, or a process's open files: compared by N), in GPU and index order."""
+    minors = {node_minor(p) for p in paths or ()} - {None}
+    out = []
+    if not minors:
+        return out
+    for gpu in gpus:
+        for dev in gpu.get("mig_devices") or []:
+            if {node_minor(n) for n in dev.get("device_nodes") or ()} & minors:
+                out.append(dev["uuid"])
+    return out
+
+
+def find(gpus, uuid):
+    """(gpu, MIG device) of a MIG UUID (case-insensitive), or (None, None)."""
+    for gpu in gpus:
+        for dev in gpu.get("mig_devices") or []:
+            if (dev.get("uuid") or "").lower() == str(uuid).lower():
+                return gpu, dev
+    return None, None
+
+
+def scan_patterns(patterns, gpus) -> list:
+    """``patterns`` (device_files) and, while a GPU has MIG devices, ``<dir>/nvidia-caps/nvidia-cap*`` beside each
+    ``<dir>/nvidia*`` pattern: the capability nodes that tie a holder to its MIG device (a ``nvidia*`` glob does not
+    look into the ``nvidia-caps`` directory)."""
+    out = list(patterns or ())
+    if not any(g.get("mig_devices") for g in gpus or ()):
+        return out
+    for pattern in patterns or ():
+        folder, base = os.path.split(str(pattern))
+        extra = os.path.join(folder, "nvidia-caps", "nvidia-cap*")
+        if base in ("nvidia*", "nvidia-*") and extra not in out:
+            out.append(extra)
+    return out
+
+
+def facts(dev: dict, gpu: dict, holders: list, max_memory_used_mib) -> dict:
+    """A MIG device as the facts give it: the raw device's fields, its processes as pids, the holders of its
+    capability nodes (pids) and ``idle``: no process, no unprotected holder of its nodes and no more memory used than
+    max_memory_used_mib (None when its processes cannot be read)."""
+    out = {k: dev.get(k) for k in ("uuid", "name", "profile", "gpu_instance_id", "compute_instance_id", "memory",
+                                   "processes_error", "device_nodes")}
+    out["gpu"] = gpu.get("index")
+    out["processes"] = sorted(p["pid"] for p in dev.get("processes") or [])
+    minors = {node_minor(n) for n in dev.get("device_nodes") or ()} - {None}
+    mine = [h for h in holders if {node_minor(f) for f in h.get("files") or ()} & minors]
+    out["holders"] = sorted({h["pid"] for h in mine})
+    used = (dev.get("memory") or {}).get("used")
+    if dev.get("processes_error"):
+        out["idle"] = None
+    else:
+        out["idle"] = (not out["processes"] and not any(not h.get("protected") for h in mine)
+                       and (used is None or max_memory_used_mib is None or used <= max_memory_used_mib))
+    return out
