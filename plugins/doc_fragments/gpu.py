@@ -14,6 +14,9 @@ options:
       - The GPUs to act on, each named by its index (V(3)), its UUID (V(GPU-8f0e...)) or its PCI bus id
         (V(00000000:3B:00.0), also V(3b:00.0)).
       - An empty list selects every GPU of the host.
+      - On a GPU in MIG mode a MIG device's UUID (V(MIG-b9f1b336-...), C(nvidia-smi -L)) selects that MIG device alone -
+        the release stops its processes only (not those of the GPU's other MIG devices), the wait waits until it has
+        no process and no memory in use; the GPU's index, UUID or bus id means all its MIG devices.
       - Selectors are ASCII (an index is C([0-9]+), at most 4095); anything else fails before the GPUs are read. A
         selector that matches no GPU is an error that lists the GPUs the host has.
     type: list

@@ -339,6 +339,7 @@ class SnapshotTaker:
             min_free_pct=self.params.get("min_free_pct"),
             health_checks=checks,
             xid_events=xids,
+            mig_selected=_mig.selection(raw["gpus"], self.params.get("gpus")),
         ))
 
     def in_container(self):

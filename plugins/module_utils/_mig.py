@@ -118,3 +118,48 @@ def facts(dev: dict, gpu: dict, holders: list, max_memory_used_mib) -> dict:
         out["idle"] = (not out["processes"] and not any(not h.get("protected") for h in mine)
                        and (used is None or max_memory_used_mib is None or used <= max_memory_used_mib))
     return out
+
+
+def selection(gpus, selectors) -> dict:
+    """{GPU index: {MIG UUIDs, lower case}} for the GPUs that ``selectors`` (the gpus option) name only through MIG
+    UUIDs; a GPU also named by its index, GPU UUID or PCI bus id means all of its MIG devices (it is left out)."""
+    mig = {}
+    whole = set()
+    for sel in selectors or ():
+        text = str(sel).strip()
+        if MIG_UUID.match(text):
+            gpu, dev = find(gpus, text)
+            if gpu is not None:
+                mig.setdefault(gpu["index"], set()).add(dev["uuid"].lower())
+        else:
+            whole.add(text.lower())
+    for gpu in gpus:
+        names = {str(gpu.get("index")), (gpu.get("uuid") or "").lower()}
+        if names & whole or any(w and w in (gpu.get("pci_bus_id") or "").lower() for w in whole if ":" in w):
+            mig.pop(gpu["index"], None)
+    return mig
+
+
+def narrow(gpu: dict, uuids) -> None:
+    """A GPU as far as its MIG devices ``uuids`` go (in place, before the idle verdict): its processes those on them,
+    its holders those that hold their capability nodes (and the control-node holders every GPU lists), its memory
+    theirs (summed), ``mig_selected`` their UUIDs, ``mig_unselected_pids`` the pids on its other MIG devices (which a
+    GPU-wide view, nvidia-smi's process list, shows on it). Another MIG device's work is then no part of it: a release leaves
+    it, a wait does not wait for it."""
+    uuids = {u.lower() for u in uuids}
+    devs = [d for d in gpu.get("mig_devices") or [] if (d.get("uuid") or "").lower() in uuids]
+    gpu["mig_selected"] = [d["uuid"] for d in devs]
+    gpu["mig_devices"] = devs
+    gpu["mig_unselected_pids"] = sorted({p["pid"] for p in gpu.get("processes") or []
+                                          if p.get("mig_device") and p["mig_device"].lower() not in uuids})
+    gpu["processes"] = [p for p in gpu.get("processes") or [] if (p.get("mig_device") or "").lower() in uuids]
+    gpu["holders"] = [h for h in gpu.get("holders") or []
+                      if {u.lower() for u in h.get("mig_devices") or ()} & uuids or h.get("evidence") == "control"]
+    mem = dict(gpu.get("memory") or {})
+    for key in ("total", "used", "free", "reserved"):
+        values = [(d.get("memory") or {}).get(key) for d in devs]
+        mem[key] = None if not values or any(v is None for v in values) else sum(values)
+    gpu["memory"] = mem
+    errors = [d["processes_error"] for d in devs if d.get("processes_error")]
+    if errors and not gpu.get("processes_error"):
+        gpu["processes_error"] = errors[0]

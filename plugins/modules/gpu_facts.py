@@ -192,10 +192,25 @@ ansible_facts:
         mig_mode: {description: Whether MIG mode is on., type: bool, returned: always}
         mig_mode_pending:
           description:
-            - The MIG mode the GPU takes at its next reset (C(nvmlDeviceGetMigMode), nvidia-smi C(mig.mode.pending)); when
-              it differs from O(mig_mode) the check V(mig_mode_pending) fails. Null where the driver has no MIG (before R450).
+            - The MIG mode the GPU takes at its next reset (C(nvmlDeviceGetMigMode)); when it differs from C(mig_mode) the
+              check V(mig_mode_pending) fails. Null where the driver has no MIG (before R450); with O(backend=nvidia-smi)
+              it is read (C(nvidia-smi -q -x) C(mig_mode/pending_mig)) for the GPUs in MIG mode only, null for the others.
           type: bool
           returned: always
+        mig_selected:
+          description:
+            - Only when O(gpus) names this GPU by MIG UUIDs alone (not by its index, UUID or bus id, which mean all its
+              MIG devices) - those MIG devices' UUIDs. The GPU is then judged as far as they go - its C(processes),
+              C(holders), C(memory) (their sum), C(mig_devices) and C(idle) are theirs; the release stops their
+              processes only and the wait waits for them only.
+          type: list
+          elements: str
+          returned: when O(gpus) names MIG devices
+        mig_unselected_pids:
+          description: With C(mig_selected) - the pids on this GPU's other MIG devices (left out of it).
+          type: list
+          elements: int
+          returned: when O(gpus) names MIG devices
         mig_devices:
           description:
             - The MIG devices of a GPU in MIG mode (empty otherwise; null when the driver cannot list them), in the

@@ -231,6 +231,15 @@ containers:
       elements: int
       returned: always
     gpu_uuids: {description: The UUIDs of C(gpus); null when C(gpus) is null., type: list, elements: str, returned: always}
+    mig_devices:
+      description:
+        - The MIG devices the config passes - those whose capability nodes (C(/dev/nvidia-caps/nvidia-capN) of their GPU
+          instance or compute instance, in a C(devN) or C(lxc.mount.entry) line) it names, by MIG UUID (see
+          M(gpuops.gpu.gpu_facts) C(mig_devices)); empty when it passes none. A capability node no MIG device of the node
+          has (but C(nvidia-cap1) and C(nvidia-cap2), MIG's config and monitor) is a warning.
+      type: list
+      elements: str
+      returned: always
     gpus_from:
       description:
         - Where C(wait_gpus) comes from. V(config) - C(gpus). For a running container whose config passes every GPU of
