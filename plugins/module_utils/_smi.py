@@ -203,14 +203,19 @@ def parse_apps(out: str) -> list:
     return apps
 
 
-def parse_minor_numbers(xml_text: str) -> dict:
-    """{uuid: minor number} from ``nvidia-smi -q -x`` (the CSV queries have no minor number)."""
+def _xml_root(xml_text: str):
+    """The root of ``nvidia-smi -q -x``'s log; UnreadableOutput when it is not XML."""
     import xml.etree.ElementTree as ET  # a trusted local program's output, not user input
 
     try:
-        root = ET.fromstring(xml_text)
+        return ET.fromstring(xml_text)
     except ET.ParseError as exc:
         raise _errors.UnreadableOutput("nvidia-smi -q -x", f"not XML ({exc})", xml_text) from None
+
+
+def parse_minor_numbers(xml_text: str) -> dict:
+    """{uuid: minor number} from ``nvidia-smi -q -x`` (the CSV queries have no minor number)."""
+    root = _xml_root(xml_text)
     out = {}
     for gpu in root.iter("gpu"):
         uuid = (gpu.findtext("uuid") or "").strip()
@@ -327,12 +332,7 @@ def parse_mig_list(text: str) -> dict:
 def parse_mig_xml(xml_text: str) -> dict:
     """{GPU UUID: {"devices": [(gi, ci, memory)], "processes": [(pid, gi, ci)]}} from ``nvidia-smi -q -x``'s
     ``mig_devices`` (index order) and ``processes/process_info`` (tests/gpusim/README.md "MIG")."""
-    import xml.etree.ElementTree as ET  # a trusted local program's output, not user input
-
-    try:
-        root = ET.fromstring(xml_text)
-    except ET.ParseError as exc:
-        raise _errors.UnreadableOutput("nvidia-smi -q -x", f"not XML ({exc})", xml_text) from None
+    root = _xml_root(xml_text)
     out = {}
     for gpu in root.iter("gpu"):
         uuid = (gpu.findtext("uuid") or "").strip()
