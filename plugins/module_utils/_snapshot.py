@@ -220,6 +220,11 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
             holder["evidence"] = evidence
             gpu["holders"].append(holder)
 
+    # MIG devices (before health and fit: a GPU named only by MIG UUIDs is judged, fit included, as far as they go)
+    for gpu in gpus:
+        _mig_facts(gpu, max_memory_used_mib)
+        if (mig_selected or {}).get(gpu["index"]):
+            _mig.narrow(gpu, mig_selected[gpu["index"]])
     backend = (raw.get("driver") or {}).get("backend")
     for gpu in gpus:
         for key in _health.HEALTH_FIELDS:
@@ -241,10 +246,6 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
             if server is not None:
                 proc["mps_server"] = {"gpus": list(server["gpus"]),
                                       "clients": [dict(c, gpus=list(c["gpus"])) for c in server["clients"]]}
-    for gpu in gpus:
-        _mig_facts(gpu, max_memory_used_mib)
-        if (mig_selected or {}).get(gpu["index"]):
-            _mig.narrow(gpu, mig_selected[gpu["index"]])
     contexts = _holding.context_gpus(gpus)
     for gpu in gpus:
         gpu["idle"], gpu["busy_reasons"], blockers, lingering = _holding.verdict(

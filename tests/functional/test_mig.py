@@ -146,3 +146,14 @@ def test_the_nvidia_smi_backend_reads_mig_devices_too(gpusim_factory, collection
     assert g0["mig_devices"][0]["memory"]["used"] == 4096
     assert g0["mig_devices"][1]["device_nodes"] == [f"/dev/nvidia-caps/nvidia-cap{devs[1]['gi_cap']}",
                                                     f"/dev/nvidia-caps/nvidia-cap{devs[1]['ci_cap']}"]
+
+
+def test_fit_reads_the_selected_mig_device(gpusim_factory, collection):
+    host, devs = mig_host(gpusim_factory)
+    small = devs[2]  # 1g.18gb
+    gpus, _facts = facts(host, collection, gpus=[small["uuid"]], min_free_mib=small["memory_mib"] + 1)
+    (g0,) = gpus
+    assert g0["mig_selected"] == [small["uuid"]] and [d["uuid"] for d in g0["mig_devices"]] == [small["uuid"]]
+    assert g0["fit"]["free_mib"] == small["memory_mib"] and g0["fits"] is False
+    gpus, _facts = facts(host, collection, gpus=[devs[0]["uuid"]], min_free_mib=small["memory_mib"] + 1)
+    assert gpus[0]["fits"] is True
