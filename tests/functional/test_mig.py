@@ -157,3 +157,28 @@ def test_fit_reads_the_selected_mig_device(gpusim_factory, collection):
     assert g0["fit"]["free_mib"] == small["memory_mib"] and g0["fits"] is False
     gpus, _facts = facts(host, collection, gpus=[devs[0]["uuid"]], min_free_mib=small["memory_mib"] + 1)
     assert gpus[0]["fits"] is True
+
+
+def test_the_fence_of_a_mig_container_stops_its_work_and_leaves_the_other_mig_device(gpusim_factory, collection):
+    host, devs = mig_host(gpusim_factory)
+    vmid = 4278
+    b = devs[1]
+    host.ct_create(vmid, gpus="0")
+    with open(container.config_path(host.dir, vmid), "a", encoding="utf-8") as f:
+        for cap in (b["gi_cap"], b["ci_cap"]):
+            f.write(f"lxc.mount.entry: /dev/nvidia-caps/nvidia-cap{cap} dev/nvidia-caps/nvidia-cap{cap}"
+                    " none bind,optional,create=file\n")
+    host.ct_start(vmid)
+    inside = host.hold(b["uuid"], mib=2048, ct=vmid, name="python3 serve.py")
+    beside = host.hold(devs[0]["uuid"], mib=4096, name="python3 train.py")
+    gpus, _facts = facts(host, collection)
+    got = {d["uuid"]: d for d in gpus[0]["mig_devices"]}
+    assert got[b["uuid"]]["processes"] == [inside] and got[b["uuid"]]["holders"] == [inside]
+    res = run_module(host, collection, "proxmox_gpu_containers", {"pct": host.path("bin", "pct"), "containers": [vmid],
+                                                                  "state": "released", "grace_period": 5,
+                                                                  "device_files": devices(host)})
+    assert not res.get("failed"), res.get("msg")
+    (row,) = res["containers"]
+    assert row["mig_devices"] == [b["uuid"]], row
+    assert [r["pid"] for r in res["release"]["released"]] == [inside]
+    assert not alive(inside) and alive(beside)
