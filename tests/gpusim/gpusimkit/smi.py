@@ -1733,6 +1733,9 @@ def gpu_reset(nv: Nvml, args: Args, simdir: str, io: Io) -> int:
                 c.leaked_mib = 0
                 c.remap_pending = c.retired_pending = 0
                 c.ecc_volatile_corrected = c.ecc_volatile_uncorrected = 0
+                # a pending MIG mode takes effect (README "MIG"): MIG on starts with no MIG device, MIG off has none
+                if c.mig_current != c.mig_pending:
+                    c.mig_current, c.mig_devices = c.mig_pending, []
             io.o(RESET_DONE.format(bus=bus))
     if not args.ids and code == EXIT_OK:
         io.o("All done.\n")

@@ -116,3 +116,13 @@ def test_scenario_validates_mig():
     g.validate()
     with pytest.raises(ScenarioError, match="profile"):
         scenario.mig_layout(g, ["big"])
+
+
+def test_a_reset_applies_a_pending_mig_mode(gpusim_factory):
+    host = gpusim_factory(gpus=1)
+    with scenario.edit(host.dir) as sc:
+        sc.gpus[0].persistence = sc.gpus[0].fabric_state = 0  # nvidia-smi -r refuses persistence mode and NVSwitch GPUs
+    host.set_mig(0, current=0, pending=1)
+    r = smi(host, "-r", "-i", "0")
+    assert r.returncode == 0, r.stdout
+    assert nvml(host)[0]["mig"] == [1, 1] and host.mig_devices(0) == []
