@@ -229,11 +229,18 @@ class Fence:
 
     def _mig_devices(self, vmid, config, node_gpus) -> list:
         """The MIG devices whose capability nodes (/dev/nvidia-caps/nvidia-capN, devN or lxc.mount.entry lines) the
-        config passes (_mig); a capability node no MIG device of the node has is warned about."""
+        config passes, or that the toolkit's NVIDIA_VISIBLE_DEVICES names by MIG UUID (_mig); a capability node no MIG
+        device of the node has is warned about."""
         nodes = [d for d in config.get("devices") or () if _mig.node_minor(d) is not None]
-        if not nodes or node_gpus is None:
+        ids = config.get("visible") if isinstance(config.get("visible"), list) else []
+        visible = [v for v in ids if isinstance(v, str) and v.lower().startswith("mig-")]
+        if not (nodes or visible) or node_gpus is None:
             return []
         found = _mig.devices_of_nodes(node_gpus, nodes)
+        for uuid in visible:  # the toolkit's NVIDIA_VISIBLE_DEVICES=MIG-...
+            _gpu, dev = _mig.find(node_gpus, uuid)
+            if dev is not None and dev["uuid"] not in found:
+                found.append(dev["uuid"])
         known = {_mig.node_minor(n) for g in node_gpus for d in g.get("mig_devices") or [] for n in d.get("device_nodes") or ()}
         # config (1) and monitor (2) are the MIG management capabilities, no MIG device's (MIG user guide, mig-minors)
         stale = sorted({_mig.node_minor(n) for n in nodes} - known - {1, 2})

@@ -413,8 +413,10 @@ class _GpuReader:
         """The MIG devices of a GPU in MIG mode (_raw.mig_device each): nvmlDeviceGetMigDeviceHandleByIndex over
         nvmlDeviceGetMaxMigDeviceCount (an index without a device answers NOT_FOUND), each read through its own
         handle (UUID, GPU and compute instance ids, memory, processes); None when the library has no MIG API."""
-        if not self.lib.has("nvmlDeviceGetMigDeviceHandleByIndex"):
-            self.unsupported.append("mig_devices")
+        wrappers = ("nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetGpuInstanceId",
+                    "nvmlDeviceGetComputeInstanceId")
+        if not self.lib.has("nvmlDeviceGetMigDeviceHandleByIndex") or not all(hasattr(pynvml, w) for w in wrappers):
+            self.unsupported.append("mig_devices")  # the driver, or bindings older than R450's, have no MIG API
             return None
         count = self.field("mig_devices", "nvmlDeviceGetMaxMigDeviceCount",
                            lambda: pynvml.nvmlDeviceGetMaxMigDeviceCount(self.handle))

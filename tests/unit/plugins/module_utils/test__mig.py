@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _health, _mig, _smi
+from ansible_collections.gpuops.gpu.plugins.module_utils import _health, _mig, _pct, _smi
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 FIELD = os.path.join(TOP, "tests", "field", "smi")
@@ -104,3 +104,8 @@ def test_the_field_corpus_mig_xml(name, ids, total):
     gi, ci, mem = first["devices"][0]
     assert (gi, ci) == ids and mem["total"] == total and mem["used"] is not None
     assert first["pending"] is True
+
+
+def test_a_toolkit_mig_id_gives_its_gpu():
+    assert _pct.visible_gpus([B, "MIG-cccccccc-0000-0000-0000-000000000000"], gpus()) == (
+        [0], ["MIG-cccccccc-0000-0000-0000-000000000000"])
