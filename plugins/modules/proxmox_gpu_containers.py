@@ -234,7 +234,8 @@ containers:
     mig_devices:
       description:
         - The MIG devices the config passes - those whose capability nodes (C(/dev/nvidia-caps/nvidia-capN) of their GPU
-          instance or compute instance, in a C(devN) or C(lxc.mount.entry) line) it names, by MIG UUID (see
+          instance or compute instance, in a C(devN) or C(lxc.mount.entry) line) it names, or that the NVIDIA container
+          toolkit's C(NVIDIA_VISIBLE_DEVICES) names by MIG UUID - by MIG UUID (see
           M(gpuops.gpu.gpu_facts) C(mig_devices)); empty when it passes none. A capability node no MIG device of the node
           has (but C(nvidia-cap1) and C(nvidia-cap2), MIG's config and monitor) is a warning.
       type: list
