@@ -430,6 +430,10 @@ class SimHost:
              mps_control: bool = False, uid: Optional[int] = None) -> int:
         """Start a workload; returns its host pid once it holds its memory and device files.
 
+        gpus: GPU indexes (0, [0, 1], "0-3", "all", None), or MIG devices: a MIG UUID ("MIG-..."), a (gpu, gi, ci)
+        tuple, or a list mixing them (README "MIG": its context is on that MIG device, and it holds the device's
+        /dev/nvidia-caps nodes).
+
         Like CUDA, it opens the device node of every GPU it can see (the host's GPUs; in a
         container the config's), its context and memory only on ``gpus``; only_own_devices: only
         the nodes of ``gpus``.  control_only: an NVML client (nvidiactl, nvidia-uvm; no memory,
