@@ -217,11 +217,12 @@ class Fence:
                 sharers = self._sharers(vmid)
                 if sharers:
                     self._shared[vmid] = sharers
+            mig = self._mig_devices(vmid, config, node_gpus)
             rows.append(dict(
                 vmid=vmid, name=row["name"] or config["hostname"] or "", status=row["status"], lock=row["lock"],
                 running=running, passthrough=config["passthrough"], minors=minors,
                 gpus=gpus, gpu_uuids=None if gpus is None else [uuids[i] for i in gpus],
-                mig_devices=self._mig_devices(vmid, config, node_gpus),
+                mig_devices=mig, wait_mig_devices=_mig.by_gpu(node_gpus, mig),
                 passthrough_unknown=list(config["unknown"]), gpus_from="config", wait_gpus=gpus))
         if self._shared:
             self._holding = self.io.holding()

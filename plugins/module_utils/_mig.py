@@ -76,6 +76,29 @@ def devices_of_nodes(gpus, paths) -> list:
     return out
 
 
+def by_gpu(gpus, uuids) -> dict:
+    """{str(GPU index): [its MIG UUIDs among ``uuids``]} (only the GPUs that have some)."""
+    out = {}
+    for uuid in uuids or ():
+        gpu, dev = find(gpus or [], uuid)
+        if gpu is not None:
+            out.setdefault(str(gpu["index"]), []).append(dev["uuid"])
+    return out
+
+
+def wait_selectors(gpus) -> list:
+    """What a wait covers of ``gpus`` ([(GPU index, its MIG UUIDs a container has, or None: the whole GPU)], of every
+    container counted): the whole GPUs' indexes, then the MIG UUIDs of the others (a GPU that one container has whole
+    and another through MIG devices is waited for whole)."""
+    whole, parts = set(), {}
+    for gpu, uuids in gpus:
+        if uuids:
+            parts.setdefault(gpu, []).extend(u for u in uuids if u not in parts.get(gpu, []))
+        else:
+            whole.add(gpu)
+    return sorted(whole) + [u for g in sorted(parts) if g not in whole for u in parts[g]]
+
+
 def find(gpus, uuid):
     """(gpu, MIG device) of a MIG UUID (case-insensitive), or (None, None)."""
     for gpu in gpus:
@@ -151,7 +174,7 @@ def narrow(gpu: dict, uuids) -> None:
     gpu["mig_selected"] = [d["uuid"] for d in devs]
     gpu["mig_devices"] = devs
     gpu["mig_unselected_pids"] = sorted({p["pid"] for p in gpu.get("processes") or []
-                                          if p.get("mig_device") and p["mig_device"].lower() not in uuids})
+                                         if p.get("mig_device") and p["mig_device"].lower() not in uuids})
     gpu["processes"] = [p for p in gpu.get("processes") or [] if (p.get("mig_device") or "").lower() in uuids]
     gpu["holders"] = [h for h in gpu.get("holders") or []
                       if {u.lower() for u in h.get("mig_devices") or ()} & uuids or h.get("evidence") == "control"]

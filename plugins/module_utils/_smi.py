@@ -338,8 +338,8 @@ def parse_mig_xml(xml_text: str) -> dict:
         uuid = (gpu.findtext("uuid") or "").strip()
         devices = []
         for dev in gpu.findall("mig_devices/mig_device"):
-            mem = {k: to_int((dev.findtext(f"fb_memory_usage/{k}") or "").replace("MiB", "")) for k in ("total", "used", "free",
-                                                                                                     "reserved")}
+            mem = {k: to_int((dev.findtext(f"fb_memory_usage/{k}") or "").replace("MiB", ""))
+                   for k in ("total", "used", "free", "reserved")}
             mem["used_includes_reserved"] = False
             devices.append((to_int(dev.findtext("gpu_instance_id") or ""), to_int(dev.findtext("compute_instance_id") or ""),
                             mem))

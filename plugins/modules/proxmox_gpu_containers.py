@@ -260,6 +260,14 @@ containers:
       type: list
       elements: int
       returned: always
+    wait_mig_devices:
+      description:
+        - The GPUs it has only through MIG devices (C(mig_devices)), by index (a string) - their MIG UUIDs; a wait after
+          the fence (P(gpuops.gpu.proxmox_fence_result#filter) C(container_gpus)) covers those MIG devices, not the
+          GPU's others. Empty when it has none.
+      type: dict
+      returned: always
+      sample: {"0": ["MIG-11ea0cf8-c5be-8cba-bdde-f32a839b7795"]}
   sample:
     - {"vmid": 129, "name": "gpu-ct", "status": "running", "lock": "", "running": true, "passthrough": true,
        "minors": [0, 1], "gpus": [0, 1], "gpu_uuids": ["GPU-3fb142e7-7102-c7ac-bd5a-fc829e11ed84",

@@ -179,6 +179,6 @@ def test_the_fence_of_a_mig_container_stops_its_work_and_leaves_the_other_mig_de
                                                                   "device_files": devices(host)})
     assert not res.get("failed"), res.get("msg")
     (row,) = res["containers"]
-    assert row["mig_devices"] == [b["uuid"]], row
+    assert row["mig_devices"] == [b["uuid"]] and row["wait_mig_devices"] == {"0": [b["uuid"]]}, row
     assert [r["pid"] for r in res["release"]["released"]] == [inside]
     assert not alive(inside) and alive(beside)

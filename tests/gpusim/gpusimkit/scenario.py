@@ -188,7 +188,6 @@ class Gpu:
         bad = sorted(set(self.unknown) - NOT_SUPPORTED_FIELDS)
         _check(not bad, f + ".unknown", ",".join(bad), f"unknown field; known: {', '.join(sorted(NOT_SUPPORTED_FIELDS))}")
 
-
     def validate_mig(self) -> None:
         f = f"gpu.{self.index}.mig_devices"
         devs = self.mig_devices
