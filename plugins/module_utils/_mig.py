@@ -170,6 +170,7 @@ def narrow(gpu: dict, uuids) -> None:
     GPU-wide view, nvidia-smi's process list, shows on it). Another MIG device's work is then no part of it: a release leaves
     it, a wait does not wait for it."""
     uuids = {u.lower() for u in uuids}
+    processes = list(gpu.get("processes") or [])
     devs = [d for d in gpu.get("mig_devices") or [] if (d.get("uuid") or "").lower() in uuids]
     gpu["mig_selected"] = [d["uuid"] for d in devs]
     gpu["mig_devices"] = devs
@@ -184,5 +185,14 @@ def narrow(gpu: dict, uuids) -> None:
         mem[key] = None if not values or any(v is None for v in values) else sum(values)
     gpu["memory"] = mem
     errors = [d["processes_error"] for d in devs if d.get("processes_error")]
+    # A process the GPU lists on none of its MIG devices (their lists could not be read, or it came between the
+    # reads) cannot be told to be the selected devices' or another's: kept, and the list is not trusted - the release
+    # refuses rather than guess, the wait waits.
+    unplaced = [p for p in processes if not p.get("mig_device")]
+    if unplaced:
+        gpu["processes"] += unplaced
+        errors.append(f"processes could not be read per MIG device: the driver lists pid"
+                      f" {', '.join(str(p['pid']) for p in unplaced)} on GPU {gpu.get('index')} and on none of its MIG"
+                      " devices")
     if errors and not gpu.get("processes_error"):
         gpu["processes_error"] = errors[0]

@@ -126,3 +126,12 @@ def test_a_toolkit_mig_id_gives_its_gpu():
 def test_the_wait_after_a_fence_covers_mig_devices(rows, expected):
     containers = {"running": [r["vmid"] for r in rows], "containers": [dict(r, gpus=r["wait_gpus"]) for r in rows]}
     assert proxmox_fence_result(containers, release={"released": []})["container_gpus"] == expected
+
+
+def test_narrow_does_not_guess_where_an_unplaced_process_runs():
+    gpu = gpus()[0]
+    gpu.update(processes=[{"pid": 10, "mig_device": A}, {"pid": 14, "mig_device": None}], holders=[],
+               memory={"total": 143771, "used": 4096, "free": 139675, "reserved": 0}, processes_error=None)
+    _mig.narrow(gpu, {B.lower()})
+    assert [p["pid"] for p in gpu["processes"]] == [14]
+    assert "pid 14" in gpu["processes_error"] and "none of its MIG devices" in gpu["processes_error"]
