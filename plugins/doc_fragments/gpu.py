@@ -14,6 +14,9 @@ options:
       - The GPUs to act on, each named by its index (V(3)), its UUID (V(GPU-8f0e...)) or its PCI bus id
         (V(00000000:3B:00.0), also V(3b:00.0)).
       - An empty list selects every GPU of the host.
+      - On a GPU in MIG mode a MIG device's UUID (V(MIG-b9f1b336-...), C(nvidia-smi -L)) selects that MIG device alone -
+        the release stops its processes only (not those of the GPU's other MIG devices), the wait waits until it has
+        no process and no memory in use; the GPU's index, UUID or bus id means all its MIG devices.
       - Selectors are ASCII (an index is C([0-9]+), at most 4095); anything else fails before the GPUs are read. A
         selector that matches no GPU is an error that lists the GPUs the host has.
     type: list
@@ -190,6 +193,8 @@ options:
       - "V(inforom) - the infoROM is corrupted (C(nvmlDeviceValidateInforom); nvidia-smi prints C(WARNING: infoROM is
         corrupted at gpu ...) and exits 14, read as a warning) - the GPU runs, but its ECC and retirement records may
         not be kept; have it reflashed or RMA it."
+      - V(mig_mode_pending) - a MIG mode change is pending (C(nvmlDeviceGetMigMode) current and pending differ,
+        nvidia-smi C(mig.mode.current) and C(mig.mode.pending); R450 and later) - a GPU reset or a reboot applies it.
       - V(xid) - an Xid in the kernel log since boot (read at the full scans; see O(kernel_log)) whose immediate action
         in NVIDIA's Xid catalog (U(https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), Ampere and
         newer, no version on the page; read 2026-12-04, Xid 1-172, newest rows R575) is a reset, a reboot, a site check
@@ -200,7 +205,7 @@ options:
     type: list
     elements: str
     choices: [row_remap_pending, row_remap_failure, retired_pages_pending, fabric, ecc_uncorrectable, hw_slowdown,
-              utilization_latched, inforom, xid]
+              utilization_latched, inforom, mig_mode_pending, xid]
     default: [row_remap_pending, row_remap_failure, retired_pages_pending, fabric, ecc_uncorrectable]
   kernel_log:
     description:

@@ -60,7 +60,8 @@ _value:
       or for a config that passes every GPU of a node whose other containers pass GPUs too, V(processes) - the GPUs
       its workload held - or V(unheld) - it held none, the GPUs no other container's processes held; the module's
       C(containers[].gpus_from)), C(container_gpus) (what a wait after the fence covers - the union of the containers'
-      C(wait_gpus) - or, when none of the named containers runs, the GPUs of their configs; null for every GPU),
+      C(wait_gpus) - or, when none of the named containers runs, the GPUs of their configs; null for every GPU; a GPU
+      that the containers have only through MIG devices, C(wait_mig_devices), is given by their MIG UUIDs instead),
       C(services_stopped) (C({vmid, unit})), C(released), C(respawned) and C(stopped_units) (from
       M(gpuops.gpu.gpu_release)), C(shut_down) (vmids), C(gpus_before) (the GPUs before the release),
       C(holder_processes) (their device-file holders' details, each once), C(gpu_errors) (the GPUs the release did
@@ -76,7 +77,7 @@ _value:
 """
 
 from ansible_collections.gpuops.gpu.plugins.filter.gpu_idle_result import module_outcome
-from ansible_collections.gpuops.gpu.plugins.module_utils import _bound
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _mig
 
 
 def _ran(result) -> bool:
@@ -121,6 +122,11 @@ def proxmox_fence_result(containers, release=None, method="processes", check_mod
         union = None
     else:
         union = sorted({i for g in wait.values() for i in g})
+    migs = {c["vmid"]: c.get("wait_mig_devices") or {} for c in rows}
+    if union is not None and any(migs.values()):
+        # A container that has a GPU only through MIG devices (their capability nodes): the wait covers those MIG devices
+        # (by MIG UUID), not the GPU's others.
+        union = _mig.wait_selectors([(g, migs[v].get(str(g))) for v, gs in wait.items() for g in gs])
     if not running and containers.get("gpus"):
         # None of the named containers runs: a wait after the fence covers the GPUs of their configs.
         union = list(containers["gpus"])

@@ -25,7 +25,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _lock, _pct, _release, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _lock, _mig, _pct, _release, _snapshot, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_in_group
 
 STATES = ("present", "released", "shutdown")
@@ -173,7 +173,8 @@ class Discovery:
         unread = [v for v, c in configs.items() if c["unknown"] and listed[v]["status"] == "running"]
         # A running one that gets every GPU (minors null) asks for the GPUs too: is another container sharing them (cover)?
         every = [v for v, c in configs.items() if c["minors"] is None and c["passthrough"] and listed[v]["status"] == "running"]
-        if any(c["minors"] or c["visible"] for c in configs.values()) or unread or every:
+        caps = any(_mig.node_minor(d) is not None for c in configs.values() for d in c.get("devices") or ())
+        if any(c["minors"] or c["visible"] for c in configs.values()) or unread or every or caps:
             node_gpus = self.io.gpus()
             if node_gpus is not None:
                 gpu_minors = {g["minor_number"]: g["index"] for g in node_gpus if g.get("minor_number") is not None}
@@ -212,14 +213,38 @@ class Discovery:
                 sharers = self._sharers(vmid)
                 if sharers:
                     self._shared[vmid] = sharers
+            mig = self._mig_devices(vmid, config, node_gpus)
             rows.append(dict(
                 vmid=vmid, name=row["name"] or config["hostname"] or "", status=row["status"], lock=row["lock"],
                 running=running, passthrough=config["passthrough"], minors=minors,
                 gpus=gpus, gpu_uuids=None if gpus is None else [uuids[i] for i in gpus],
+                mig_devices=mig, wait_mig_devices=_mig.by_gpu(node_gpus, mig),
                 passthrough_unknown=list(config["unknown"]), gpus_from="config", wait_gpus=gpus))
         if self._shared:
             self._holding = self.io.holding()
         return rows
+
+    def _mig_devices(self, vmid, config, node_gpus) -> list:
+        """The MIG devices whose capability nodes (/dev/nvidia-caps/nvidia-capN, devN or lxc.mount.entry lines) the
+        config passes, or that the toolkit's NVIDIA_VISIBLE_DEVICES names by MIG UUID (_mig); a capability node no MIG
+        device of the node has is warned about."""
+        nodes = [d for d in config.get("devices") or () if _mig.node_minor(d) is not None]
+        ids = config.get("visible") if isinstance(config.get("visible"), list) else []
+        visible = [v for v in ids if isinstance(v, str) and v.lower().startswith("mig-")]
+        if not (nodes or visible) or node_gpus is None:
+            return []
+        found = _mig.devices_of_nodes(node_gpus, nodes)
+        for uuid in visible:  # the toolkit's NVIDIA_VISIBLE_DEVICES=MIG-...
+            _gpu, dev = _mig.find(node_gpus, uuid)
+            if dev is not None and dev["uuid"] not in found:
+                found.append(dev["uuid"])
+        known = {_mig.node_minor(n) for g in node_gpus for d in g.get("mig_devices") or [] for n in d.get("device_nodes") or ()}
+        # config (1) and monitor (2) are the MIG management capabilities, no MIG device's (MIG user guide, mig-minors)
+        stale = sorted({_mig.node_minor(n) for n in nodes} - known - {1, 2})
+        if stale:
+            self.io.warn(f"CT {vmid} passes {describe(f'/dev/nvidia-caps/nvidia-cap{m}' for m in stale)} through, but no MIG"
+                         " device of this node has that capability: a stale config line (the MIG devices were made anew?)")
+        return found
 
     def _sharers(self, vmid) -> list:
         """The other running containers of the node whose configs pass GPUs (or may: passthrough that cannot be read).

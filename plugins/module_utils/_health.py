@@ -140,6 +140,15 @@ def _inforom(gpu):
     return ""
 
 
+def _mig_pending(gpu):
+    current, pending = gpu.get("mig_mode"), gpu.get("mig_mode_pending")
+    if current is None or pending is None or bool(current) == bool(pending):
+        return ""
+    state = "on" if pending else "off"
+    return (f"a MIG mode change is pending (MIG is {'on' if current else 'off'}, {state} after a reset): a GPU reset"
+            " or a reboot applies it, and with it the GPU's MIG devices change")
+
+
 def _xid(gpu):
     bad = [e for e in gpu.get("xid_events") or [] if xid_needs_action(e["xid"], e.get("message", ""))]
     if bad:
@@ -196,6 +205,12 @@ CHECKS = {
         " list inforom in health_checks to hold the GPU back until then",
         False, "nvmlDeviceValidateInforom (NVML_ERROR_CORRUPTED_INFOROM)",
         "the WARNING line of any query (exit 14)", "every branch, GPUs with an infoROM"),
+    "mig_mode_pending": (
+        _mig_pending,
+        "reset the GPU once nothing holds it (nvidia-smi -r -i {index}), or reboot, to apply the MIG mode (or set it"
+        " back with nvidia-smi -i {index} -mig 0|1)",
+        False, "nvmlDeviceGetMigMode (current, pending)", "mig.mode.current, mig.mode.pending",
+        "R450 and later, MIG-capable GPUs (A100, A30, H100, H200, B200); null before"),
     "xid": (
         _xid,
         "read the kernel log (dmesg | grep Xid) and do what the Xid needs: a reset, a reboot, an RMA",

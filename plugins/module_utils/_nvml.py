@@ -32,7 +32,7 @@ from __future__ import annotations
 import ctypes
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _raw
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _mig, _raw
 
 try:
     import pynvml
@@ -409,6 +409,49 @@ class _GpuReader:
         self.unsupported.append("fabric")
         return None
 
+    def mig_devices(self, gpu_minor) -> list:
+        """The MIG devices of a GPU in MIG mode (_raw.mig_device each): nvmlDeviceGetMigDeviceHandleByIndex over
+        nvmlDeviceGetMaxMigDeviceCount (an index without a device answers NOT_FOUND), each read through its own
+        handle (UUID, GPU and compute instance ids, memory, processes); None when the library has no MIG API."""
+        wrappers = ("nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetGpuInstanceId",
+                    "nvmlDeviceGetComputeInstanceId")
+        if not self.lib.has("nvmlDeviceGetMigDeviceHandleByIndex") or not all(hasattr(pynvml, w) for w in wrappers):
+            self.unsupported.append("mig_devices")  # the driver, or bindings older than R450's, have no MIG API
+            return None
+        count = self.field("mig_devices", "nvmlDeviceGetMaxMigDeviceCount",
+                           lambda: pynvml.nvmlDeviceGetMaxMigDeviceCount(self.handle))
+        if count is None:
+            return None
+        out = []
+        for i in range(count):
+            try:
+                handle = self._try("nvmlDeviceGetMigDeviceHandleByIndex",
+                                   lambda i=i: pynvml.nvmlDeviceGetMigDeviceHandleByIndex(self.handle, i))
+            except pynvml.NVMLError:
+                continue  # NOT_FOUND (no MIG device at this index) or not supported
+            except _Failed as exc:
+                self.failures.append(("mig_devices", exc.function, exc.text))
+                continue
+            sub = _GpuReader(self.lib, self.index, handle, self.deadline, self.pid_max, self.branch)
+            sub.bus_id = self.bus_id
+            dev = _raw.mig_device(_text(sub.field("uuid", "nvmlDeviceGetUUID", lambda h=handle: pynvml.nvmlDeviceGetUUID(h))))
+            name = _text(sub.field("name", "nvmlDeviceGetName", lambda h=handle: pynvml.nvmlDeviceGetName(h)))
+            dev["name"] = name
+            dev["profile"] = name.rsplit(" MIG ", 1)[-1] if name and " MIG " in name else None
+            dev["gpu_instance_id"] = sub.field("gpu_instance_id", "nvmlDeviceGetGpuInstanceId",
+                                               lambda h=handle: pynvml.nvmlDeviceGetGpuInstanceId(h))
+            dev["compute_instance_id"] = sub.field("compute_instance_id", "nvmlDeviceGetComputeInstanceId",
+                                                   lambda h=handle: pynvml.nvmlDeviceGetComputeInstanceId(h))
+            dev["memory"] = sub.memory()
+            dev["processes"], problem = sub.processes()
+            if problem:
+                dev["processes_error"] = f"processes could not be read: {problem}"
+            dev["device_nodes"] = _mig.device_nodes(gpu_minor, dev["gpu_instance_id"], dev["compute_instance_id"])
+            self.failures.extend((f"mig_devices.{field}", function, f"{dev['uuid']}: {text}")
+                                 for field, function, text in sub.failures)
+            out.append(dev)
+        return out
+
     def processes(self):
         """(merged process list, error text or None)."""
         merged = {}
@@ -505,6 +548,9 @@ def _gpu(lib, index: int, deadline, pid_max, branch) -> dict:
         gpu["compute_mode"] = None if compute is None else _COMPUTE_MODES.get(compute, str(compute))
         mig = r.field("mig_mode", "nvmlDeviceGetMigMode", lambda: pynvml.nvmlDeviceGetMigMode(handle))
         gpu["mig_mode"] = None if mig is None else bool(mig[0])
+        gpu["mig_mode_pending"] = None if mig is None else bool(mig[1])
+        if gpu["mig_mode"]:
+            gpu["mig_devices"] = r.mig_devices(gpu["minor_number"])
         gpu.update(r.health())
         gpu["processes"], problem = r.processes()
         if problem:

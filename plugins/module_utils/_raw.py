@@ -24,8 +24,9 @@ def empty_gpu(index: int) -> dict:
     """A raw GPU of which nothing is known yet but its index: every field None, no process, healthy."""
     gpu = {"index": index, "health": {"status": "ok", "detail": None}}
     for key in ("uuid", "name", "serial", "minor_number", "pci_bus_id", "temperature", "power",
-                "persistence_mode", "compute_mode", "mig_mode"):
+                "persistence_mode", "compute_mode", "mig_mode", "mig_mode_pending"):
         gpu[key] = None
+    gpu["mig_devices"] = []  # MIG devices (mig_device each) while MIG mode is on; None when they cannot be read
     gpu["memory"] = {"total": None, "used": None, "free": None, "reserved": None, "used_includes_reserved": None}
     gpu["utilization"] = {"gpu": None, "memory": None}
     gpu["processes"] = []
@@ -35,6 +36,14 @@ def empty_gpu(index: int) -> dict:
     gpu["unsupported"] = []
     gpu["errors"] = []
     return gpu
+
+
+def mig_device(uuid) -> dict:
+    """A raw MIG device (_mig): its MIG UUID, GPU and compute instance ids, profile, memory, the driver's processes on
+    it (process entries) and its capability nodes (/dev/nvidia-caps/nvidia-cap<N>)."""
+    return {"uuid": uuid, "name": None, "profile": None, "gpu_instance_id": None, "compute_instance_id": None,
+            "memory": {"total": None, "used": None, "free": None, "reserved": None, "used_includes_reserved": None},
+            "processes": [], "processes_error": None, "device_nodes": []}
 
 
 def process(pid: int, types=(), used_mib=None) -> dict:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _raw
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _mig, _raw
 
 GPU_FIELDS = [
     "index", "uuid", "name", "serial", "pci.bus_id", "memory.total", "memory.used", "memory.free",
@@ -203,14 +203,19 @@ def parse_apps(out: str) -> list:
     return apps
 
 
-def parse_minor_numbers(xml_text: str) -> dict:
-    """{uuid: minor number} from ``nvidia-smi -q -x`` (the CSV queries have no minor number)."""
+def _xml_root(xml_text: str):
+    """The root of ``nvidia-smi -q -x``'s log; UnreadableOutput when it is not XML."""
     import xml.etree.ElementTree as ET  # a trusted local program's output, not user input
 
     try:
-        root = ET.fromstring(xml_text)
+        return ET.fromstring(xml_text)
     except ET.ParseError as exc:
         raise _errors.UnreadableOutput("nvidia-smi -q -x", f"not XML ({exc})", xml_text) from None
+
+
+def parse_minor_numbers(xml_text: str) -> dict:
+    """{uuid: minor number} from ``nvidia-smi -q -x`` (the CSV queries have no minor number)."""
+    root = _xml_root(xml_text)
     out = {}
     for gpu in root.iter("gpu"):
         uuid = (gpu.findtext("uuid") or "").strip()
@@ -305,6 +310,88 @@ def _run_both(run, first, second):
     return one, box["second"]
 
 
+_MIG_LINE = re.compile(r"^\s+MIG\s+(\S+)\s+Device\s+(\d+):\s+\(UUID:\s+(MIG-[0-9A-Fa-f-]+)\)\s*$")
+_GPU_LINE = re.compile(r"^GPU\s+(\d+):.*\(UUID:\s+(GPU-[0-9A-Fa-f-]+)\)\s*$")
+
+
+def parse_mig_list(text: str) -> dict:
+    """{GPU UUID: [(profile, MIG UUID), ...] in device order} from ``nvidia-smi -L`` (a MIG device's line follows
+    its GPU's: ``  MIG 3g.40gb     Device  0: (UUID: MIG-...)``)."""
+    out, current = {}, None
+    for line in (text or "").splitlines():
+        m = _GPU_LINE.match(line)
+        if m:
+            current = out.setdefault(m.group(2), [])
+            continue
+        m = _MIG_LINE.match(line)
+        if m and current is not None:
+            current.append((m.group(1), m.group(3)))
+    return out
+
+
+def parse_mig_xml(xml_text: str) -> dict:
+    """{GPU UUID: {"devices": [(gi, ci, memory)], "processes": [(pid, gi, ci)]}} from ``nvidia-smi -q -x``'s
+    ``mig_devices`` (index order) and ``processes/process_info`` (tests/gpusim/README.md "MIG")."""
+    root = _xml_root(xml_text)
+    out = {}
+    for gpu in root.iter("gpu"):
+        uuid = (gpu.findtext("uuid") or "").strip()
+        devices = []
+        for dev in gpu.findall("mig_devices/mig_device"):
+            mem = {k: to_int((dev.findtext(f"fb_memory_usage/{k}") or "").replace("MiB", ""))
+                   for k in ("total", "used", "free", "reserved")}
+            mem["used_includes_reserved"] = False
+            devices.append((to_int(dev.findtext("gpu_instance_id") or ""), to_int(dev.findtext("compute_instance_id") or ""),
+                            mem))
+        procs = [(to_int(p.findtext("pid") or ""), to_int(p.findtext("gpu_instance_id") or ""),
+                  to_int(p.findtext("compute_instance_id") or "")) for p in gpu.findall("processes/process_info")]
+        out[uuid] = {"devices": devices, "processes": [p for p in procs if p[0] is not None],
+                     "pending": to_bool_mode(gpu.findtext("mig_mode/pending_mig") or "")}
+    return out
+
+
+def mig_devices(run, executable: str, gpus: list) -> None:
+    """The MIG devices of the GPUs in MIG mode (in place, _raw.mig_device each): their UUIDs and profiles from
+    ``nvidia-smi -L``, their ids, memory and processes from ``-q -x`` (its ``process_info`` gives each process's GPU
+    and compute instance; ``--query-compute-apps`` names only the GPU), their capability nodes from the driver's
+    /proc files (_mig), and the pending MIG mode (``mig_mode/pending_mig``: of a GPU not in MIG mode it is not read,
+    its ``mig_mode_pending`` stays null). What nvidia-smi cannot say leaves ``mig_devices`` null (noted in
+    ``errors``)."""
+    migs = [g for g in gpus if g.get("mig_mode")]
+    if not migs:
+        return
+    run = reading(run)
+    try:
+        rc_l, out_l, _err = run([executable, "-L"])
+        rc_x, out_x, _err = run([executable, "-q", "-x"])
+        listed = parse_mig_list(out_l) if rc_l == 0 else None
+        xml = parse_mig_xml(out_x) if rc_x == 0 else None
+    except (_errors.GpuError, ValueError) as exc:
+        listed = xml = None
+        problem = str(getattr(exc, "msg", exc))
+    else:
+        problem = f"nvidia-smi -L exited {rc_l}, -q -x exited {rc_x}"
+    for g in migs:
+        names, info = (listed or {}).get(g["uuid"]), (xml or {}).get(g["uuid"])
+        g["mig_mode_pending"] = None if info is None else info["pending"]
+        if names is None or info is None or len(names) != len(info["devices"]):
+            g["mig_devices"] = None
+            why = problem if listed is None or xml is None else "nvidia-smi -L and -q -x disagree"
+            g["errors"].append(f"GPU {g['index']}: its MIG devices could not be read ({why})")
+            continue
+        out = []
+        for (profile, uuid), (gi, ci, mem) in zip(names, info["devices"]):
+            dev = _raw.mig_device(uuid)
+            dev.update(profile=profile, name=f"{g.get('name')} MIG {profile}", gpu_instance_id=gi, compute_instance_id=ci,
+                       memory=mem, device_nodes=_mig.device_nodes(g.get("minor_number"), gi, ci))
+            by_pid = {p["pid"]: p for p in g["processes"]}
+            for pid, pgi, pci in info["processes"]:
+                if (pgi, pci) == (gi, ci):
+                    dev["processes"].append(by_pid.get(pid) or _raw.process(pid, ["compute"], None))
+            out.append(dev)
+        g["mig_devices"] = out
+
+
 def query(run, executable: str, minor_numbers=None) -> dict:
     """A raw snapshot through nvidia-smi. ``run(argv) -> (rc, out, err)``.
 
@@ -347,6 +434,7 @@ def query(run, executable: str, minor_numbers=None) -> dict:
     for g in gpus:
         g.pop("_driver_version", None)
         g["minor_number"] = (minor_numbers or {}).get(g["uuid"])
+    mig_devices(run, executable, gpus)
     merge_warnings(gpus, warnings)
     return {"driver": {"backend": "nvidia-smi", "driver_version": driver_version, "nvml_version": None,
                        "cuda_driver_version": None, "missing_fields": missing}, "gpus": gpus}

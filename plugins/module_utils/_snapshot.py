@@ -19,7 +19,7 @@ import posixpath
 import re
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
-from ansible_collections.gpuops.gpu.plugins.module_utils import _health, _holding
+from ansible_collections.gpuops.gpu.plugins.module_utils import _health, _holding, _mig
 
 # Never signalled, and never counted as keeping a GPU busy: the NVIDIA daemons hold nvidiactl
 # (or a device) on an idle GPU by design. The MPS control daemon holds no context (its servers do, and
@@ -59,6 +59,8 @@ def select_gpus(gpus: list, selectors) -> list:
         match = None
         if text.isdigit():
             match = [g for g in gpus if g["index"] == int(text)]
+        elif _mig.MIG_UUID.match(text):
+            match = [g for g in gpus if _mig.find([g], text)[0] is not None]  # a MIG device: its GPU (_mig.narrow)
         elif _UUID.match(text):
             match = [g for g in gpus if (g.get("uuid") or "").lower() == text.lower()]
         else:
@@ -69,7 +71,8 @@ def select_gpus(gpus: list, selectors) -> list:
                     selector=text)
             match = [g for g in gpus if normalize_bus_id(g.get("pci_bus_id") or "") == bus]
         if not match:
-            existing = ", ".join(f"{g['index']} ({g.get('uuid')}, {g.get('pci_bus_id')})" for g in gpus) or "none"
+            existing = ", ".join(f"{g['index']} ({g.get('uuid')}, {g.get('pci_bus_id')}"
+                                 + "".join(f", {d['uuid']}" for d in g.get("mig_devices") or []) + ")" for g in gpus) or "none"
             raise _errors.SelectionError(
                 f"gpus: no GPU matches {text!r} on this host; it has: {existing}", selector=text,
                 available=[g["index"] for g in gpus])
@@ -147,7 +150,7 @@ def _type_name(types) -> str:
 
 def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_used_mib=DEFAULT_MAX_MEMORY_USED_MIB,
           max_utilization_pct=None, include_device_holders=True, in_container=None, exe_of=None,
-          min_free_mib=None, min_free_pct=None, health_checks=(), xid_events=None) -> dict:
+          min_free_mib=None, min_free_pct=None, health_checks=(), xid_events=None, mig_selected=None) -> dict:
     """Assemble the facts from a raw backend snapshot.
 
     ``read_process(pid) -> dict|None`` enriches NVML's pids (None: the pid does not exist here);
@@ -155,7 +158,8 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
     ``min_free_mib``/``min_free_pct``: each GPU gets ``fit`` and ``fits`` (_health.fit);
     ``health_checks``: the checks that keep a GPU from being idle (every failing check is in
     ``health.checks`` all the same); ``xid_events``: the kernel log's (_health.parse_xid_events), or
-    None when it was not read (each GPU's ``xid_events`` is then None).
+    None when it was not read (each GPU's ``xid_events`` is then None); ``mig_selected`` ({index: MIG UUIDs},
+    _mig.selection): those GPUs are judged as far as those MIG devices go (_mig.narrow).
     """
     cache = {}
 
@@ -216,6 +220,11 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
             holder["evidence"] = evidence
             gpu["holders"].append(holder)
 
+    # MIG devices (before health and fit: a GPU named only by MIG UUIDs is judged, fit included, as far as they go)
+    for gpu in gpus:
+        _mig_facts(gpu, max_memory_used_mib)
+        if (mig_selected or {}).get(gpu["index"]):
+            _mig.narrow(gpu, mig_selected[gpu["index"]])
     backend = (raw.get("driver") or {}).get("backend")
     for gpu in gpus:
         for key in _health.HEALTH_FIELDS:
@@ -245,6 +254,25 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
         gpu["blockers"] = sorted({b["pid"] for b in blockers})
         gpu["lingering"] = sorted({h["pid"] for h in lingering})
     return {"driver": raw["driver"], "gpus": gpus}
+
+
+def _mig_facts(gpu: dict, max_memory_used_mib) -> None:
+    """A GPU's MIG devices in the facts' form (_mig.facts); each process and holder names the MIG devices it is on
+    (``mig_device``: the UUID of the device whose process list has it; ``mig_devices``: those whose capability nodes
+    a holder holds). Nothing is added to a GPU without MIG devices but an empty list."""
+    devs = gpu.get("mig_devices")
+    if not devs:
+        gpu["mig_devices"] = devs if devs is None else []
+        return
+    raw_procs = {}
+    for dev in devs:
+        for p in dev.get("processes") or []:
+            raw_procs.setdefault(p["pid"], dev["uuid"])
+    for proc in gpu["processes"]:
+        proc["mig_device"] = raw_procs.get(proc["pid"])
+    for holder in gpu["holders"]:
+        holder["mig_devices"] = _mig.devices_of_nodes([gpu], holder.get("files"))
+    gpu["mig_devices"] = [_mig.facts(dev, gpu, gpu["holders"], max_memory_used_mib) for dev in devs]
 
 
 def visibility_warnings(gpus: list, in_container=None) -> list:

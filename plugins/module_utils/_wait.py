@@ -597,8 +597,11 @@ def agreement(gpus: list, raw: dict, max_memory_used_mib: int):
         if other is None:
             disagree.append(f"nvidia-smi does not show GPU {g['index']} ({g['uuid']})")
             continue
-        used = other["memory"]["used"]
-        pids = [x["pid"] for x in other["processes"]]
+        # A GPU judged as far as some of its MIG devices go (_mig.narrow): nvidia-smi's list is the whole GPU's, so the
+        # processes on its other MIG devices are left out, and its memory (the whole GPU's) is not compared.
+        others = set(g.get("mig_unselected_pids") or ())
+        used = None if g.get("mig_selected") else other["memory"]["used"]
+        pids = [x["pid"] for x in other["processes"] if x["pid"] not in others]
         seen[str(g["index"])] = {"used_mib": used, "pids": pids}
         if pids:
             disagree.append(f"nvidia-smi shows GPU {g['index']} used by pid(s) {', '.join(map(str, pids))}")

@@ -190,6 +190,48 @@ ansible_facts:
         persistence_mode: {description: Whether persistence mode is on., type: bool, returned: always}
         compute_mode: {description: "V(default), V(exclusive_process) or V(prohibited).", type: str, returned: always}
         mig_mode: {description: Whether MIG mode is on., type: bool, returned: always}
+        mig_mode_pending:
+          description:
+            - The MIG mode the GPU takes at its next reset (C(nvmlDeviceGetMigMode)); when it differs from C(mig_mode) the
+              check V(mig_mode_pending) fails. Null where the driver has no MIG (before R450); with O(backend=nvidia-smi)
+              it is read (C(nvidia-smi -q -x) C(mig_mode/pending_mig)) for the GPUs in MIG mode only, null for the others.
+          type: bool
+          returned: always
+        mig_selected:
+          description:
+            - Only when O(gpus) names this GPU by MIG UUIDs alone (not by its index, UUID or bus id, which mean all its
+              MIG devices) - those MIG devices' UUIDs. The GPU is then judged as far as they go - its C(processes),
+              C(holders), C(memory) (their sum), C(mig_devices) and C(idle) are theirs; the release stops their
+              processes only and the wait waits for them only.
+          type: list
+          elements: str
+          returned: when O(gpus) names MIG devices
+        mig_unselected_pids:
+          description: With C(mig_selected) - the pids on this GPU's other MIG devices (left out of it).
+          type: list
+          elements: int
+          returned: when O(gpus) names MIG devices
+        mig_devices:
+          description:
+            - The MIG devices of a GPU in MIG mode (empty otherwise; null when the driver cannot list them), in the
+              driver's order (C(nvmlDeviceGetMigDeviceHandleByIndex); with O(backend=nvidia-smi), C(nvidia-smi -L) and
+              C(-q -x)) - C(uuid) (C(MIG-...)), C(gpu) (this GPU's index), C(gpu_instance_id), C(compute_instance_id),
+              C(name) and C(profile) (V(3g.71gb)), C(memory) (C(total), C(used), C(free), C(reserved) in MiB, the
+              device's own), C(processes) (the pids the driver lists on this MIG device; the GPU's C(processes) entries
+              name it in their C(mig_device)), C(processes_error), C(device_nodes) (its GPU instance's and compute
+              instance's C(/dev/nvidia-caps/nvidia-capN), from C(/proc/driver/nvidia/capabilities)), C(holders) (the pids
+              that hold those nodes) and C(idle) (no process, no unprotected holder of its nodes, no more than
+              O(max_memory_used_mib) in use).
+            - Give a C(uuid) to O(gpus) of M(gpuops.gpu.gpu_release) and M(gpuops.gpu.gpu_wait_idle) to act on that MIG
+              device alone.
+          type: list
+          elements: dict
+          returned: always
+          sample: [{"uuid": "MIG-b9f1b336-ba76-9bca-0471-3b5ad9dcf7e1", "gpu": 0, "gpu_instance_id": 1,
+                    "compute_instance_id": 0, "name": "NVIDIA H200 MIG 3g.71gb", "profile": "3g.71gb",
+                    "memory": {"total": 68160, "used": 4096, "free": 64064, "reserved": 0, "used_includes_reserved": false},
+                    "processes": [8812], "processes_error": null, "holders": [8812], "idle": false,
+                    "device_nodes": ["/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13"]}]
         health:
           description:
             - C(status) (V(ok), V(lost) or V(error)) and C(detail).
@@ -297,6 +339,8 @@ ansible_facts:
             - C(cmdline) has its secrets hidden (see O(redact)) and is cut at 1000 characters; null with O(cmdline=false).
             - C(type) is V(compute), V(graphics), V(mps) or their combination (V(compute+mps) is an MPS client, which the
               driver lists in its compute and MPS lists).
+            - C(mig_device), on a GPU in MIG mode - the UUID of the MIG device the driver lists the process on (see
+              C(mig_devices)); null for a process on no MIG device.
             - C(mps_server), only on the entries of an MPS server (C(nvidia-cuda-mps-server)) - C(gpus), the GPUs it
               is listed on (every GPU it serves, of all the host's GPUs), and C(clients), the MPS clients listed on
               them (C(pid), C(start_time), C(gpus), C(visible)). Their contexts run inside the server; the

@@ -231,6 +231,16 @@ containers:
       elements: int
       returned: always
     gpu_uuids: {description: The UUIDs of C(gpus); null when C(gpus) is null., type: list, elements: str, returned: always}
+    mig_devices:
+      description:
+        - The MIG devices the config passes - those whose capability nodes (C(/dev/nvidia-caps/nvidia-capN) of their GPU
+          instance or compute instance, in a C(devN) or C(lxc.mount.entry) line) it names, or that the NVIDIA container
+          toolkit's C(NVIDIA_VISIBLE_DEVICES) names by MIG UUID - by MIG UUID (see
+          M(gpuops.gpu.gpu_facts) C(mig_devices)); empty when it passes none. A capability node no MIG device of the node
+          has (but C(nvidia-cap1) and C(nvidia-cap2), MIG's config and monitor) is a warning.
+      type: list
+      elements: str
+      returned: always
     gpus_from:
       description:
         - Where C(wait_gpus) comes from. V(config) - C(gpus). For a running container whose config passes every GPU of
@@ -250,6 +260,14 @@ containers:
       type: list
       elements: int
       returned: always
+    wait_mig_devices:
+      description:
+        - The GPUs it has only through MIG devices (C(mig_devices)), by index (a string) - their MIG UUIDs; a wait after
+          the fence (P(gpuops.gpu.proxmox_fence_result#filter) C(container_gpus)) covers those MIG devices, not the
+          GPU's others. Empty when it has none.
+      type: dict
+      returned: always
+      sample: {"0": ["MIG-11ea0cf8-c5be-8cba-bdde-f32a839b7795"]}
   sample:
     - {"vmid": 129, "name": "gpu-ct", "status": "running", "lock": "", "running": true, "passthrough": true,
        "minors": [0, 1], "gpus": [0, 1], "gpu_uuids": ["GPU-3fb142e7-7102-c7ac-bd5a-fc829e11ed84",

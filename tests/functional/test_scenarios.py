@@ -30,6 +30,9 @@ Then it runs gpu_release (as Ansible does: a fresh interpreter) and gpu_wait_idl
   freeing read from the simulator's own record (the driver daemon's exit log plus the lag);
 - nothing is left behind: every target gone, no child of a module left, the host torn down clean.
 
+A second generator (test_generated_mig_scenarios, issue 27 item 1) draws MIG hosts: GPUs split into MIG devices,
+jobs on them, a selection of MIG UUIDs and GPU indexes; its oracle is in "MIG" below.
+
 The scope is an oracle computed from what the example built (ORACLE below), not from the module's
 output. Examples are not stopped at the first failure: every example's violations are collected and
 the test fails at the end with all of them; the statistics (examples, per shape and scope, time,
@@ -709,6 +712,94 @@ def test_generated_scenarios(collection, tmp_path, scenario_report):
         t0 = time.monotonic()
         violations, figures = run_plan(plan, collection, str(tmp_path))
         record(plan, violations, figures, time.monotonic() - t0)
+        if violations:
+            failing.append((plan, violations))
+
+    one()
+    assert not failing, "\n".join(f"{plan}: {v}" for plan, v in failing)
+
+
+# --- MIG (issue 27, item 1): a host whose GPUs are split into MIG devices ------------------------------------
+#
+# Each example: 2 GPUs, each in MIG mode with MIG devices of drawn profiles or a whole GPU, jobs on drawn MIG devices
+# (or on the whole GPU), an NVML client and nvidia-persistenced beside them, and a selection of MIG UUIDs and GPU
+# indexes (an index means all its MIG devices). The oracle: the release stops exactly the jobs on the selected MIG
+# devices (of the selected whole GPUs); every other job runs on, untouched; the wait is not ready while a selected
+# MIG device has a job, and ready once the release is done.
+
+MIG_EXAMPLES = int(os.environ.get("GPUOPS_MIG_SCENARIOS", "5"))
+MIG_BUDGET_S = float(os.environ.get("GPUOPS_MIG_SCENARIOS_BUDGET_S", "90"))
+MIG_LAYOUTS = (["3g.71gb", "3g.71gb"], ["3g.71gb", "2g.35gb", "1g.18gb"], ["1g.18gb", "1g.18gb", "1g.18gb", "1g.18gb"],
+               ["7g.141gb"])
+
+
+@dataclass
+class MigPlan:
+    layouts: List[Optional[List[str]]]  # per GPU: its MIG profiles, or None (MIG off)
+    jobs: List[Tuple[int, Optional[int]]]  # (GPU, index of its MIG device or None: the whole GPU)
+    select: List[Tuple[int, Optional[int]]]  # (GPU, MIG device index) by MIG UUID, or (GPU, None) by index
+
+
+@st.composite
+def mig_plans(draw):
+    layouts = [draw(st.sampled_from(MIG_LAYOUTS)), draw(st.one_of(st.none(), st.sampled_from(MIG_LAYOUTS)))]
+    slots = [(g, i) for g, lay in enumerate(layouts) for i in (range(len(lay)) if lay else [None])]
+    jobs = draw(st.lists(st.sampled_from(slots), min_size=1, max_size=5))
+    choices = slots + [(g, None) for g, lay in enumerate(layouts) if lay]
+    select = draw(st.lists(st.sampled_from(choices), min_size=1, max_size=3, unique=True))
+    return MigPlan(layouts, jobs, select)
+
+
+def run_mig_plan(plan: MigPlan, collection: str) -> List[str]:
+    violations = []
+    factory = GpusimFactory()
+    host = factory(gpus=2)
+    try:
+        devs = {g: host.set_mig(g, lay) for g, lay in enumerate(plan.layouts) if lay}
+        jobs = {}
+        for n, (g, i) in enumerate(plan.jobs):
+            target = g if i is None else devs[g][i]["uuid"]
+            jobs[host.hold(target, mib=1024 + n, name=f"python3 job{n}.py")] = (g, i)
+        host.hold(None, control_only=True, name="python3 monitor.py")
+        host.hold("all", mib=0, device_only=True, name="nvidia-persistenced")
+        selectors = [str(g) if i is None else devs[g][i]["uuid"] for g, i in plan.select]
+        whole = {g for g, i in plan.select if i is None}
+        chosen = {(g, i) for g, i in plan.select if i is not None}
+        expected = {pid for pid, (g, i) in jobs.items() if g in whole or (g, i) in chosen}
+        args = {"device_files": [host.dir + "/dev/nvidia*"], "gpus": selectors}
+        if expected:
+            res = run_module_text(host, collection, "gpu_wait_idle", dict(args, timeout=0.5, settle=0, sleep=0.1))[0]
+            if not res.get("failed"):
+                violations.append(f"the wait said ready while the selected MIG devices run {sorted(expected)}")
+        res = run_module_text(host, collection, "gpu_release", dict(args, grace_period=5))[0]
+        if res.get("failed"):
+            violations.append(f"the release failed: {res.get('msg')}")
+        released = {r["pid"] for r in res.get("released") or []}
+        if released != expected:
+            violations.append(f"released {sorted(released)}, the oracle says {sorted(expected)} (jobs {jobs})")
+        for pid, where in jobs.items():
+            if pid not in expected and sim.starttime(pid) is None:
+                violations.append(f"job {pid} on {where}, not selected, is gone")
+        res = run_module_text(host, collection, "gpu_wait_idle", dict(args, timeout=5, settle=0.2, sleep=0.1))[0]
+        if res.get("failed"):
+            violations.append(f"the wait after the release is not ready: {res.get('msg')}")
+    finally:
+        problems = factory.finish()
+    return violations + [f"teardown: {p}" for p in problems or []]
+
+
+def test_generated_mig_scenarios(collection):
+    failing = []
+    started = time.monotonic()
+
+    @seed(SEED)
+    @settings(max_examples=MIG_EXAMPLES, deadline=None, database=None, phases=[Phase.generate], print_blob=False,
+              suppress_health_check=list(HealthCheck))
+    @given(mig_plans())
+    def one(plan):
+        if MIG_BUDGET_S and time.monotonic() - started > MIG_BUDGET_S:
+            return
+        violations = run_mig_plan(plan, collection)
         if violations:
             failing.append((plan, violations))
 

@@ -15,7 +15,7 @@ import threading
 import time
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import (
-    _errors, _health, _holding, _nvml, _procs, _redact, _smi, _snapshot, _validate)
+    _errors, _health, _holding, _mig, _nvml, _procs, _redact, _smi, _snapshot, _validate)
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import call_with_timeout, run_in_group
 
 # Where the simulator (tests/gpusim) points the modules at its kernel log; an unset kernel_log reads it.
@@ -218,7 +218,8 @@ class SnapshotTaker:
             xids = getattr(self, "_xids", None)
         holders = None
         if gather_holders:
-            holders = _procs.scan_fd_holders(self.params["device_files"], exclude_pids=(os.getpid(),))
+            holders = _procs.scan_fd_holders(_mig.scan_patterns(self.params["device_files"], raw["gpus"]),
+                                             exclude_pids=(os.getpid(),))
             if self.smi_ids and self.backend == "nvidia-smi":
                 holders = self._selected_files_only(holders, raw)
         return self._redact(_snapshot.build(
@@ -235,6 +236,7 @@ class SnapshotTaker:
             min_free_pct=self.params.get("min_free_pct"),
             health_checks=checks,
             xid_events=xids,
+            mig_selected=_mig.selection(raw["gpus"], self.params.get("gpus")),
         ))
 
     def in_container(self):

@@ -736,7 +736,7 @@ def lxc_config(simdir: str, vmid: int) -> str:
     # The passthrough: each /dev/nvidia* node of the config, from the simulated device files (the toolkit hook's
     # mounts and a bind of the whole /dev imitated so: the hooks are never run, the node's /dev is never bound).
     for p in _device_paths(keys, raw, sim):
-        name = os.path.basename(p)
+        name = os.path.relpath(p, "/dev")  # nvidia0, or nvidia-caps/nvidia-cap21 (a MIG device's: README "MIG")
         src = os.path.join(sim, "dev", name)
         if p.startswith("/dev/nvidia") and os.path.exists(src):
             out.append(f"lxc.mount.entry = {src} dev/{name} none bind,create=file 0 0")

@@ -21,7 +21,7 @@ import socket
 import struct
 import sys
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import proctools
 
@@ -34,13 +34,23 @@ TYPES_RE = re.compile(r"[CGM]{1,3}")
 LAG_POLL_S = 0.05
 
 
+def _split_key(key: Any) -> Tuple[int, Optional[Tuple[int, int]]]:
+    """An allocation's key: a GPU index, or (gpu, gi, ci) for a MIG device -> (gpu, None or (gi, ci))."""
+    return (key, None) if isinstance(key, int) else (key[0], (key[1], key[2]))
+
+
+def _gpu_key(key: Any) -> Tuple[int, int, int]:
+    g, inst = _split_key(key)
+    return (g, -1, -1) if inst is None else (g, inst[0], inst[1])
+
+
 @dataclasses.dataclass
 class Entry:
     pid: int
     start: int
     pidns: int
     nspid: int
-    gpus: Dict[int, Tuple[str, int]]
+    gpus: Dict[Any, Tuple[str, int]]  # by GPU index, or (gpu, gi, ci) for a MIG device
     pidfd: Optional[int] = None
     exit_ns: Optional[int] = None
 
@@ -109,9 +119,11 @@ class Driver:
         out = []
         for key in sorted(self.entries):
             e = self.entries[key]
-            for g in sorted(e.gpus):
-                types, mib = e.gpus[g]
-                out.append(f"proc {e.pid} {e.start} {g} {types} {mib} {e.pidns} {e.nspid}")
+            for key in sorted(e.gpus, key=_gpu_key):
+                types, mib = e.gpus[key]
+                g, inst = _split_key(key)
+                mig = "" if inst is None else f" {inst[0]} {inst[1]}"  # a MIG device: <gi> <ci> (README "MIG")
+                out.append(f"proc {e.pid} {e.start} {g} {types} {mib} {e.pidns} {e.nspid}{mig}")
             if e.exit_ns is not None:
                 out.append(f"exit {e.pid} {e.start} {e.exit_ns}")
         return "".join(line + "\n" for line in out)
@@ -138,24 +150,25 @@ class Driver:
         self._written = text
 
     # --- registration -----------------------------------------------------------------------
-    def _parse_spec(self, types: str, spec: str) -> Tuple[str, Dict[int, int]]:
+    def _parse_spec(self, types: str, spec: str) -> Tuple[str, Dict[Any, int]]:
         if not TYPES_RE.fullmatch(types) or len(set(types)) != len(types):
             raise RequestError(f"invalid types={types!r}: must be any of C, G, M, e.g. C or CG")
         types = "".join(c for c in "CGM" if c in types)
         count = self.gpu_count()
-        gpus: Dict[int, int] = {}
+        gpus: Dict[Any, int] = {}
         for part in spec.split(","):
-            m = re.fullmatch(r"(\d+):(-?\d+)", part)
+            m = re.fullmatch(r"(\d+)(?:/(\d+)/(\d+))?:(-?\d+)", part)
             if not m:
-                raise RequestError(f"invalid allocation {part!r}: must be <gpu>:<mib>")
-            g, mib = int(m.group(1)), int(m.group(2))
+                raise RequestError(f"invalid allocation {part!r}: must be <gpu>:<mib> or <gpu>/<gi>/<ci>:<mib>")
+            g, mib = int(m.group(1)), int(m.group(4))
             if g >= count:
                 raise RequestError(f"invalid gpu={g}: the host has {count} GPUs")
             if mib < -1:
                 raise RequestError(f"invalid mib={mib}: must be >= 0 (or -1: not available)")
-            if g in gpus:
-                raise RequestError(f"invalid allocation: gpu {g} given twice")
-            gpus[g] = mib
+            key: Any = g if m.group(2) is None else (g, int(m.group(2)), int(m.group(3)))
+            if key in gpus:
+                raise RequestError(f"invalid allocation: gpu {part.split(':')[0]} given twice")
+            gpus[key] = mib
         return types, gpus
 
     def register(self, pid: int, types: str, spec: str) -> int:
@@ -210,7 +223,7 @@ class Driver:
         for key in [k for k, e in self.entries.items() if e.pid == pid and e.exit_ns is None]:
             e = self.entries[key]
             for g in list(e.gpus):
-                if which is None or g in which:
+                if which is None or _split_key(g)[0] in which:
                     del e.gpus[g]
             if not e.gpus:
                 self._close_pidfd(e)

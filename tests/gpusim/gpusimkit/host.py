@@ -31,10 +31,13 @@ from .scenario import ScenarioError
 # Unix socket paths are limited to 108 bytes (sun_path), NUL included.
 MAX_SOCK_PATH = 107
 CREATED_MARKER = ".gpusim-created"
-LAYOUT = ("lib", "bin", "ctbin", "dev", "run", "ct", "lxc", "etc", "services", "scenario", "scenario.json", "scenario.lock",
+LAYOUT = ("lib", "bin", "ctbin", "dev", "proc", "run", "ct", "lxc", "etc", "services", "scenario", "scenario.json", "scenario.lock",
           "procs", "kmsg", CREATED_MARKER)
 # The simulated kernel log (README "Health"): /dev/kmsg records, Xid lines appended by fault(xid=...).
 KMSG = "kmsg"
+# The driver's MIG capabilities (README "MIG"): the node's /proc/driver/nvidia/capabilities, read by the modules through
+# GPUOPS_NVIDIA_CAPS.
+MIG_CAPS_PROC = ("proc", "driver", "nvidia", "capabilities")
 ENV_FILE = "env.json"
 # Xid: the text the driver logs after the code (NVIDIA's Xid catalog; "GPU has fallen off the bus" as in
 # NVIDIA/open-gpu-kernel-modules#1151's logs). Other codes are logged with a generic text.
@@ -113,7 +116,17 @@ def _gpu_text(gpus: Union[str, int, Iterable[int], None]) -> str:
         return str(gpus)
     if isinstance(gpus, str):
         return gpus.strip()
-    return ",".join(str(int(g)) for g in gpus)
+    if isinstance(gpus, tuple) and len(gpus) == 3 and all(isinstance(x, int) for x in gpus):
+        gpus = [gpus]  # one MIG device as (gpu, gi, ci)
+    out = []
+    for g in gpus:
+        if isinstance(g, tuple):  # a MIG device (gpu, gi, ci)
+            out.append("/".join(str(int(x)) for x in g))
+        elif isinstance(g, str) and g.startswith("MIG-"):
+            out.append(g)
+        else:
+            out.append(str(int(g)))
+    return ",".join(out)
 
 
 def _as_int(value: Any, field: str) -> int:
@@ -252,6 +265,70 @@ class SimHost:
             with open(p, "a", encoding="utf-8"):
                 pass
             os.chmod(p, 0o666)
+        self._make_mig_nodes(sc)
+
+    def _make_mig_nodes(self, sc: scn.Scenario) -> None:
+        """DIR/dev/nvidia-caps/nvidia-cap<N> of every MIG device, and DIR/proc/driver/nvidia/capabilities/gpu<minor>/
+        mig/gi<g>/access and .../ci<c>/access ("DeviceFileMinor: N"), as the driver makes them (README "MIG"); the
+        capabilities of instances no longer there are removed."""
+        caps = self.path("dev", "nvidia-caps")
+        tree = self.path(*MIG_CAPS_PROC)
+        shutil.rmtree(tree, ignore_errors=True)
+        keep = set()
+        for g in sc.gpus:
+            if not g.mig_current:
+                continue
+            for d in g.mig_devices:
+                for ci, rel in ((None, f"gpu{g.minor}/mig/gi{d.gi}/access"), (d.ci, f"gpu{g.minor}/mig/gi{d.gi}/ci{d.ci}/access")):
+                    minor = scn.mig_cap_minor(g.minor, d.gi, ci)
+                    keep.add(f"nvidia-cap{minor}")
+                    path = os.path.join(tree, rel)
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    with open(path, "w", encoding="utf-8") as f:
+                        f.write(f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+        if keep:
+            os.makedirs(caps, exist_ok=True)
+        for name in sorted(keep):
+            p = os.path.join(caps, name)
+            with open(p, "a", encoding="utf-8"):
+                pass
+            os.chmod(p, 0o444)  # DeviceFileMode 292 = 0444
+        if os.path.isdir(caps):
+            for name in os.listdir(caps):
+                if name not in keep:
+                    os.unlink(os.path.join(caps, name))
+
+    def set_mig(self, gpu: int, profiles: Optional[Sequence[str]] = None, current: Optional[int] = None,
+                pending: Optional[int] = None) -> List[Dict[str, Any]]:
+        """MIG on GPU ``gpu`` (README "MIG"): ``profiles`` (``["3g.71gb", "1g.18gb"]``: one GPU instance with one
+        compute instance each) turns MIG mode on (current and pending 1, unless given) with those MIG devices;
+        ``profiles=[]`` leaves MIG on with no MIG device; ``current``/``pending`` alone set the modes (a pending change
+        waits for a GPU reset). Returns the GPU's MIG devices: [{uuid, gi, ci, profile, memory_mib, gi_cap, ci_cap}]."""
+        with scn.edit(self.dir) as sc:
+            g = sc.gpus[self._gpu_index(gpu, sc.gpu_count, "gpu")]
+            if profiles is not None:
+                g.mig_current = 1 if current is None else int(current)
+                g.mig_pending = g.mig_current if pending is None else int(pending)
+                g.mig_devices = scn.mig_layout(g, list(profiles), seed=self.dir)
+            else:
+                if current is not None:
+                    g.mig_current = int(current)
+                if pending is not None:
+                    g.mig_pending = int(pending)
+                if not g.mig_current:
+                    g.mig_devices = []
+        self._make_mig_nodes(sc)
+        return self.mig_devices(g.index)
+
+    def mig_devices(self, gpu: int) -> List[Dict[str, Any]]:
+        """The MIG devices of GPU ``gpu`` as set_mig returns them (empty when MIG is off)."""
+        sc = self.scenario()
+        g = sc.gpus[self._gpu_index(gpu, sc.gpu_count, "gpu")]
+        if not g.mig_current:
+            return []
+        return [{"uuid": d.uuid, "gpu": g.index, "gi": d.gi, "ci": d.ci, "profile": d.profile, "memory_mib": d.memory_mib,
+                 "gi_cap": scn.mig_cap_minor(g.minor, d.gi), "ci_cap": scn.mig_cap_minor(g.minor, d.gi, d.ci)}
+                for d in g.mig_devices]
 
     def _install_library(self, hidden: Sequence[str]) -> None:
         from . import build  # noqa: PLC0415 (written by another piece; imported when needed)
@@ -317,6 +394,8 @@ class SimHost:
             # (plugins/module_utils/_fence.py, README "The node's files").
             "GPUOPS_PVE_DIR": self.path("etc", "pve"),
             "GPUOPS_LXC_PATH": os.path.join(os.path.realpath(self.dir), "lxc"),
+            # /proc/driver/nvidia/capabilities: which MIG device a /dev/nvidia-caps/nvidia-cap<N> stands for (README "MIG").
+            "GPUOPS_NVIDIA_CAPS": self.path(*MIG_CAPS_PROC),
         }
 
     def env(self) -> Dict[str, str]:
@@ -425,6 +504,10 @@ class SimHost:
              only_own_devices: bool = False, control_only: bool = False, fork_child: bool = False,
              mps_control: bool = False, uid: Optional[int] = None) -> int:
         """Start a workload; returns its host pid once it holds its memory and device files.
+
+        gpus: GPU indexes (0, [0, 1], "0-3", "all", None), or MIG devices: a MIG UUID ("MIG-..."), a (gpu, gi, ci)
+        tuple, or a list mixing them (README "MIG": its context is on that MIG device, and it holds the device's
+        /dev/nvidia-caps nodes).
 
         Like CUDA, it opens the device node of every GPU it can see (the host's GPUs; in a
         container the config's), its context and memory only on ``gpus``; only_own_devices: only
@@ -893,9 +976,11 @@ class SimHost:
             lines = []
         for line in lines:
             w = line.split()
-            if len(w) == 8 and w[0] == "proc":
+            if len(w) in (8, 10) and w[0] == "proc":
                 procs.append({"pid": int(w[1]), "starttime": int(w[2]), "gpu": int(w[3]), "types": w[4],
                               "used_mib": int(w[5]), "pidns": int(w[6]), "nspid": int(w[7])})
+                if len(w) == 10:  # a MIG device's context (README "MIG")
+                    procs[-1].update(gi=int(w[8]), ci=int(w[9]))
             elif len(w) == 4 and w[0] == "exit":
                 exits[(int(w[1]), int(w[2]))] = int(w[3])
         return procs, exits

@@ -25,7 +25,10 @@ KINDS = ("Compute", "Graphics", "MPSCompute")
 V2_PROCESS_SYMBOLS = tuple(f"nvmlDeviceGet{k}RunningProcesses_v2" for k in KINDS)
 V3_PROCESS_SYMBOLS = tuple(f"nvmlDeviceGet{k}RunningProcesses_v3" for k in KINDS)
 MEMORY_V2 = "nvmlDeviceGetMemoryInfo_v2"
-MIG_SYMBOLS = ("nvmlDeviceGetMigMode", "nvmlDeviceIsMigDeviceHandle")
+# The MIG API: nvml.h of R450 (nvidia-ml-py 11.450.51 wraps every one of them; tests/gpusim/README.md "MIG").
+MIG_SYMBOLS = ("nvmlDeviceGetMigMode", "nvmlDeviceIsMigDeviceHandle", "nvmlDeviceGetMaxMigDeviceCount",
+               "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+               "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId")
 CONF_COMPUTE_MEM = "nvmlDeviceGetConfComputeMemSizeInfo"
 DETAIL_LIST = "nvmlDeviceGetRunningProcessDetailList"
 TEMPERATURE_V = "nvmlDeviceGetTemperatureV"

@@ -63,6 +63,22 @@ PID_MODES = ("host", "translate")
 HIDEABLE_PREFIX = "nvml"
 
 
+# MIG (tests/gpusim/README.md "MIG"): at most 7 MIG devices per GPU (nvmlDeviceGetMaxMigDeviceCount on an A100/H100/H200);
+# GPU instance ids 0..14 and compute instance ids 0..7 (the /proc/driver/nvidia-caps/mig-minors layout of the MIG user
+# guide: per GPU 15 GPU instances of 1 + 8 capability minors each, after config (1) and monitor (2)).
+MAX_MIG_DEVICES = 7
+MIG_GI_IDS = 15
+MIG_CI_IDS = 8
+MIG_UUID_RE = re.compile(r"MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+MIG_PROFILE_RE = re.compile(r"(\d\+)?\d+g\.\d+gb(\+me)?")
+
+
+def mig_cap_minor(gpu_minor: int, gi: int, ci: Optional[int] = None) -> int:
+    """The minor of /dev/nvidia-caps/nvidia-cap<N> for gpu<minor>/gi<gi>/access (ci None) or .../ci<ci>/access."""
+    base = 3 + gpu_minor * MIG_GI_IDS * (1 + MIG_CI_IDS) + gi * (1 + MIG_CI_IDS)
+    return base if ci is None else base + 1 + ci
+
+
 class ScenarioError(ValueError):
     """Invalid scenario value; the message names the field."""
 
@@ -70,6 +86,19 @@ class ScenarioError(ValueError):
 def _check(cond: bool, field: str, value, why: str) -> None:
     if not cond:
         raise ScenarioError(f"invalid {field}={value!r}: {why}")
+
+
+@dataclasses.dataclass
+class MigDevice:
+    """One MIG device: a compute instance ``ci`` of GPU instance ``gi`` (README "MIG")."""
+    gi: int
+    ci: int
+    profile: str
+    memory_mib: int
+    uuid: str
+
+    def render(self) -> str:
+        return f"{self.gi}:{self.ci}:{self.profile}:{self.memory_mib}:{self.uuid}"
 
 
 @dataclasses.dataclass
@@ -117,6 +146,8 @@ class Gpu:
     inforom_corrupt: int = 0
     not_supported: List[str] = dataclasses.field(default_factory=list)
     unknown: List[str] = dataclasses.field(default_factory=list)
+    # MIG devices (only while mig_current is 1), in NVML's index order (nvmlDeviceGetMigDeviceHandleByIndex).
+    mig_devices: List[MigDevice] = dataclasses.field(default_factory=list)
 
     def validate(self) -> None:
         f = f"gpu.{self.index}"
@@ -151,10 +182,60 @@ class Gpu:
                "must be 0 (not supported), 1 (not started), 2 (in progress) or 3 (completed)")
         _check(0 <= self.fabric_status <= 999, f + ".fabric_status", self.fabric_status, "must be an NVML return code")
         _check(0 <= self.clock_reasons < 2**64, f + ".clock_reasons", self.clock_reasons, "must be a 64-bit mask")
+        self.validate_mig()
         bad = sorted(set(self.not_supported) - NOT_SUPPORTED_FIELDS)
         _check(not bad, f + ".not_supported", ",".join(bad), f"unknown field; known: {', '.join(sorted(NOT_SUPPORTED_FIELDS))}")
         bad = sorted(set(self.unknown) - NOT_SUPPORTED_FIELDS)
         _check(not bad, f + ".unknown", ",".join(bad), f"unknown field; known: {', '.join(sorted(NOT_SUPPORTED_FIELDS))}")
+
+    def validate_mig(self) -> None:
+        f = f"gpu.{self.index}.mig_devices"
+        devs = self.mig_devices
+        _check(not devs or self.mig_current == 1, f, len(devs), "MIG devices need mig_current 1")
+        _check(len(devs) <= MAX_MIG_DEVICES, f, len(devs), f"at most {MAX_MIG_DEVICES} MIG devices per GPU")
+        for d in devs:
+            _check(isinstance(d, MigDevice), f, d, "must be MigDevice entries")
+            _check(0 <= d.gi < MIG_GI_IDS and 0 <= d.ci < MIG_CI_IDS, f, (d.gi, d.ci),
+                   f"gi must be 0..{MIG_GI_IDS - 1}, ci 0..{MIG_CI_IDS - 1}")
+            _check(MIG_PROFILE_RE.fullmatch(d.profile) is not None, f, d.profile, "a profile looks like 3g.71gb")
+            _check(0 < d.memory_mib <= self.memory_total_mib, f, d.memory_mib, "memory must be 1..memory_total_mib")
+            _check(MIG_UUID_RE.fullmatch(d.uuid) is not None, f, d.uuid,
+                   "must look like MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx")
+        ids = [(d.gi, d.ci) for d in devs]
+        _check(len(set(ids)) == len(ids), f, ids, "(gi, ci) pairs must be unique")
+        # compute instances of one GPU instance share its memory: count each GPU instance once
+        per_gi = {d.gi: d.memory_mib for d in devs}
+        _check(sum(per_gi.values()) <= self.memory_total_mib, f, sum(per_gi.values()),
+               "the GPU instances' memory exceeds the GPU's")
+
+    def mig_device(self, ref) -> Optional[MigDevice]:
+        """A MIG device of this GPU by MIG UUID or (gi, ci)."""
+        for d in self.mig_devices:
+            if (isinstance(ref, str) and d.uuid.lower() == ref.lower()) or (isinstance(ref, tuple) and (d.gi, d.ci) == ref):
+                return d
+        return None
+
+
+def mig_uuid(seed: str, gpu: int, gi: int, ci: int) -> str:
+    digest = hashlib.sha256(f"{seed}/mig/{gpu}/{gi}/{ci}".encode()).hexdigest()
+    return f"MIG-{digest[0:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+
+def mig_layout(gpu: Gpu, profiles_: List[str], seed: str = "") -> List[MigDevice]:
+    """MIG devices for ``profiles_`` (``"3g.71gb"``, ...; one GPU instance with one compute instance each, gi ids
+    from 1 as nvidia-smi mig -cgi hands them out in the field corpus' outputs), memory from the profile's name
+    (GiB less 1/16 for the instance's own use: assumed) capped by what is left."""
+    devs: List[MigDevice] = []
+    left = gpu.memory_total_mib
+    for n, prof in enumerate(profiles_):
+        m = re.fullmatch(r"(?:\d\+)?\d+g\.(\d+)gb(?:\+me)?", str(prof))
+        _check(m is not None, f"gpu.{gpu.index}.mig", prof, "a profile looks like 3g.71gb")
+        mib = min(left, int(m.group(1)) * 1024 - int(m.group(1)) * 64)
+        _check(mib > 0, f"gpu.{gpu.index}.mig", list(profiles_), "the profiles need more memory than the GPU has")
+        left -= mib
+        gi = n + 1
+        devs.append(MigDevice(gi=gi, ci=0, profile=str(prof), memory_mib=mib, uuid=mig_uuid(seed or gpu.uuid, gpu.index, gi, 0)))
+    return devs
 
 
 @dataclasses.dataclass
@@ -232,7 +313,9 @@ class Scenario:
                 if field.name == "index":
                     continue
                 v = getattr(g, field.name)
-                if isinstance(v, list):
+                if field.name == "mig_devices":
+                    v = ",".join(d.render() for d in v)
+                elif isinstance(v, list):
                     v = ",".join(v)
                 out.append(f"gpu.{g.index}.{field.name} {v}")
         return "\n".join(out) + "\n"
@@ -243,7 +326,11 @@ class Scenario:
     @classmethod
     def from_json(cls, data: Dict) -> "Scenario":
         data = dict(data)
-        gpus = [Gpu(**g) for g in data.pop("gpus")]
+        gpus = []
+        for g in data.pop("gpus"):
+            g = dict(g)
+            g["mig_devices"] = [MigDevice(**d) for d in g.get("mig_devices", [])]
+            gpus.append(Gpu(**g))
         return cls(gpus=gpus, **data)
 
 

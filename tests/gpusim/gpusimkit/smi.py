@@ -32,6 +32,7 @@ from __future__ import annotations
 import ctypes
 import datetime as _dt
 import os
+import re
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 from xml.sax.saxutils import escape as _xml_escape
@@ -504,7 +505,108 @@ def _memory_in_use(gpus: Sequence[Dict]) -> bool:
 
 
 def render_list(gpus: Sequence[Dict]) -> str:
-    return "".join(f"GPU {g['index']}: {g.get('name')} (UUID: {g.get('uuid')})\n" for g in gpus)
+    """-L: a line per GPU, then one per MIG device (tests/field exporter-linux-h100-mig-590.48.01 list.txt:
+    ``  MIG 3g.40gb     Device  0: (UUID: MIG-...)``)."""
+    out = []
+    for g in gpus:
+        out.append(f"GPU {g['index']}: {g.get('name')} (UUID: {g.get('uuid')})\n")
+        for d in g.get("mig") or ():
+            out.append(f"  MIG {d['profile']:<11} Device {d['index']:>2}: (UUID: {d['uuid']})\n")
+    return "".join(out)
+
+
+# MIG (README "MIG"): GPU instance profile ids and placement sizes of an H100/H200 by slice count (the MIG user
+# guide's H100 profile table: 7g 0, 4g 5, 3g 9, 2g 14, 1g 19; a compute instance taking its whole GPU instance: CI
+# profile 0 (1 slice) .. 4 (7 slices)); the placements here are sequential (assumed).
+MIG_GI_PROFILE_IDS = {7: 0, 4: 5, 3: 9, 2: 14, 1: 19}
+MIG_PLACEMENT_SIZE = {7: 8, 4: 4, 3: 4, 2: 2, 1: 1}
+MIG_CI_PROFILE_IDS = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}
+
+
+def _slices(profile: str) -> int:
+    m = re.match(r"(?:\d\+)?(\d+)g\.", profile)
+    return int(m.group(1)) if m else 1
+
+
+def render_mig_list(gpus: Sequence[Dict], what: str) -> str:
+    """``nvidia-smi mig -lgi`` (what "gi") / ``-lci`` ("ci"): the tables of the MIG user guide ("Getting Started")."""
+    rows = [(g, d) for g in gpus for d in g.get("mig") or ()]
+    if what == "gi":
+        seen = set()
+        lines = ["+-------------------------------------------------------+",
+                 "| GPU instances:                                        |",
+                 "| GPU   Name             Profile  Instance   Placement  |",
+                 "|                          ID       ID       Start:Size |",
+                 "|=======================================================|"]
+        for g, d in rows:
+            if (g["index"], d["gi"]) in seen:
+                continue
+            seen.add((g["index"], d["gi"]))
+            n = _slices(d["profile"])
+            lines.append(f"| {g['index']:>3}  {'MIG ' + d['profile']:<19}{MIG_GI_PROFILE_IDS.get(n, 19):>3}{d['gi']:>9}"
+                         f"{'%d:%d' % (d['start'], MIG_PLACEMENT_SIZE.get(n, n)):>13}     |")
+        lines.append("+-------------------------------------------------------+")
+    else:
+        lines = ["+--------------------------------------------------------------------+",
+                 "| Compute instances:                                                 |",
+                 "| GPU     GPU       Name             Profile   Instance   Placement  |",
+                 "|       Instance                       ID        ID       Start:Size |",
+                 "|         ID                                                         |",
+                 "|====================================================================|"]
+        for g, d in rows:
+            n = _slices(d["profile"])
+            lines.append(f"| {g['index']:>3}{d['gi']:>7}       {'MIG ' + d['profile']:<19}{MIG_CI_PROFILE_IDS.get(n, 0):>3}"
+                         f"{d['ci']:>10}{'0:%d' % n:>13}     |")
+        lines.append("+--------------------------------------------------------------------+")
+    return "".join(line + "\n" for line in lines)
+
+
+def read_mig(nv: "Nvml", g: Dict) -> None:
+    """g["mig"]: the MIG devices of a GPU in MIG mode, by nvmlDeviceGetMigDeviceHandleByIndex over
+    nvmlDeviceGetMaxMigDeviceCount (indexes without a device skipped): {index, uuid, profile, gi, ci, memory, start}."""
+    g["mig"] = []
+    if g.get("mig_current") != 1 or not nv.has("nvmlDeviceGetMigDeviceHandleByIndex"):
+        return
+    count = nv.uint("nvmlDeviceGetMaxMigDeviceCount", g["handle"])
+    start = 0
+    for i in range(0 if isinstance(count, Err) else count):
+        h = ctypes.c_void_p()
+        if nv.call("nvmlDeviceGetMigDeviceHandleByIndex", g["handle"], ctypes.c_uint(i), ctypes.byref(h)) != SUCCESS:
+            continue
+        name = nv.string("nvmlDeviceGetName", h, size=96)
+        profile = name.rsplit(" MIG ", 1)[-1] if isinstance(name, str) else "N/A"
+        mem = c_nvmlMemory_v2_t(version=NVML_MEMORY_V2)
+        memory = None
+        if nv.call("nvmlDeviceGetMemoryInfo_v2", h, ctypes.byref(mem)) == SUCCESS:
+            memory = {"total": mem.total, "reserved": mem.reserved, "used": mem.used, "free": mem.free}
+        d = {"index": len(g["mig"]), "uuid": nv.string("nvmlDeviceGetUUID", h, size=96), "profile": profile,
+             "gi": nv.uint("nvmlDeviceGetGpuInstanceId", h), "ci": nv.uint("nvmlDeviceGetComputeInstanceId", h),
+             "memory": memory or {}, "start": start}
+        if all(x["gi"] != d["gi"] for x in g["mig"]):
+            start += MIG_PLACEMENT_SIZE.get(_slices(profile), 1)
+        g["mig"].append(d)
+
+
+def query_mig_nodes(g: Dict) -> list:
+    """``<mig_devices>``: one ``<mig_device>`` per MIG device (index, gpu_instance_id, compute_instance_id,
+    fb_memory_usage: tests/field netdata-a100-sxm4-mig and telegraf-a100-sxm4-v12 q.xml), else "None"."""
+    if not g.get("mig"):
+        return ["None"]
+    out = []
+    for d in g["mig"]:
+        mem = d.get("memory") or {}
+        out.append(("mig_device", None, [
+            ("index", None, str(d["index"])),
+            ("gpu_instance_id", None, query_value(d["gi"])),
+            ("compute_instance_id", None, query_value(d["ci"])),
+            ("fb_memory_usage", None, [
+                ("total", None, query_value(mem.get("total", NA), _q_mib)),
+                ("reserved", None, query_value(mem.get("reserved", NA), _q_mib)),
+                ("used", None, query_value(mem.get("used", NA), _q_mib)),
+                ("free", None, query_value(mem.get("free", NA), _q_mib)),
+            ]),
+        ]))
+    return out
 
 
 # --- -q / -q -x: the query log -------------------------------------------------------
@@ -585,7 +687,7 @@ def query_gpu_nodes(g: Dict, processes: Sequence[Dict]) -> List[QueryNode]:
             ("current_mig", "Current", query_value(g.get("mig_current", NA), _enabled)),
             ("pending_mig", "Pending", query_value(g.get("mig_pending", NA), _enabled)),
         ]),
-        ("mig_devices", None, ["None"]),
+        ("mig_devices", None, query_mig_nodes(g)),
         ("serial", "Serial Number", query_value(g.get("serial"))),
         ("uuid", "GPU UUID", query_value(g.get("uuid"))),
         ("minor_number", "Minor Number", query_value(g.get("minor"))),
@@ -733,6 +835,7 @@ class Args:
         self.query = False  # -q
         self.xml = False  # -x
         self.reset = False  # -r
+        self.mig: Optional[str] = None  # `mig -lgi` ("gi") / `mig -lci` ("ci")
 
 
 _VALUE_OPTS = {
@@ -754,6 +857,19 @@ def parse_args(argv: Sequence[str]) -> Args:
     a = Args()
     i = 0
     argv = list(argv)
+    if argv and argv[0] == "mig":  # nvidia-smi mig -lgi|-lci [-i ID]: the listing subcommands only
+        rest = argv[1:]
+        kinds = {"-lgi": "gi", "--list-gpu-instances": "gi", "-lci": "ci", "--list-compute-instances": "ci"}
+        for j, tok in enumerate(rest):
+            if tok in kinds:
+                a.mig = kinds[tok]
+            elif tok == "-i" and j + 1 < len(rest):
+                a.ids = [s.strip() for s in rest[j + 1].split(",") if s.strip()]
+            elif j == 0 or rest[j - 1] != "-i":
+                raise UsageError(f"ERROR: Option {tok} is not recognized. {HELP_HINT}\n")
+        if a.mig is None:
+            raise UsageError(f"Invalid combination of input arguments. {HELP_HINT}\n")
+        return a
     while i < len(argv):
         tok = argv[i]
         i += 1
@@ -1447,6 +1563,8 @@ def _run(nv: Nvml, args: Args, fields: List[str], header: bool, units: bool, io:
 
     if args.query:
         mode = "xml" if args.xml else "text"
+    elif args.mig:
+        mode = "mig"
     else:
         mode = "list" if args.list else ("gpu" if args.query_gpu is not None else
                                          "app" if args.query_apps is not None else "table")
@@ -1460,6 +1578,8 @@ def _run(nv: Nvml, args: Args, fields: List[str], header: bool, units: bool, io:
             read_gpu(nv, g, need_table=(mode == "table"))
             if mode in ("xml", "text"):
                 read_query_extras(nv, g)
+            if mode in ("xml", "text", "list", "mig"):
+                read_mig(nv, g)
             if mode == "gpu" and any(f in HEALTH_GPU_FIELDS for f in fields):
                 read_health(nv, g)
             if mode == "gpu" and any(f.startswith("display_") for f in fields):
@@ -1488,7 +1608,16 @@ def _run(nv: Nvml, args: Args, fields: List[str], header: bool, units: bool, io:
         io.o(f"WARNING: infoROM is corrupted at gpu {_legacy_bus(g)}\n")
     snap = {"timestamp": now, "driver_version": drv, "count": count, "gpus": gpus,
             "processes": procs, "procs_reported": reported}
-    if mode == "list":
+    if mode == "mig":
+        migs = [g for g in gpus if g.get("mig_current") == 1]
+        if not migs:
+            io.o("No MIG-enabled devices found.\n")
+            return EXIT_NOT_FOUND
+        if not any(g.get("mig") for g in migs):
+            io.o("No GPU instances found: Not Found\n" if args.mig == "gi" else "No compute instances found: Not Found\n")
+            return EXIT_NOT_FOUND
+        io.o(render_mig_list(migs, args.mig))
+    elif mode == "list":
         io.o(render_list(gpus))
     elif mode == "gpu":
         io.o(render_csv(fields, gpus, snap, "gpu", header, units))
@@ -1604,6 +1733,9 @@ def gpu_reset(nv: Nvml, args: Args, simdir: str, io: Io) -> int:
                 c.leaked_mib = 0
                 c.remap_pending = c.retired_pending = 0
                 c.ecc_volatile_corrected = c.ecc_volatile_uncorrected = 0
+                # a pending MIG mode takes effect (README "MIG"): MIG on starts with no MIG device, MIG off has none
+                if c.mig_current != c.mig_pending:
+                    c.mig_current, c.mig_devices = c.mig_pending, []
             io.o(RESET_DONE.format(bus=bus))
     if not args.ids and code == EXIT_OK:
         io.o("All done.\n")

@@ -72,11 +72,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import signal
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple, Union
 
 from . import proctools
 from . import scenario as scn
@@ -129,9 +130,57 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     return args
 
 
-def validate(args: argparse.Namespace, sc: scn.Scenario) -> List[int]:
-    """The GPU indexes; raises ScenarioError naming the bad field."""
-    gpus = [] if args.gpus.strip() == "none" else scn.parse_gpu_list(args.gpus, sc.gpu_count)
+Target = Union[int, Tuple[int, int, int]]  # a GPU index, or (gpu, gi, ci): a MIG device
+
+
+def gpu_of(target: Target) -> int:
+    return target if isinstance(target, int) else target[0]
+
+
+def target_text(target: Target) -> str:
+    return str(target) if isinstance(target, int) else "/".join(str(x) for x in target)
+
+
+def parse_targets(text: str, sc: scn.Scenario) -> List[Target]:
+    """--gpus: GPU indexes (0,1 or 0-3 or all), MIG UUIDs (MIG-...) and <gpu>/<gi>/<ci> MIG devices, comma separated
+    (README "MIG"); raises ScenarioError naming the bad field."""
+    text = str(text).strip()
+    if text == "none":
+        return []
+    parts = [p.strip() for p in text.split(",")]
+    if not any(p.startswith("MIG-") or "/" in p for p in parts):
+        return list(scn.parse_gpu_list(text, sc.gpu_count))
+    out: List[Target] = []
+    for part in parts:
+        if part.startswith("MIG-"):
+            found = [(g.index, d.gi, d.ci) for g in sc.gpus if g.mig_current for d in g.mig_devices
+                     if d.uuid.lower() == part.lower()]
+            if not found:
+                raise scn.ScenarioError(f"invalid gpus={text!r}: no MIG device {part} on this host")
+            out.append(found[0])
+        elif "/" in part:
+            m = re.fullmatch(r"(\d+)/(\d+)/(\d+)", part)
+            if not m:
+                raise scn.ScenarioError(f"invalid gpus={text!r}: a MIG device is <gpu>/<gi>/<ci>, like 0/1/0")
+            g, gi, ci = (int(x) for x in m.groups())
+            if g >= sc.gpu_count or not sc.gpus[g].mig_current or sc.gpus[g].mig_device((gi, ci)) is None:
+                raise scn.ScenarioError(f"invalid gpus={text!r}: no MIG device {part} on this host")
+            out.append((g, gi, ci))
+        else:
+            out.extend(scn.parse_gpu_list(part, sc.gpu_count))
+    if len(set(out)) != len(out):
+        raise scn.ScenarioError(f"invalid gpus={text!r}: duplicate GPU or MIG device")
+    return out
+
+
+def validate(args: argparse.Namespace, sc: scn.Scenario) -> List[Target]:
+    """The GPU indexes and MIG devices; raises ScenarioError naming the bad field."""
+    gpus = parse_targets(args.gpus, sc)
+    if not (args.device_only or args.control_only):
+        whole_mig = [g for g in gpus if isinstance(g, int) and sc.gpus[g].mig_current]
+        if whole_mig:
+            raise scn.ScenarioError(f"invalid gpus={args.gpus!r}: GPU {whole_mig[0]} is in MIG mode: a context is on one of"
+                                    " its MIG devices (a MIG UUID or <gpu>/<gi>/<ci>)")
     t = args.type
     if not t or any(c not in "CGM" for c in t) or len(set(t)) != len(t):
         raise scn.ScenarioError(f"invalid type={t!r}: must be any of C, G, M, e.g. C or CG")
@@ -193,7 +242,7 @@ def _name_words(name: str) -> List[str]:
 
 
 class Workload:
-    def __init__(self, args: argparse.Namespace, simdir: str, gpus: List[int], sc: scn.Scenario):
+    def __init__(self, args: argparse.Namespace, simdir: str, gpus: List[Target], sc: scn.Scenario):
         self.args = args
         self.simdir = simdir
         self.gpus = gpus
@@ -227,11 +276,19 @@ class Workload:
             return []
         if a.tree:
             return ["nvidiactl"]
-        own = [self.sc.gpus[g].minor for g in self.gpus]
+        own = sorted({self.sc.gpus[gpu_of(g)].minor for g in self.gpus})
+        # a MIG device's process opens the capability nodes of its GPU instance and compute instance
+        # (README "MIG": /dev/nvidia-caps/nvidia-cap<N>)
+        caps = []
+        for t in self.gpus:
+            if not isinstance(t, int):
+                minor = self.sc.gpus[t[0]].minor
+                caps += [f"nvidia-caps/nvidia-cap{scn.mig_cap_minor(minor, t[1])}",
+                         f"nvidia-caps/nvidia-cap{scn.mig_cap_minor(minor, t[1], t[2])}"]
         if a.device_only:
-            return [f"nvidia{m}" for m in own] + ["nvidiactl"]
+            return [f"nvidia{m}" for m in own] + caps + ["nvidiactl"]
         minors = own if a.only_own_devices else sorted(set(own) | set(self.visible_minors()))
-        return [f"nvidia{m}" for m in minors] + ["nvidiactl", "nvidia-uvm"]
+        return [f"nvidia{m}" for m in minors] + caps + ["nvidiactl", "nvidia-uvm"]
 
     def open_devices(self) -> None:
         dev = os.path.join(self.simdir, "dev")
@@ -242,7 +299,7 @@ class Workload:
     def register(self) -> int:
         a = self.args
         if self.gpus and not (a.tree or a.device_only or a.control_only or a.mps_control):
-            spec = ",".join(f"{g}:{self.args.mib}" for g in self.gpus)
+            spec = ",".join(f"{target_text(g)}:{self.args.mib}" for g in self.gpus)
             return int(proctools.driver_request(self.simdir, f"alloc {self.args.type} {spec}"))
         return int(proctools.driver_request(self.simdir, "whoami"))
 
@@ -250,8 +307,8 @@ class Workload:
     def worker_specs(self) -> List[Dict[str, str]]:
         """[{gpus, type, name}] of the children: a tree's one worker per GPU; an MPS control daemon's one server."""
         if self.args.mps_control:
-            return [{"gpus": ",".join(str(g) for g in self.gpus), "type": "C", "name": MPS_SERVER}]
-        return [{"gpus": str(g), "type": self.args.type, "name": self.args.worker_name or self.args.name}
+            return [{"gpus": ",".join(target_text(g) for g in self.gpus), "type": "C", "name": MPS_SERVER}]
+        return [{"gpus": target_text(g), "type": self.args.type, "name": self.args.worker_name or self.args.name}
                 for g in self.gpus]
 
     def start_workers(self) -> None:

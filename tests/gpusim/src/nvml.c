@@ -207,6 +207,7 @@ _Static_assert(offsetof(nvmlGpuFabricInfoV_t, healthMask) == 32 && sizeof(nvmlGp
 /* ---- the simulated state ------------------------------------------------ */
 
 #define MAX_GPUS 64
+#define MAX_MIG 7 /* MIG devices per GPU (nvmlDeviceGetMaxMigDeviceCount on an A100/H100/H200) */
 
 /* Fields that `gpu.<i>.not_supported` can switch to NVML_ERROR_NOT_SUPPORTED. */
 enum {
@@ -252,6 +253,14 @@ static const struct {
     {"clock_reasons", NS_CLOCK_REASONS},
 };
 
+/* A MIG device: compute instance ci of GPU instance gi (scenario gpu.<i>.mig_devices gi:ci:profile:mib:uuid,...). */
+struct mig {
+    unsigned gi, ci;
+    char profile[32];
+    long long mem_mib;
+    char uuid[80];
+};
+
 struct gpu {
     char name[96];
     char uuid[80];
@@ -278,6 +287,8 @@ struct gpu {
     unsigned inforom_corrupt; /* nvmlDeviceValidateInforom answers NVML_ERROR_CORRUPTED_INFOROM */
     unsigned not_supported; /* NS_* bits */
     unsigned unknown;       /* NS_* bits whose queries answer NVML_ERROR_UNKNOWN (an intermittent driver error) */
+    int nmig;
+    struct mig mig[MAX_MIG];
 };
 
 enum { PID_MODE_TRANSLATE = 0, PID_MODE_HOST = 1 };
@@ -300,8 +311,9 @@ struct scenario {
 
 enum { T_COMPUTE = 1, T_GRAPHICS = 2, T_MPS = 4 };
 
-struct proc_line { /* proc <hostpid> <starttime> <gpu> <types> <used_mib> <pidns> <nspid> */
+struct proc_line { /* proc <hostpid> <starttime> <gpu> <types> <used_mib> <pidns> <nspid> [<gi> <ci>] */
     int pid;
+    int gi, ci; /* the MIG device (-1 -1: the whole GPU) */
     unsigned long long starttime;
     int gpu;
     unsigned types;
@@ -327,10 +339,12 @@ struct filekey {
 
 struct simdev {
     unsigned index;
+    int mig; /* -1: the GPU; else the slot of a MIG device of GPU index (g_migdevs) */
 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct simdev g_devs[MAX_GPUS];     /* device handles point here */
+static struct simdev g_migdevs[MAX_GPUS][MAX_MIG]; /* MIG device handles */
 static int g_refcount;                     /* nvmlInit/nvmlShutdown nesting */
 static char g_dir[PATH_MAX];               /* DIR, found at the first nvmlInit */
 static char g_scenario_path[PATH_MAX + 16];
@@ -611,6 +625,18 @@ static void set_gpu_field(struct gpu *g, const char *f, const char *v)
         g->mig_current = (unsigned)parse_int(v, g->mig_current);
     else if (!strcmp(f, "mig_pending"))
         g->mig_pending = (unsigned)parse_int(v, g->mig_pending);
+    else if (!strcmp(f, "mig_devices")) {
+        g->nmig = 0;
+        char buf[1024];
+        copy_str(buf, sizeof buf, v);
+        char *save = NULL;
+        for (char *e = strtok_r(buf, ",", &save); e && g->nmig < MAX_MIG; e = strtok_r(NULL, ",", &save)) {
+            struct mig m;
+            memset(&m, 0, sizeof m);
+            if (sscanf(e, "%u:%u:%31[^:]:%lld:%79s", &m.gi, &m.ci, m.profile, &m.mem_mib, m.uuid) == 5)
+                g->mig[g->nmig++] = m;
+        }
+    }
     else if (!strcmp(f, "lost_at_ns"))
         g->lost_at_ns = parse_int(v, g->lost_at_ns);
     else if (!strcmp(f, "remap_corrected"))
@@ -756,8 +782,11 @@ static void parse_procs(char *buf)
         if (!strncmp(line, "proc ", 5)) {
             struct proc_line p;
             char types[16];
-            if (sscanf(line + 5, "%d %llu %d %15s %lld %llu %d", &p.pid, &p.starttime, &p.gpu, types, &p.used_mib,
-                       &p.pidns, &p.nspid) != 7)
+            int got = sscanf(line + 5, "%d %llu %d %15s %lld %llu %d %d %d", &p.pid, &p.starttime, &p.gpu, types,
+                             &p.used_mib, &p.pidns, &p.nspid, &p.gi, &p.ci);
+            if (got == 7)
+                p.gi = p.ci = -1;
+            else if (got != 9)
                 continue;
             p.types = 0;
             for (const char *t = types; *t; t++)
@@ -931,20 +960,24 @@ static long long dead_counted_mib(const struct proc_line *p, long long now)
 struct seen_proc {
     unsigned pid;
     unsigned long long used_bytes;
+    unsigned gi, ci; /* NVML_INVALID_INSTANCE_ID when MIG is off */
 };
 
 /*
- * Judge every proc line of GPU <gi>.  Returns the MiB counted towards `used`
- * and, when out != NULL, fills out[] (capacity g_nprocs) with the processes
+ * Judge every proc line of GPU <gpu> (of its MIG device <m> only, when m != NULL).  Returns the MiB
+ * counted towards `used` and, when out != NULL, fills out[] (capacity g_nprocs) with the processes
  * of <types> reported to the caller; *nout gets their number.
  */
-static long long scan_gpu(unsigned gi, unsigned types, struct seen_proc *out, size_t *nout)
+static long long scan_gpu(unsigned gpu, const struct mig *m, unsigned types, struct seen_proc *out, size_t *nout)
 {
     long long used = 0, now = -1;
     size_t n = 0;
+    int mig_on = g_sc.gpus[gpu].mig_current != 0;
     for (size_t i = 0; i < g_nprocs; i++) {
         const struct proc_line *p = &g_procs[i];
-        if (p->gpu != (int)gi)
+        if (p->gpu != (int)gpu)
+            continue;
+        if (m && (p->gi != (int)m->gi || p->ci != (int)m->ci))
             continue;
         int alive = proc_alive(p);
         if (!alive) {
@@ -961,6 +994,8 @@ static long long scan_gpu(unsigned gi, unsigned types, struct seen_proc *out, si
                 out[n].pid = (unsigned)pid;
                 out[n].used_bytes = p->used_mib < 0 ? NVML_VALUE_NOT_AVAILABLE_ULL
                                                     : (unsigned long long)p->used_mib * 1048576ULL;
+                out[n].gi = mig_on && p->gi >= 0 ? (unsigned)p->gi : NVML_INVALID_INSTANCE_ID;
+                out[n].ci = mig_on && p->ci >= 0 ? (unsigned)p->ci : NVML_INVALID_INSTANCE_ID;
                 n++;
             }
         }
@@ -1024,6 +1059,42 @@ static nvmlReturn_t device_check(nvmlDevice_t h, int args_ok, int kind, unsigned
     return NVML_SUCCESS;
 }
 
+/*
+ * A MIG device handle (README "MIG"): valid while its GPU is in MIG mode and has a MIG device in
+ * that slot.  *out is the parent GPU, *mout the MIG device.  Other checks as device_check.
+ */
+static int is_mig_handle(nvmlDevice_t h)
+{
+    return h && h >= &g_migdevs[0][0] && h < &g_migdevs[0][0] + MAX_GPUS * MAX_MIG;
+}
+
+static nvmlReturn_t mig_check(nvmlDevice_t h, int args_ok, int kind, unsigned ns_bit, const struct gpu **out,
+                              const struct mig **mout)
+{
+    *mout = NULL;
+    if (!is_mig_handle(h))
+        return device_check(h, args_ok, kind, ns_bit, out);
+    if ((int)h->index >= g_sc.gpu_count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct gpu *g = &g_sc.gpus[h->index];
+    if (!g->mig_current || h->mig >= g->nmig)
+        return NVML_ERROR_INVALID_ARGUMENT; /* the MIG device is gone (assumed: INVALID_ARGUMENT) */
+    nvmlReturn_t ret = device_check(&g_devs[h->index], args_ok, kind, ns_bit, out);
+    if (ret == NVML_SUCCESS)
+        *mout = &g->mig[h->mig];
+    return ret;
+}
+
+/* The prologue of calls that take a GPU or a MIG device handle: g (the GPU) and m (NULL for a GPU handle). */
+#define MIG_CALL(h, args_ok, kind, ns_bit)                                                                       \
+    const struct gpu *g = NULL;                                                                                  \
+    const struct mig *m = NULL;                                                                                  \
+    nvmlReturn_t ret = enter();                                                                                  \
+    if (ret == NVML_SUCCESS)                                                                                     \
+        ret = mig_check((h), (args_ok), (kind), (ns_bit), &g, &m);                                               \
+    if (ret != NVML_SUCCESS)                                                                                     \
+        return leave(ret);
+
 #define DEVICE_CALL(h, args_ok, kind, ns_bit)                                                                    \
     const struct gpu *g = NULL;                                                                                  \
     nvmlReturn_t ret = enter();                                                                                  \
@@ -1044,8 +1115,14 @@ static void atfork_child(void)
 
 __attribute__((constructor)) static void lib_init(void)
 {
-    for (unsigned i = 0; i < MAX_GPUS; i++)
+    for (unsigned i = 0; i < MAX_GPUS; i++) {
         g_devs[i].index = i;
+        g_devs[i].mig = -1;
+        for (int k = 0; k < MAX_MIG; k++) {
+            g_migdevs[i][k].index = i;
+            g_migdevs[i][k].mig = k;
+        }
+    }
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 
@@ -1239,11 +1316,17 @@ NVMLAPI nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d
         return leave(ret);
     if (!uuid || !device)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
-    for (int i = 0; i < g_sc.gpu_count; i++)
+    for (int i = 0; i < g_sc.gpu_count; i++) {
         if (!strcasecmp(uuid, g_sc.gpus[i].uuid)) {
             *device = &g_devs[i];
             return leave(NVML_SUCCESS);
         }
+        for (int k = 0; g_sc.gpus[i].mig_current && k < g_sc.gpus[i].nmig; k++)
+            if (!strcasecmp(uuid, g_sc.gpus[i].mig[k].uuid)) { /* a MIG UUID gives the MIG device's handle */
+                *device = &g_migdevs[i][k];
+                return leave(NVML_SUCCESS);
+            }
+    }
     return leave(NVML_ERROR_NOT_FOUND);
 }
 
@@ -1275,16 +1358,22 @@ NVMLAPI nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId, nvmlDev
 
 /* ---- static identity (still answered on a lost GPU) --------------------- */
 
+/* A MIG device's name: the GPU's and its profile, "NVIDIA H200 MIG 3g.71gb" (assumed from nvidia-smi -L's lines). */
 NVMLAPI nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
 {
-    DEVICE_CALL(device, name != NULL, IDENTITY, 0);
+    MIG_CALL(device, name != NULL, IDENTITY, 0);
+    if (m) {
+        char buf[160];
+        snprintf(buf, sizeof buf, "%s MIG %s", g->name, m->profile);
+        return leave(put_str(name, length, buf));
+    }
     return leave(put_str(name, length, g->name));
 }
 
 NVMLAPI nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
-    DEVICE_CALL(device, uuid != NULL, IDENTITY, 0);
-    return leave(put_str(uuid, length, g->uuid));
+    MIG_CALL(device, uuid != NULL, IDENTITY, 0);
+    return leave(put_str(uuid, length, m ? m->uuid : g->uuid));
 }
 
 NVMLAPI nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length)
@@ -1355,14 +1444,14 @@ NVMLAPI nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_v1_t 
  * free = total - reserved - used_v2 (never below 0);
  * v1 `used` includes the reserved memory.
  */
-static void memory_mib(const struct gpu *g, long long *total, long long *reserved, long long *used_v2,
-                       long long *free_)
+static void memory_mib(const struct gpu *g, const struct mig *m, long long *total, long long *reserved,
+                       long long *used_v2, long long *free_)
 {
     refresh_procs();
-    long long procs = scan_gpu((unsigned)(g - g_sc.gpus), 0, NULL, NULL);
-    *total = g->total_mib;
-    *reserved = g->reserved_mib;
-    *used_v2 = g->base_used_mib + g->leaked_mib + procs;
+    long long procs = scan_gpu((unsigned)(g - g_sc.gpus), m, 0, NULL, NULL);
+    *total = m ? m->mem_mib : g->total_mib;
+    *reserved = m ? 0 : g->reserved_mib;
+    *used_v2 = m ? procs : g->base_used_mib + g->leaked_mib + procs;
     *free_ = *total - *reserved - *used_v2;
     if (*free_ < 0)
         *free_ = 0;
@@ -1372,9 +1461,9 @@ static void memory_mib(const struct gpu *g, long long *total, long long *reserve
 
 NVMLAPI nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
-    DEVICE_CALL(device, memory != NULL, QUERY, NS_MEMORY | NS_MEMORY_V1);
+    MIG_CALL(device, memory != NULL, QUERY, NS_MEMORY | NS_MEMORY_V1);
     long long total, reserved, used, free_;
-    memory_mib(g, &total, &reserved, &used, &free_);
+    memory_mib(g, m, &total, &reserved, &used, &free_);
     memory->total = MIB(total);
     memory->free = MIB(free_);
     memory->used = MIB(used + reserved);
@@ -1383,11 +1472,11 @@ NVMLAPI nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *
 
 NVMLAPI nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
-    DEVICE_CALL(device, memory != NULL, QUERY, NS_MEMORY | NS_MEMORY_V2);
+    MIG_CALL(device, memory != NULL, QUERY, NS_MEMORY | NS_MEMORY_V2);
     if (memory->version != NVML_MEMORY_V2_VERSION)
         return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
     long long total, reserved, used, free_;
-    memory_mib(g, &total, &reserved, &used, &free_);
+    memory_mib(g, m, &total, &reserved, &used, &free_);
     memory->total = MIB(total);
     memory->reserved = MIB(reserved);
     memory->free = MIB(free_);
@@ -1400,6 +1489,8 @@ NVMLAPI nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_
 NVMLAPI nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
 {
     DEVICE_CALL(device, utilization != NULL, QUERY, NS_UTILIZATION);
+    if (g->mig_current) /* nvidia-smi prints utilization.gpu [N/A] in MIG mode (tests/field: exporter-linux-h100-mig) */
+        return leave(NVML_ERROR_NOT_SUPPORTED);
     utilization->gpu = g->util_gpu;
     utilization->memory = g->util_mem;
     return leave(NVML_SUCCESS);
@@ -1494,12 +1585,67 @@ NVMLAPI nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *cur
     return leave(NVML_SUCCESS);
 }
 
-/* Our handles are always full GPUs, never MIG devices. */
 NVMLAPI nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice)
 {
-    DEVICE_CALL(device, isMigDevice != NULL, QUERY, 0);
+    MIG_CALL(device, isMigDevice != NULL, IDENTITY, 0);
     (void)g;
-    *isMigDevice = 0;
+    *isMigDevice = m != NULL;
+    return leave(NVML_SUCCESS);
+}
+
+/* ---- MIG (README "MIG"): the MIG device handles of a GPU in MIG mode ------------------------------ */
+
+/* nvml.h: "the maximum number of MIG devices that can exist under a given parent NVML device";
+ * 0 when MIG is off (assumed), 7 on the simulated (A100/H100/H200-class) GPUs. */
+NVMLAPI nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
+{
+    DEVICE_CALL(device, count != NULL, QUERY, NS_MIG_MODE);
+    *count = g->mig_current ? MAX_MIG : 0;
+    return leave(NVML_SUCCESS);
+}
+
+/* index 0..max-1: NOT_FOUND where no MIG device is (go-nvlib and the k8s-device-plugin skip those);
+ * INVALID_ARGUMENT past the maximum; NOT_SUPPORTED with MIG off (assumed). */
+NVMLAPI nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                         nvmlDevice_t *migDevice)
+{
+    DEVICE_CALL(device, migDevice != NULL, QUERY, NS_MIG_MODE);
+    if (!g->mig_current)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (index >= MAX_MIG)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if ((int)index >= g->nmig)
+        return leave(NVML_ERROR_NOT_FOUND);
+    *migDevice = &g_migdevs[g - g_sc.gpus][index];
+    return leave(NVML_SUCCESS);
+}
+
+NVMLAPI nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device)
+{
+    MIG_CALL(migDevice, device != NULL, IDENTITY, 0);
+    if (!m)
+        return leave(NVML_ERROR_INVALID_ARGUMENT); /* not a MIG device handle (assumed) */
+    *device = &g_devs[g - g_sc.gpus];
+    return leave(NVML_SUCCESS);
+}
+
+NVMLAPI nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    MIG_CALL(device, id != NULL, IDENTITY, 0);
+    (void)g;
+    if (!m)
+        return leave(NVML_ERROR_NOT_SUPPORTED); /* a GPU handle (nvml.h: "not supported" if not a MIG device) */
+    *id = m->gi;
+    return leave(NVML_SUCCESS);
+}
+
+NVMLAPI nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    MIG_CALL(device, id != NULL, IDENTITY, 0);
+    (void)g;
+    if (!m)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    *id = m->ci;
     return leave(NVML_SUCCESS);
 }
 
@@ -1537,7 +1683,8 @@ NVMLAPI nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, int *type)
 /* ---- running processes: the two-call protocol --------------------------- */
 
 /* The processes of <types> on the GPU that the caller sees (refresh_procs() first); malloc'd, may be NULL. */
-static struct seen_proc *seen_processes(const struct gpu *g, unsigned types, size_t *n, int *oom)
+static struct seen_proc *seen_processes(const struct gpu *g, const struct mig *m, unsigned types, size_t *n,
+                                        int *oom)
 {
     refresh_procs();
     struct seen_proc *seen = NULL;
@@ -1550,7 +1697,7 @@ static struct seen_proc *seen_processes(const struct gpu *g, unsigned types, siz
             return NULL;
         }
     }
-    scan_gpu((unsigned)(g - g_sc.gpus), types, seen, n);
+    scan_gpu((unsigned)(g - g_sc.gpus), m, types, seen, n);
     return seen;
 }
 
@@ -1567,16 +1714,16 @@ static void put_process(void *infos, size_t i, size_t entry_size, const struct s
         memset(e, 0, sizeof *e);
         e->pid = p->pid;
         e->usedGpuMemory = p->used_bytes;
-        e->gpuInstanceId = NVML_INVALID_INSTANCE_ID; /* MIG off */
-        e->computeInstanceId = NVML_INVALID_INSTANCE_ID;
+        e->gpuInstanceId = p->gi; /* NVML_INVALID_INSTANCE_ID with MIG off */
+        e->computeInstanceId = p->ci;
         e->usedGpuCcProtectedMemory = 0; /* CC off */
     } else {
         nvmlProcessInfo_t *e = (nvmlProcessInfo_t *)infos + i;
         memset(e, 0, sizeof *e);
         e->pid = p->pid;
         e->usedGpuMemory = p->used_bytes;
-        e->gpuInstanceId = NVML_INVALID_INSTANCE_ID; /* MIG off */
-        e->computeInstanceId = NVML_INVALID_INSTANCE_ID;
+        e->gpuInstanceId = p->gi;
+        e->computeInstanceId = p->ci;
     }
 }
 
@@ -1597,12 +1744,12 @@ static void put_process(void *infos, size_t i, size_t entry_size, const struct s
 static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCount, void *infos, unsigned types,
                                       size_t entry_size)
 {
-    DEVICE_CALL(device, infoCount != NULL, QUERY, NS_PROCESSES);
+    MIG_CALL(device, infoCount != NULL, QUERY, NS_PROCESSES);
     if (entry_size == 0)
         entry_size = g_sc.process_v3_entry_bytes;
     size_t n;
     int oom;
-    struct seen_proc *seen = seen_processes(g, types, &n, &oom);
+    struct seen_proc *seen = seen_processes(g, m, types, &n, &oom);
     if (oom)
         return leave(NVML_ERROR_UNKNOWN);
     if (*infoCount == 0 || infos == NULL || *infoCount < n) {
@@ -1649,7 +1796,7 @@ PROCESS_QUERIES(MPSCompute, T_MPS)
  */
 NVMLAPI nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, nvmlProcessDetailList_t *plist)
 {
-    DEVICE_CALL(device, plist != NULL, QUERY, NS_PROCESSES);
+    MIG_CALL(device, plist != NULL, QUERY, NS_PROCESSES);
     if (plist->version != NVML_PROCESS_DETAIL_LIST_V1_VERSION)
         return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
     unsigned types = plist->mode == NVML_PROCESS_MODE_COMPUTE    ? T_COMPUTE
@@ -1660,7 +1807,7 @@ NVMLAPI nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, 
         return leave(NVML_ERROR_INVALID_ARGUMENT);
     size_t n;
     int oom;
-    struct seen_proc *seen = seen_processes(g, types, &n, &oom);
+    struct seen_proc *seen = seen_processes(g, m, types, &n, &oom);
     if (oom)
         return leave(NVML_ERROR_UNKNOWN);
     if (plist->numProcArrayEntries == 0 || plist->procArray == NULL || plist->numProcArrayEntries < n) {

@@ -351,7 +351,7 @@ def test_configured_values(sim):
     g = sc.gpus[3]
     g.name, g.memory_total_mib, g.util_gpu, g.util_mem = "NVIDIA A100-SXM4-80GB", 81920, 57, 23
     g.temperature, g.power_mw, g.power_limit_mw, g.fan = 64, 312345, 400000, 42
-    g.persistence, g.compute_mode, g.mig_current, g.mig_pending = 0, 3, 1, 0
+    g.persistence, g.compute_mode, g.mig_current, g.mig_pending = 0, 3, 0, 1  # (MIG on: utilization NOT_SUPPORTED, test_sim_mig.py)
     g.pci_bus_id, g.minor = "00000002:C1:00.0", 17
     sim.save()
     out = sim.client().exec(READ_ALL)
@@ -361,7 +361,7 @@ def test_configured_values(sim):
     assert r["mem"]["total"] == 81920 * MIB
     assert r["util"] == {"gpu": 57, "memory": 23}
     assert (r["temp"], r["power"], r["limit"], r["fan"]) == (64, 312345, 400000, 42)
-    assert (r["persistence"], r["compute_mode"], r["mig"]) == (0, 3, [1, 0])
+    assert (r["persistence"], r["compute_mode"], r["mig"]) == (0, 3, [0, 1])
     assert r["pci"]["busId"] == "00000002:C1:00.0" and r["pci"]["domain"] == 2 and r["pci"]["bus"] == 0xC1
     assert r["pci"]["busIdLegacy"] == "0002:C1:00.0"
     assert r["minor"] == 17 and r["by_bus"] == 3

@@ -38,7 +38,8 @@ V2 = [f"nvmlDeviceGet{k}RunningProcesses_v2" for k in ("Compute", "Graphics", "M
 V3 = [f"nvmlDeviceGet{k}RunningProcesses_v3" for k in ("Compute", "Graphics", "MPSCompute")]
 V1 = [f"nvmlDeviceGet{k}RunningProcesses" for k in ("Compute", "Graphics", "MPSCompute")]
 MEM2 = "nvmlDeviceGetMemoryInfo_v2"
-MIG = ["nvmlDeviceGetMigMode", "nvmlDeviceIsMigDeviceHandle"]
+MIG = ["nvmlDeviceGetMigMode", "nvmlDeviceIsMigDeviceHandle", "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex",
+       "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId"]
 CC = "nvmlDeviceGetConfComputeMemSizeInfo"
 DETAIL = "nvmlDeviceGetRunningProcessDetailList"
 TEMPV = "nvmlDeviceGetTemperatureV"
