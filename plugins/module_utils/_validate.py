@@ -25,6 +25,8 @@ import time
 
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import InvalidOption, RegexTooSlow
 from ansible_collections.gpuops.gpu.plugins.module_utils._holding import device_pattern_problem
+# Regular expressions see at most MATCH_CHARS characters of a command line (one constant, kept in _redact).
+from ansible_collections.gpuops.gpu.plugins.module_utils._redact import MATCH_CHARS
 
 try:  # Python 3.11+; sre_parse is deprecated there
     from re import _constants as _sre
@@ -43,8 +45,6 @@ MAX_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB
 PVE_VMID_MIN = 100
 PVE_VMID_MAX = 999999999
 MAX_PATTERN_CHARS = 1000
-# Regular expressions see at most this much of a command line.
-MATCH_CHARS = 4096
 # One search may take this long, all the searches of one option in one module run this long together.
 SEARCH_BUDGET_S = 0.5
 OPTION_BUDGET_S = 2.0
