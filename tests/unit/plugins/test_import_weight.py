@@ -23,6 +23,9 @@ CASES = [
     # the fence's record (proxmox_fence_result) needs module_outcome, not the tables' code
     ("filter.proxmox_fence_result", {"filter.gpu_idle_result", "module_utils._redact"}),
     ("filter.gpu_idle_result", {"module_utils._redact"}),
+    # the wait's action plugin and the options filter need the number checks, not the holding model
+    ("action.gpu_wait_idle", {"module_utils._validate", "module_utils._errors", "module_utils._redact"}),
+    ("filter.gpu_wait_options", {"module_utils._validate", "module_utils._errors", "module_utils._redact"}),
     # the redaction needs none of the validation (_validate, _holding, _health)
     ("module_utils._redact", set()),
 ]
