@@ -93,7 +93,6 @@ import signal
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import _gpus, describe, gpu_blockers, gpu_table, holders
 from ansible_collections.gpuops.gpu.plugins.module_utils import _bound
 from ansible_collections.gpuops.gpu.plugins.module_utils._redact import cut, redact_text
 
@@ -321,6 +320,9 @@ def _process_line(verb: str, proc: dict) -> str:
 
 
 def outside_fence(gpus, fence: dict, details=None) -> str:
+    # pylint: disable-next=import-outside-toplevel  # the tables' code (and _holding, _snapshot) only where a table is made
+    from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import _gpus, describe, holders
+
     """One sentence per process that keeps the fenced containers' GPUs busy from outside the fence (another
     container, the node), with its GPUs and its (redacted) command line, and what to do; '' when none."""
     fenced = {str(v) for v in (fence.get("containers") or [])}
@@ -355,6 +357,11 @@ def process_lines(fence: dict, release: dict) -> list:
 
 
 def gpu_idle_result(wait, release=None, fence=None, host="", seen_from="", check_mode=False, release_required=None):
+    # Imported here, not at the top: module_outcome (proxmox_fence_result's verdict, in a worker of its own per host)
+    # needs none of the tables' code, which costs more to import than the rest of this file.
+    # pylint: disable-next=import-outside-toplevel
+    from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import gpu_blockers, gpu_table
+
     wait = wait if isinstance(wait, dict) else {}
     release = release if isinstance(release, dict) else {}
     fence = fence if isinstance(fence, dict) else {}

@@ -21,7 +21,7 @@ Built-in rules, in order:
    (and ``TOKEN=`` ...; any case), ``scheme://user:password@``, ``Bearer <token>``, and bare
    ``hf_...``/``sk-...`` tokens (16 characters or more after the prefix);
 3. the extra patterns of the ``redact`` option (``_validate.Regex``) on the first
-   ``_validate.MATCH_CHARS`` characters: the text of each capturing group, or the whole match
+   ``MATCH_CHARS`` characters: the text of each capturing group, or the whole match
    when the pattern has none, becomes MASK.
 
 The raw text is never returned from here except by ``match_text`` (what the ``match``,
@@ -32,7 +32,10 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpuops.gpu.plugins.module_utils._validate import MATCH_CHARS
+# Regular expressions see at most this much of a command line (_validate's match/exclude/protect, the redact
+# patterns here). Defined here, which imports nothing of the collection, so that what needs only the redaction (the
+# roles' filters on the controller, in every forked worker) does not import _validate, _holding and _health with it.
+MATCH_CHARS = 4096
 
 MASK = "****"
 MAX_SHOWN = 1000

@@ -24,7 +24,8 @@ import threading
 import time
 
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import InvalidOption, RegexTooSlow
-from ansible_collections.gpuops.gpu.plugins.module_utils._holding import device_pattern_problem
+# Regular expressions see at most MATCH_CHARS characters of a command line (one constant, kept in _redact).
+from ansible_collections.gpuops.gpu.plugins.module_utils._redact import MATCH_CHARS
 
 try:  # Python 3.11+; sre_parse is deprecated there
     from re import _constants as _sre
@@ -43,8 +44,6 @@ MAX_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB
 PVE_VMID_MIN = 100
 PVE_VMID_MAX = 999999999
 MAX_PATTERN_CHARS = 1000
-# Regular expressions see at most this much of a command line.
-MATCH_CHARS = 4096
 # One search may take this long, all the searches of one option in one module run this long together.
 SEARCH_BUDGET_S = 0.5
 OPTION_BUDGET_S = 2.0
@@ -304,6 +303,16 @@ def regexes(option: str, patterns) -> list:
 
 # --- the options of each module -------------------------------------------------------------
 
+def _device_pattern_problem(pattern):
+    # Imported when a module checks its options, not with this file: the controller's plugins that need only the
+    # number checks (the gpu_wait_idle action plugin, the gpu_wait_options filter, in every forked worker) do not
+    # import _holding and _health. A module's payload still carries them (the AnsiballZ finder reads every import).
+    # pylint: disable-next=import-outside-toplevel
+    from ansible_collections.gpuops.gpu.plugins.module_utils._holding import device_pattern_problem
+
+    return device_pattern_problem(pattern)
+
+
 def snapshot(params: dict) -> None:
     """The options of the doc fragment gpuops.gpu.gpu (and .idle where present)."""
     gpu_selectors(params.get("gpus"))
@@ -311,7 +320,7 @@ def snapshot(params: dict) -> None:
     path("nvidia_smi_path", params["nvidia_smi_path"])
     for pattern in params["device_files"]:
         path("device_files", pattern, absolute=True)
-        problem = device_pattern_problem(pattern)
+        problem = _device_pattern_problem(pattern)
         if problem and not params.get("allow_any_device_files"):
             _fail("device_files", f"device_files: {pattern!r} {problem}: a pattern that matches other files would make"
                                   " every process that holds them a GPU holder (and a release target). Name the NVIDIA"
@@ -341,9 +350,9 @@ def idle(params: dict) -> None:
 
 def device_pattern_warnings(params: dict) -> list:
     """The warnings for device_files patterns accepted only because of allow_any_device_files."""
-    return [f"device_files: {pattern!r} {device_pattern_problem(pattern)}; accepted because allow_any_device_files is"
+    return [f"device_files: {pattern!r} {_device_pattern_problem(pattern)}; accepted because allow_any_device_files is"
             " true: every process that holds a matching file counts as a GPU holder"
-            for pattern in params["device_files"] if device_pattern_problem(pattern)]
+            for pattern in params["device_files"] if _device_pattern_problem(pattern)]
 
 
 def expected_count(params: dict) -> None:

@@ -49,5 +49,9 @@ def test_predeploy_under_ansible_runner_leaves_set_stats_artifacts(gpusim, colle
     assert artifacts["gpu_idle_ready"] is True
     assert artifacts["gpu_idle_summary"]["gpu-ct"]["ready"] is True
     assert float(artifacts["gpu_idle_elapsed"]) >= 0
+    # the fence's summary, published once per batch: the GPU host whose container was fenced, and only it
+    assert list(artifacts["proxmox_fence_summary"]) == ["gpu-ct"], artifacts["proxmox_fence_summary"]
+    assert artifacts["proxmox_fence_summary"]["gpu-ct"]["containers"] == [VMID]
+    assert artifacts["proxmox_fence_summary"]["gpu-ct"]["services_stopped"] == [{"vmid": VMID, "unit": "sglang"}]
     # the protected daemon outlived the fence
     assert os.path.exists(f"/proc/{bystander}")

@@ -1,0 +1,47 @@
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""What each controller-side plugin drags in when it is imported. ansible-playbook imports a filter in every
+forked worker (one per host and task) whose template names it, from source where no byte code is written
+(benchmarks/README.md, "Where the controller's CPU goes"): a plugin must not import module_utils it does not
+use. Each case imports one plugin in a fresh interpreter and lists the collection's modules loaded."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+PREFIX = "ansible_collections.gpuops.gpu.plugins."
+
+# plugin -> the collection's modules it may load (besides itself and the packages)
+CASES = [
+    # the fence's record (proxmox_fence_result) needs module_outcome, not the tables' code
+    # (and the small _bound, which counts what a summary left out, and _mig, which names a container's MIG devices)
+    ("filter.proxmox_fence_result", {"filter.gpu_idle_result", "module_utils._redact", "module_utils._bound",
+                                     "module_utils._mig"}),
+    ("filter.gpu_idle_result", {"module_utils._redact", "module_utils._bound"}),
+    # the wait's action plugin and the options filter need the number checks, not the holding model
+    ("action.gpu_wait_idle", {"module_utils._validate", "module_utils._errors", "module_utils._redact"}),
+    ("filter.gpu_wait_options", {"module_utils._validate", "module_utils._errors", "module_utils._redact"}),
+    # the redaction needs none of the validation (_validate, _holding, _health)
+    ("module_utils._redact", set()),
+]
+
+
+def loaded(module):
+    code = ("import importlib, json, sys; importlib.import_module(sys.argv[1]); "
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith(sys.argv[2]))))")
+    out = subprocess.run([sys.executable, "-c", code, PREFIX + module, PREFIX], check=True, capture_output=True,
+                         text=True, env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
+    names = {m[len(PREFIX):] for m in json.loads(out.stdout)}
+    return {n for n in names if "." in n and n != module}
+
+
+@pytest.mark.parametrize("module, allowed", CASES, ids=[c[0] for c in CASES])
+def test_a_plugin_imports_only_what_it_uses(module, allowed):
+    assert loaded(module) - allowed == set()
