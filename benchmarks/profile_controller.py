@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """Where the controller's CPU goes: cProfile of ansible-playbook (its main process and every forked worker) over
 bench_fleet's fleet.
 

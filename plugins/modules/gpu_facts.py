@@ -446,7 +446,7 @@ detail:
           C(blockers.3), C(samples.0)); empty when nothing was left out (and always with V(full)).
         - A GPU's own lists that were cut are counted in its C(more) - C(processes), C(blockers), C(busy_reasons),
           C(lingering), and C(holders) by evidence - and a process's (or a holder's details') in its C(more) -
-          C(files) by directory, C(gpus); the GPUs themselves, their C(idle), C(fits), C(health) and RV(idle_gpus) are
+          C(files) by directory, C(gpus); the GPUs themselves, their C(idle), C(fits), C(health) and C(idle_gpus) are
           never cut, and a busy GPU keeps at least one blocker and one busy reason.
       type: dict
       returned: always

@@ -89,7 +89,8 @@ def test_mig_mode_pending(current, pending, fails):
 def test_the_field_corpus_mig_list():
     with open(os.path.join(FIELD, "exporter-linux-h100-mig-590.48.01", "list.txt"), encoding="utf-8") as f:
         listed = _smi.parse_mig_list(f.read())
-    (devices,) = listed.values()
+    assert len(listed) == 1
+    devices = next(iter(listed.values()))
     assert [p for p, _u in devices] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
     assert devices[1][1] == "MIG-00000001-0000-0000-0000-000000000001"
 
