@@ -170,35 +170,55 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
             cache[pid] = read_process(pid)
         return cache[pid]
 
-    gpus = []
-    minors = {}
-    for g in raw["gpus"]:
-        gpu = dict(g)
-        procs = []
-        for p in g.get("processes") or []:
-            proc = {"pid": p["pid"], "type": _type_name(p.get("types") or ()), "used_mib": p.get("used_mib")}
-            details = info(p["pid"])
-            if details is None:
-                # visible: False = the pid does not exist from here; None = not looked up.
-                proc.update({"name": None, "cmdline": None, "user": None, "uid": None, "ppid": None,
-                             "start_time": None, "container": None, "unit": None,
-                             "visible": False if read_process is not None else None})
-            else:
-                proc.update({k: details.get(k) for k in ("name", "cmdline", "user", "uid", "ppid", "start_time", "container",
-                                                         "unit")})
-                proc["visible"] = True
-            procs.append(proc)
-        gpu["processes"] = procs
-        gpu["holders"] = []
-        gpus.append(gpu)
-        if gpu.get("minor_number") is not None:
-            minors[gpu["minor_number"]] = gpu
+    gpus = [_gpu_entry(g, info, read_process is not None) for g in raw["gpus"]]
+    _place_holders(gpus, holders, info, protect, exe_of)
+    # MIG devices (before health and fit: a GPU named only by MIG UUIDs is judged, fit included, as far as they go)
+    for gpu in gpus:
+        _mig_facts(gpu, max_memory_used_mib)
+        if (mig_selected or {}).get(gpu["index"]):
+            _mig.narrow(gpu, mig_selected[gpu["index"]])
+    backend = (raw.get("driver") or {}).get("backend")
+    for gpu in gpus:
+        _health_facts(gpu, xid_events, health_checks, min_free_mib, min_free_pct, backend)
+    _mark_mps_servers(gpus)
+    contexts = _holding.context_gpus(gpus)
+    for gpu in gpus:
+        gpu["idle"], gpu["busy_reasons"], blockers, lingering = _holding.verdict(
+            gpu, max_memory_used_mib, max_utilization_pct, include_device_holders and holders is not None,
+            in_container, contexts, min_free_mib, min_free_pct, health_checks, backend)
+        gpu["blockers"] = sorted({b["pid"] for b in blockers})
+        gpu["lingering"] = sorted({h["pid"] for h in lingering})
+    return {"driver": raw["driver"], "gpus": gpus}
 
-    # Each holder gets its evidence on each GPU (_holding): context, device or control. A holder
-    # is listed on the GPUs whose node it holds (or on which it has a context) and, when it holds
-    # only control nodes, on every GPU. Without minor numbers an nvidiaN cannot be placed: it
-    # then counts as a device holder of every GPU.
-    known_minors = {m: g["index"] for m, g in minors.items()} if minors else None
+
+_PROCESS_KEYS = ("name", "cmdline", "user", "uid", "ppid", "start_time", "container", "unit")
+
+
+def _gpu_entry(g: dict, info, looked_up: bool) -> dict:
+    """One GPU of the raw snapshot with its processes' details (``info(pid)``: None when the pid does not exist
+    here) and no holders yet."""
+    gpu = dict(g)
+    procs = []
+    for p in g.get("processes") or []:
+        proc = {"pid": p["pid"], "type": _type_name(p.get("types") or ()), "used_mib": p.get("used_mib")}
+        details = info(p["pid"])
+        if details is None:
+            # visible: False = the pid does not exist from here; None = not looked up.
+            proc.update(dict.fromkeys(_PROCESS_KEYS), visible=False if looked_up else None)
+        else:
+            proc.update({k: details.get(k) for k in _PROCESS_KEYS}, visible=True)
+        procs.append(proc)
+    gpu["processes"] = procs
+    gpu["holders"] = []
+    return gpu
+
+
+def _place_holders(gpus: list, holders, info, protect, exe_of) -> None:
+    """Each holder gets its evidence on each GPU (_holding): context, device or control. A holder is listed on the
+    GPUs whose node it holds (or on which it has a context) and, when it holds only control nodes, on every GPU.
+    Without minor numbers an nvidiaN cannot be placed: it then counts as a device holder of every GPU."""
+    minors = {g["minor_number"]: g["index"] for g in gpus if g.get("minor_number") is not None}
+    known_minors = minors or None
     context_pids = {g["index"]: {p["pid"] for p in g["processes"]} for g in gpus}
     for pid, files in sorted((holders or {}).items()):
         details = info(pid)
@@ -213,32 +233,28 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
                 continue  # a context here, but it holds none of this GPU's nodes: the driver's entry says it all
             if evidence == _holding.CONTROL and (placed["gpus"] or placed["unplaced"]):
                 continue  # it holds another GPU's node: nothing ties it to this one
-            holder = {k: details.get(k) for k in ("pid", "name", "cmdline", "user", "uid", "ppid", "start_time", "container",
-                                                  "unit")}
-            holder["files"] = sorted(files)
-            holder["protected"] = reason or None
-            holder["evidence"] = evidence
+            holder = {k: details.get(k) for k in ("pid",) + _PROCESS_KEYS}
+            holder.update(files=sorted(files), protected=reason or None, evidence=evidence)
             gpu["holders"].append(holder)
 
-    # MIG devices (before health and fit: a GPU named only by MIG UUIDs is judged, fit included, as far as they go)
-    for gpu in gpus:
-        _mig_facts(gpu, max_memory_used_mib)
-        if (mig_selected or {}).get(gpu["index"]):
-            _mig.narrow(gpu, mig_selected[gpu["index"]])
-    backend = (raw.get("driver") or {}).get("backend")
-    for gpu in gpus:
-        for key in _health.HEALTH_FIELDS:
-            gpu.setdefault(key, None)
-        gpu["xid_events"] = None if xid_events is None else _health.xid_events_of(gpu, xid_events)
-        reasons = _health.hw_slowdown(gpu)
-        gpu["hw_slowdown"] = None if reasons is None else bool(reasons)
-        gpu["utilization_latched"] = _health.utilization_latched(gpu)
-        gpu["health"] = dict(gpu.get("health") or {"status": "ok", "detail": None})
-        gpu["health"]["checks"] = _health.failed_checks(gpu, health_checks)
-        gpu["fit"] = _health.fit(gpu, min_free_mib, min_free_pct, backend)
-        gpu["fits"] = None if gpu["fit"] is None else gpu["fit"]["fits"]
-    # An MPS server's entries carry what it serves and whom (_holding.mps_servers; the raw command lines are
-    # here): the release's gate and the wait's reasons read it from there.
+
+def _health_facts(gpu: dict, xid_events, health_checks, min_free_mib, min_free_pct, backend) -> None:
+    """A GPU's health fields, its Xid events, its failing checks and its fit for the next server."""
+    for key in _health.HEALTH_FIELDS:
+        gpu.setdefault(key, None)
+    gpu["xid_events"] = None if xid_events is None else _health.xid_events_of(gpu, xid_events)
+    reasons = _health.hw_slowdown(gpu)
+    gpu["hw_slowdown"] = None if reasons is None else bool(reasons)
+    gpu["utilization_latched"] = _health.utilization_latched(gpu)
+    gpu["health"] = dict(gpu.get("health") or {"status": "ok", "detail": None})
+    gpu["health"]["checks"] = _health.failed_checks(gpu, health_checks)
+    gpu["fit"] = _health.fit(gpu, min_free_mib, min_free_pct, backend)
+    gpu["fits"] = None if gpu["fit"] is None else gpu["fit"]["fits"]
+
+
+def _mark_mps_servers(gpus: list) -> None:
+    """An MPS server's entries carry what it serves and whom (_holding.mps_servers; the raw command lines are here):
+    the release's gate and the wait's reasons read it from there."""
     servers = _holding.mps_servers(gpus)
     for gpu in gpus:
         for proc in gpu["processes"]:
@@ -246,14 +262,6 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
             if server is not None:
                 proc["mps_server"] = {"gpus": list(server["gpus"]),
                                       "clients": [dict(c, gpus=list(c["gpus"])) for c in server["clients"]]}
-    contexts = _holding.context_gpus(gpus)
-    for gpu in gpus:
-        gpu["idle"], gpu["busy_reasons"], blockers, lingering = _holding.verdict(
-            gpu, max_memory_used_mib, max_utilization_pct, include_device_holders and holders is not None,
-            in_container, contexts, min_free_mib, min_free_pct, health_checks, backend)
-        gpu["blockers"] = sorted({b["pid"] for b in blockers})
-        gpu["lingering"] = sorted({h["pid"] for h in lingering})
-    return {"driver": raw["driver"], "gpus": gpus}
 
 
 def _mig_facts(gpu: dict, max_memory_used_mib) -> None:
