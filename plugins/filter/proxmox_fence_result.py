@@ -106,46 +106,26 @@ def _failure(result, module, host):
     return outcome
 
 
-def proxmox_fence_result(containers, release=None, method="processes", check_mode=False, host=""):
-    failure = _failure(containers, "proxmox_gpu_containers", host)
-    containers = containers if isinstance(containers, dict) else {}
-    if release is None:
-        release = containers.get("release")
-    release = release if isinstance(release, dict) else {}
-    running = list(containers.get("running") or [])
-    rows = [c for c in containers.get("containers") or [] if c.get("vmid") in running]
-    per_ct = {c["vmid"]: c.get("gpus") for c in rows}
-    # What the wait covers of each: its wait_gpus (the GPUs its workload held, when its config passes every GPU of a
-    # node whose other containers pass GPUs too; gpus_from says which), else the GPUs of its config.
+def _wait_cover(containers: dict, rows: list, running: list):
+    """What a wait after the fence covers (container_gpus; None: every GPU): the union of each running container's
+    wait_gpus (the GPUs its workload held, when its config passes every GPU of a node whose other containers pass GPUs
+    too; gpus_from says which), else the GPUs of its config; a container that has a GPU only through MIG devices (their
+    capability nodes) gives those MIG devices (by MIG UUID), not the GPU's others. When none of the named containers
+    runs: the GPUs of their configs."""
     wait = {c["vmid"]: c.get("wait_gpus", c.get("gpus")) for c in rows}
-    if any(g is None for g in wait.values()):
-        union = None
-    else:
-        union = sorted({i for g in wait.values() for i in g})
+    union = None if any(g is None for g in wait.values()) else sorted({i for g in wait.values() for i in g})
     migs = {c["vmid"]: c.get("wait_mig_devices") or {} for c in rows}
     if union is not None and any(migs.values()):
-        # A container that has a GPU only through MIG devices (their capability nodes): the wait covers those MIG devices
-        # (by MIG UUID), not the GPU's others.
         union = _mig.wait_selectors([(g, migs[v].get(str(g))) for v, gs in wait.items() for g in gs])
     if not running and containers.get("gpus"):
-        # None of the named containers runs: a wait after the fence covers the GPUs of their configs.
         union = list(containers["gpus"])
-    services = [{"vmid": s.get("vmid"), "unit": s.get("unit")} for s in containers.get("services_stopped") or []]
-    released = list(release.get("released") or [])
-    respawned = list(release.get("respawned") or [])
-    # What a result in summary left out of its lists (_bound: the module's detail option), counted, never lost.
-    more = {k: _bound.left_out(release, k) or _bound.left_out(containers, f"release.{k}") for k in ("released", "respawned")}
-    more = {k: v for k, v in more.items() if v}
-    units = list(release.get("stopped_units") or [])
-    shut_down = list(containers.get("shut_down") or [])
-    in_check = bool(containers.get("check_mode", check_mode))
-    # The release must have run when the containers were found and some run (method processes); when it ran
-    # anyway (after a service that would not stop), its result is judged too.
-    if failure is None and ((method == "processes" and running) or _ran(release)):
-        failure = _failure(release, "gpu_release", host)
-    error = failure["reason"] if failure else None
-    changed = bool(containers.get("changed")) or bool(release.get("changed"))
+    return union
 
+
+def _summary_parts(containers, release, method, running, services, units, released, more, shut_down, error) -> list:
+    """The clauses of the fence's one-line summary: what was fenced, stopped, released or shut down, skipped,
+    respawned, and whether it failed."""
+    respawned = list(release.get("respawned") or [])
     parts = []
     if running:
         parts.append("fenced CT " + ", CT ".join(str(v) for v in running) + f" ({method})")
@@ -175,6 +155,36 @@ def proxmox_fence_result(containers, release=None, method="processes", check_mod
         parts.append(f"GPU {e.get('index')} not fenced (not the containers'; its process list could not be read)")
     if error:
         parts.append("failed (the error follows)")  # said once, by the role's last task
+    return parts
+
+
+def proxmox_fence_result(containers, release=None, method="processes", check_mode=False, host=""):
+    failure = _failure(containers, "proxmox_gpu_containers", host)
+    containers = containers if isinstance(containers, dict) else {}
+    if release is None:
+        release = containers.get("release")
+    release = release if isinstance(release, dict) else {}
+    running = list(containers.get("running") or [])
+    rows = [c for c in containers.get("containers") or [] if c.get("vmid") in running]
+    per_ct = {c["vmid"]: c.get("gpus") for c in rows}
+    union = _wait_cover(containers, rows, running)
+    services = [{"vmid": s.get("vmid"), "unit": s.get("unit")} for s in containers.get("services_stopped") or []]
+    released = list(release.get("released") or [])
+    respawned = list(release.get("respawned") or [])
+    # What a result in summary left out of its lists (_bound: the module's detail option), counted, never lost.
+    more = {k: _bound.left_out(release, k) or _bound.left_out(containers, f"release.{k}") for k in ("released", "respawned")}
+    more = {k: v for k, v in more.items() if v}
+    units = list(release.get("stopped_units") or [])
+    shut_down = list(containers.get("shut_down") or [])
+    in_check = bool(containers.get("check_mode", check_mode))
+    # The release must have run when the containers were found and some run (method processes); when it ran
+    # anyway (after a service that would not stop), its result is judged too.
+    if failure is None and ((method == "processes" and running) or _ran(release)):
+        failure = _failure(release, "gpu_release", host)
+    error = failure["reason"] if failure else None
+    changed = bool(containers.get("changed")) or bool(release.get("changed"))
+
+    parts = _summary_parts(containers, release, method, running, services, units, released, more, shut_down, error)
     summary = ("Check mode, nothing was stopped - would have: " if in_check else "") + "; ".join(parts) \
         + f"; changed={changed}"
     stats = {"containers": running, "services_stopped": services, "released": [r.get("pid") for r in released],
@@ -188,7 +198,7 @@ def proxmox_fence_result(containers, release=None, method="processes", check_mod
                 services_stopped=services, released=released, respawned=respawned,
                 stopped_units=units, shut_down=shut_down, gpus_before=release.get("gpus_before"),
                 holder_processes=release.get("holder_processes") or {}, quiet_since=release.get("quiet_since"),
-                left_holders=list(release.get("left_holders") or []), gpu_errors=gpu_errors, changed=changed,
+                left_holders=list(release.get("left_holders") or []), gpu_errors=list(release.get("gpu_errors") or []), changed=changed,
                 check_mode=in_check, error=error, failure=stats["failure"], summary=summary, stats=stats, more=more)
 
 
