@@ -356,22 +356,9 @@ def process_lines(fence: dict, release: dict) -> list:
     return lines
 
 
-def gpu_idle_result(wait, release=None, fence=None, host="", seen_from="", check_mode=False, release_required=None):
-    # Imported here, not at the top: module_outcome (proxmox_fence_result's verdict, in a worker of its own per host)
-    # needs none of the tables' code, which costs more to import than the rest of this file.
-    # pylint: disable-next=import-outside-toplevel
-    from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import gpu_blockers, gpu_table
-
-    wait = wait if isinstance(wait, dict) else {}
-    release = release if isinstance(release, dict) else {}
-    fence = fence if isinstance(fence, dict) else {}
-    released = [r.get("pid") for r in (fence.get("released") or []) + (release.get("released") or [])]
-    respawned = [r.get("pid") for r in (fence.get("respawned") or []) + (release.get("respawned") or [])]
-    # The processes a result in summary (_bound: the modules' detail option) left out of those lists, counted.
-    more = {k: (fence.get("more") or {}).get(k, 0) + _bound.left_out(release, k) for k in ("released", "respawned")}
-    more = {k: v for k, v in more.items() if v}
-    units = [_unit_text(u) for u in (fence.get("services_stopped") or []) + (fence.get("stopped_units") or [])
-             + (release.get("stopped_units") or [])]
+def _looks(wait: dict, release: dict, fence: dict) -> tuple:
+    """(the GPUs before, the GPUs after): the first look of the step that acted (the release, else the fence's
+    release, else the wait), and the last look (the wait's when it ran, else the release's)."""
     if _ran(release) and release.get("gpus_before") is not None:
         before = release["gpus_before"]
     elif fence.get("gpus_before") is not None:
@@ -381,6 +368,34 @@ def gpu_idle_result(wait, release=None, fence=None, host="", seen_from="", check
     after = wait.get("gpus") if _ran(wait) else None
     if after is None:
         after = release.get("gpus") if release.get("gpus") is not None else release.get("gpus_before")
+    return before, after
+
+
+def _counted(wait: dict, release: dict, fence: dict) -> tuple:
+    """(pids released, pids respawned, what a result in summary left out of those lists - _bound: the modules'
+    detail option -, the units stopped) of the fence and the release together."""
+    released = [r.get("pid") for r in (fence.get("released") or []) + (release.get("released") or [])]
+    respawned = [r.get("pid") for r in (fence.get("respawned") or []) + (release.get("respawned") or [])]
+    more = {k: (fence.get("more") or {}).get(k, 0) + _bound.left_out(release, k) for k in ("released", "respawned")}
+    units = [_unit_text(u) for u in (fence.get("services_stopped") or []) + (fence.get("stopped_units") or [])
+             + (release.get("stopped_units") or [])]
+    return released, respawned, {k: v for k, v in more.items() if v}, units
+
+
+def gpu_idle_result(wait, release=None, fence=None, host="", seen_from="", check_mode=False, release_required=None):
+    """The role's record of one host (DOCUMENTATION above). Kept in one piece: it puts one record together from the
+    three steps' results, and each rule it applies is a helper above (_looks, _counted, _failure, outside_fence,
+    process_lines); split further, the record's fields would be set in several places."""
+    # Imported here, not at the top: module_outcome (proxmox_fence_result's verdict, in a worker of its own per host)
+    # needs none of the tables' code, which costs more to import than the rest of this file.
+    # pylint: disable-next=import-outside-toplevel
+    from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import gpu_blockers, gpu_table
+
+    wait = wait if isinstance(wait, dict) else {}
+    release = release if isinstance(release, dict) else {}
+    fence = fence if isinstance(fence, dict) else {}
+    released, respawned, more, units = _counted(wait, release, fence)
+    before, after = _looks(wait, release, fence)
     would_wait = bool(wait.get("would_wait", False))
     in_check = bool(check_mode) or "would_wait" in wait
     failure = _failure(wait, release, fence, release_required, seen_from or host)

@@ -184,20 +184,7 @@ class Discovery:
                     held = self.io.held()
         rows = []
         for vmid, config in configs.items():
-            gpus = None
-            if config["minors"] == []:
-                gpus = []
-            elif config["minors"] is not None and gpu_minors is not None:
-                gpus, unknown = _pct.gpus_of(config["minors"], gpu_minors)
-                if unknown:
-                    nodes = ", ".join(f"/dev/nvidia{m}" for m in unknown)
-                    if complete:
-                        self.io.warn(f"CT {vmid} passes {nodes} through, but no GPU of this node has that minor number"
-                                     f" (the GPUs' minors: {describe(sorted(gpu_minors))}): a stale config line?")
-                    else:
-                        self.io.warn(f"CT {vmid} passes {nodes} through, and not every GPU gave its minor number: its"
-                                     " gpus is null (its GPUs cannot be told)")
-                        gpus = None
+            gpus = self._minor_gpus(vmid, config, gpu_minors, complete)
             row = listed[vmid]
             running = row["status"] == "running"
             gpus = self._toolkit_gpus(vmid, config, gpus, node_gpus)
@@ -223,6 +210,24 @@ class Discovery:
         if self._shared:
             self._holding = self.io.holding()
         return rows
+
+    def _minor_gpus(self, vmid, config, gpu_minors, complete: bool):
+        """The GPU indexes of the /dev/nvidiaN minors the config passes ([] none, None when they cannot be told); a
+        minor no GPU has is warned about (a stale line), and with minors missing from the driver the GPUs are None."""
+        if config["minors"] == []:
+            return []
+        if config["minors"] is None or gpu_minors is None:
+            return None
+        gpus, unknown = _pct.gpus_of(config["minors"], gpu_minors)
+        if unknown:
+            nodes = ", ".join(f"/dev/nvidia{m}" for m in unknown)
+            if not complete:
+                self.io.warn(f"CT {vmid} passes {nodes} through, and not every GPU gave its minor number: its"
+                             " gpus is null (its GPUs cannot be told)")
+                return None
+            self.io.warn(f"CT {vmid} passes {nodes} through, but no GPU of this node has that minor number"
+                         f" (the GPUs' minors: {describe(sorted(gpu_minors))}): a stale config line?")
+        return gpus
 
     def _mig_devices(self, vmid, config, node_gpus) -> list:
         """The MIG devices whose capability nodes (/dev/nvidia-caps/nvidia-capN, devN or lxc.mount.entry lines) the
