@@ -291,3 +291,13 @@ options:
     type: float
     default: 120
 """
+
+    # The input of the report's output filters (gpu_report_markdown, gpu_report_prometheus, gpu_report_table).
+    REPORT_ROWS = r"""
+options:
+  _input:
+    description: Rows of P(gpuops.gpu.gpu_report_rows#filter).
+    type: list
+    elements: dict
+    required: true
+"""

@@ -16,12 +16,8 @@ description:
   - The same rows as a node_exporter textfile are P(gpuops.gpu.gpu_report_prometheus#filter).
 author:
   - gpuops developers (@gpuops)
-options:
-  _input:
-    description: Rows of P(gpuops.gpu.gpu_report_rows#filter).
-    type: list
-    elements: dict
-    required: true
+extends_documentation_fragment:
+  - gpuops.gpu.gpu.report_rows
 """
 
 EXAMPLES = r"""

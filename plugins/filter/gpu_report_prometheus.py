@@ -19,12 +19,8 @@ description:
     file into place.
 author:
   - gpuops developers (@gpuops)
-options:
-  _input:
-    description: Rows of P(gpuops.gpu.gpu_report_rows#filter).
-    type: list
-    elements: dict
-    required: true
+extends_documentation_fragment:
+  - gpuops.gpu.gpu.report_rows
 """
 
 EXAMPLES = r"""
