@@ -33,11 +33,26 @@ CASES = [
 ]
 
 
+def collections_path():
+    """The directory that holds this collection's ``ansible_collections`` (where a fresh interpreter imports it from):
+    the one above this file's ansible_collections/gpuops/gpu when it is laid out so (ansible-test), else PYTHONPATH's."""
+    parts = os.path.abspath(__file__).split(os.sep)
+    if "ansible_collections" in parts:
+        return os.sep.join(parts[:len(parts) - 1 - parts[::-1].index("ansible_collections")])
+    return None
+
+
 def loaded(module):
     code = ("import importlib, json, sys; importlib.import_module(sys.argv[1]); "
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith(sys.argv[2]))))")
-    out = subprocess.run([sys.executable, "-c", code, PREFIX + module, PREFIX], check=True, capture_output=True,
-                         text=True, env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    top = collections_path()
+    if top:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (top, env.get("PYTHONPATH")) if p)
+    proc = subprocess.run([sys.executable, "-c", code, PREFIX + module, PREFIX], check=False, capture_output=True,
+                          text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc
     names = {m[len(PREFIX):] for m in json.loads(out.stdout)}
     return {n for n in names if "." in n and n != module}
 

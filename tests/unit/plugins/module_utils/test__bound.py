@@ -13,8 +13,6 @@ import stat
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.filter.gpu_idle_result import gpu_idle_result
-from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import gpu_blockers, state_text
 from ansible_collections.gpuops.gpu.plugins.module_utils import _bound
 from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import compact_result
 
@@ -154,23 +152,6 @@ def test_a_later_slice_carries_the_first_look_from_the_file(tmp_path):
     out = _bound.carry(path, {"gpus": [{"index": 0}], "holder_processes": {"6": {"pid": 6}}})
     assert out["gpus_before"] == [{"index": 0}] and set(out["holder_processes"]) == {"5", "6"}
     assert _bound.carry(str(tmp_path / "none.json"), {"gpus": []}) == {"gpus": []}
-
-
-def test_the_filters_count_what_a_summary_left_out():
-    gpu = _bound.gpu(busy_gpu(0, list(range(100, 130)), []))
-    details = {str(p): {"pid": p, "name": f"w{p}"} for p in range(100, 130)}
-    assert state_text(compact_gpu_expanded(gpu, details)).endswith(f"+{30 - 3} more")
-    assert gpu_blockers([gpu], holder_processes=details)[0].endswith(f"+{30 - _bound.CAP} more")
-    release = _bound.bound(release_result(64, 2, 40))
-    wait = {"would_wait": True, "gpus": release["gpus"], "idle_gpus": []}
-    summary = gpu_idle_result(wait, release=release, check_mode=True, release_required=True)["summary"]
-    assert summary["ready"] is False
-    assert len(summary["released"]) + summary["more"]["released"] == 64 * 2 + 40
-
-
-def compact_gpu_expanded(gpu, details):
-    from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import expand_gpus  # noqa: PLC0415
-    return expand_gpus([gpu], details)[0]
 
 
 @pytest.mark.parametrize("gpus, processes_kept", [(64, _bound.CAP_PROCESSES), (128, _bound.CAP_PROCESSES),

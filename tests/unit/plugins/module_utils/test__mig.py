@@ -10,7 +10,6 @@ import os
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.filter.proxmox_fence_result import proxmox_fence_result
 from ansible_collections.gpuops.gpu.plugins.module_utils import _health, _mig, _pct, _smi
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
@@ -111,22 +110,6 @@ def test_the_field_corpus_mig_xml(name, ids, total):
 def test_a_toolkit_mig_id_gives_its_gpu():
     assert _pct.visible_gpus([B, "MIG-cccccccc-0000-0000-0000-000000000000"], gpus()) == (
         [0], ["MIG-cccccccc-0000-0000-0000-000000000000"])
-
-
-@pytest.mark.parametrize("rows, expected", [
-    # one container with MIG device B of GPU 0, another with GPU 1 whole
-    ([{"vmid": 1, "wait_gpus": [0], "wait_mig_devices": {"0": [B]}}, {"vmid": 2, "wait_gpus": [1]}], [1, B]),
-    # GPU 0 whole in one container and through a MIG device in another: whole
-    ([{"vmid": 1, "wait_gpus": [0], "wait_mig_devices": {"0": [B]}}, {"vmid": 2, "wait_gpus": [0]}], [0]),
-    # two containers with two MIG devices of GPU 0
-    ([{"vmid": 1, "wait_gpus": [0], "wait_mig_devices": {"0": [B]}},
-      {"vmid": 2, "wait_gpus": [0], "wait_mig_devices": {"0": [A]}}], [B, A]),
-    # no MIG: as before
-    ([{"vmid": 1, "wait_gpus": [0, 2]}, {"vmid": 2, "wait_gpus": [1]}], [0, 1, 2]),
-])
-def test_the_wait_after_a_fence_covers_mig_devices(rows, expected):
-    containers = {"running": [r["vmid"] for r in rows], "containers": [dict(r, gpus=r["wait_gpus"]) for r in rows]}
-    assert proxmox_fence_result(containers, release={"released": []})["container_gpus"] == expected
 
 
 def test_narrow_does_not_guess_where_an_unplaced_process_runs():
