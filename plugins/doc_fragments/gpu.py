@@ -119,8 +119,8 @@ options:
         200 characters); the holders' details (64, the blockers' first, each with 8 files per directory and 8
         GPUs); the processes and units released, surviving, respawned, skipped or protected, and a wait's
         C(left_blockers) (16); a release's C(left_holders) (64); a wait's C(blockers) (8 per GPU) and C(samples)
-        (the latest 16 per GPU). What is kept comes first by what matters (a GPU's blockers first); command lines are
-        cut at 100 characters.
+        (16 per GPU - the first, where the wait began, and the latest 15). What is kept comes first by what matters
+        (a GPU's blockers first); command lines are cut at 100 characters.
       - Those caps (but the number of holders' details and of samples) are a host's of 64 GPUs or more; a host of N GPUs
         gets 64 / N times as many (rounded down), so a small host's lists are cut only where a large host's would be.
       - 'An object whose lists were cut carries C(more), the entries left out by key (C({"processes": 12, "holders":

@@ -56,7 +56,7 @@ CAP_REASONS = 4     # a GPU's busy reasons
 CAP_ENTRIES = 16    # processes or units of a result's list (released, survivors, skipped_processes, ...), scaled too
 CAP_LEFT = 64       # a release's left_holders (each keeps a GPU busy: the wait fails fast on any of them), scaled
 CAP_DETAILS = 64    # holders' details (holder_processes), on any host (the blockers' first)
-CAP_SAMPLES = 16    # the latest points of a GPU's samples
+CAP_SAMPLES = 16    # the points of a GPU's samples: its first (where the wait began) and the latest
 TEXT = 200          # characters of a busy reason in a summary
 CMDLINE = 100       # characters of a command line in a summary (_redact.cut's marker says how many more)
 
@@ -229,12 +229,12 @@ def summarize(result: dict, more: dict = None, prefix: str = "") -> dict:
         out["blockers"] = {k: [_process_entry(e, times) for e in _cap(v, CAP * times, more, f"{prefix}blockers.{k}")]
                            if isinstance(v, list) else v
                            for k, v in out["blockers"].items()}
-    if isinstance(out.get("samples"), dict):  # a wait's time series per GPU: the latest points
+    if isinstance(out.get("samples"), dict):  # a wait's time series per GPU: where it began, and the latest points
         samples = {}
         for k, series in out["samples"].items():
             if isinstance(series, list) and len(series) > CAP_SAMPLES:
                 more[f"{prefix}samples.{k}"] = len(series) - CAP_SAMPLES
-                series = series[-CAP_SAMPLES:]
+                series = series[:1] + series[1 - CAP_SAMPLES:]
             samples[k] = series
         out["samples"] = samples
     for key in NESTED:

@@ -101,6 +101,7 @@ def test_a_result_in_summary_is_bounded_and_counts_what_it_left_out():
     assert len(out["left_holders"]) == _bound.CAP_LEFT and more["left_holders"] == len(whole["left_holders"]) - _bound.CAP_LEFT
     assert len(out["samples"]["0"]) == _bound.CAP_SAMPLES and more["samples.0"] == 40 - _bound.CAP_SAMPLES
     assert out["samples"]["0"][-1] == whole["samples"]["0"][-1], "the latest points are kept"
+    assert out["samples"]["0"][0] == whole["samples"]["0"][0], "and the first: where the wait began"
     # every GPU there, each with its verdict; the details kept are the blockers' first
     assert [g["index"] for g in out["gpus"]] == list(range(64)) and all(g["idle"] is False for g in out["gpus"])
     assert {str(p) for p in out["gpus_before"][0]["blockers"]} <= set(out["holder_processes"])
