@@ -644,7 +644,9 @@ class _StopMixin:
         sent_any |= self._stop(pinned, first_signal)
         supervised = {(_scope.container_id(t), t.get("unit")) for t in targets
                       if (t.get("unit") or "").endswith(".service")} - stopped
-        after = self._watch(first_signal, groups, t0_ticks, supervised)
+        # Nothing signalled and no unit stopped (an idle node, or every holder left by the gate): no newcomer can descend
+        # from a target and nothing of ours can respawn, so one look after is all the watch has to take.
+        after = self._watch(first_signal, groups, t0_ticks, supervised, look_once=not (sent_any or stopped))
         res["containers_changed"] = container_changes(self.inits, io.read, io.container_init) if self.inits else []
         res["changed"] = sent_any or bool(stopped)
         res["gpus"] = after
@@ -706,11 +708,12 @@ class _WatchMixin:
                     out[h["pid"]] = {"pid": h["pid"], "start_time": h.get("start_time"), "reason": why}
         return [out[k] for k in sorted(out)]
 
-    def _watch(self, first_signal: int, groups: dict, t0_ticks, supervised):
+    def _watch(self, first_signal: int, groups: dict, t0_ticks, supervised, look_once=False):
         """After the signals: children that appeared below a signalled target are released through the
-        gate; every other new holder of a selected GPU is reported (respawned), never signalled."""
+        gate; every other new holder of a selected GPU is reported (respawned), never signalled. ``look_once``:
+        one look, no watch (nothing was signalled or stopped)."""
         io, p, res = self.io, self.p, self.result
-        watch_until = io.now() + (RESPAWN_WATCH_S if supervised else NEWCOMER_WATCH_S)
+        watch_until = io.now() + (0.0 if look_once else RESPAWN_WATCH_S if supervised else NEWCOMER_WATCH_S)
         after = None
         selected = self.scope.selected
         device = device_holders(res["gpus_before"])

@@ -330,6 +330,23 @@ def test_a_scope_that_selects_nothing_names_the_holders_it_left():
         in warnings_of(release)
 
 
+@pytest.mark.parametrize("name, procs, contexts, over, looks", [
+    # nothing holds a GPU (an idle node): one look after, no watch
+    ("idle node", [], {}, {}, 1),
+    # every holder left by the gate (another tenant's job): nothing of ours can respawn
+    ("nothing selected", [dict(proc(101), cmdline="python3 -m vllm")], {101: [0]}, {"match": "sglang"}, 1),
+    # a target was signalled: the watch looks until NEWCOMER_WATCH_S has passed (polls every RESPAWN_POLL_S)
+    ("a target", [proc(101)], {101: [0]}, {}, 1 + int(_release.NEWCOMER_WATCH_S / _release.RESPAWN_POLL_S)),
+])
+def test_a_release_that_signals_nothing_looks_once_and_does_not_watch(name, procs, contexts, over, looks):
+    host = FakeHost(procs, contexts)
+    before = host.snapshots
+    _release_obj, res = run(host, **over)
+    after = host.snapshots - before - 1  # the plan's own look
+    assert res["gpus"] is not None, "a release always ends with a look after"
+    assert after == looks, (name, after)
+
+
 def test_a_stopped_holder_gets_sigcont_after_sigterm_and_exits_without_the_grace_period():
     host = SlowHost([proc(101)], {101: [0]}, exit_after={101: {SIGTERM: 0.2, SIGKILL: 0.0}}, states={101: "T"})
     release, res = run(host, containers=[129], grace_period=30.0)
