@@ -74,7 +74,7 @@ def left_out(obj, key, sub=None) -> int:
         return 0
     more = obj.get(MORE)
     if not isinstance(more, dict):
-        more = (obj.get(DETAIL) or {}).get(MORE) if isinstance(obj.get(DETAIL), dict) else None
+        more = obj[DETAIL].get(MORE) if isinstance(obj.get(DETAIL), dict) else None
     value = (more or {}).get(key) if isinstance(more, dict) else None
     if sub is not None:
         value = value.get(sub) if isinstance(value, dict) else None

@@ -107,9 +107,9 @@ class SnapshotTaker:
         minors = {g.get("minor_number") for g in raw["gpus"]}
         if None in minors:
             return holders
-        out = {}
+        out, placeable = {}, minors | {None}  # None: a control node, which every GPU's holder may hold
         for pid, files in holders.items():
-            kept = [f for f in files if _holding.node_of(f)[1] in minors or _holding.node_of(f)[1] is None]
+            kept = [f for f in files if _holding.node_of(f)[1] in placeable]
             if kept:
                 out[pid] = kept
         return out
