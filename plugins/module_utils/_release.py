@@ -19,7 +19,7 @@ import os
 import signal
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _procs, _scope, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _holding, _procs, _scope, _snapshot, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._signals import SIGKILL, signal_name
 
 SIGCONT = int(signal.SIGCONT)
@@ -298,10 +298,13 @@ def choose(scope, candidates: list, contexts: dict, holder_ids: set, tree: bool,
     if not (tree and read):
         return
     children = children or {}
+    below_of = {}  # ancestor pid -> the GPU holders below it (thousands of holders share one root: once each)
     for holder in list(scope.targets):
         for anc, why in roots.get(_scope.identity(holder), ()):
-            below = descendants(anc["pid"], children)
-            holders_below = {h for h in holder_ids if h[0] in below}
+            if anc["pid"] not in below_of:
+                below = descendants(anc["pid"], children)
+                below_of[anc["pid"]] = {h for h in holder_ids if h[0] in below}
+            holders_below = below_of[anc["pid"]]
             anc = dict(anc, context_gpus=sorted(contexts.get(anc["pid"], ())))
             if not scope.admit(anc, _scope.ROOT, via=holder, holders_below=holders_below, why=why):
                 break
@@ -560,7 +563,9 @@ class _StopMixin:
                            seconds=round(gone_at - self.t0, 3) if gone_at is not None else None)
             if target in alive:
                 entry["state"] = io.state(target.pid)
-                why = self._why_alive(target, signal_name(sig), killed="SIGKILL" in target.signals)
+                unread = getattr(target, "unread", "")  # EMFILE, EACCES, ...: never taken for gone (DESIGN 5a)
+                why = (f"not told apart from another process: {unread}, so whether it still runs cannot be told" if unread
+                       else self._why_alive(target, signal_name(sig), killed="SIGKILL" in target.signals))
                 if why:
                     entry["why_alive"] = why
                 self.result["survivors"].append(entry)
@@ -884,7 +889,7 @@ def frozen_message(frozen: dict, done: str = "Nothing was signalled") -> str:
     """Why a release with frozen targets does not proceed: the reason first, what to do, then what was done."""
     parts = []
     for ct, pids in frozen.items():
-        held = f"pid {', '.join(map(str, pids))}"
+        held = f"pid {_bound.listed(map(str, pids))}"
         if ct is not None:
             parts.append(f"CT {ct} is frozen (a suspend-mode backup, or lxc-freeze; its GPU holders: {held}): wait for the"
                          f" backup to finish, or thaw it with `lxc-unfreeze -n {ct}`, then run again")
@@ -932,9 +937,9 @@ def survivor_message(survivors: list, p: dict, first_signal: int) -> str:
             by_state.setdefault(s.get("state") or "?", []).append(s)
             if s.get("why_alive"):
                 known.append(s)
-    parts = []
+    parts, level = [], p.get("detail")
     for state, procs in sorted(by_state.items()):
-        names = ", ".join(_holding.describe(s) for s in procs)
+        names = _bound.listed((_holding.describe(s) for s in procs), level)
         if state == "D":
             parts.append(f"{names} (state D) is stuck in the kernel, often in the GPU driver, {waited}: check dmesg for"
                          " Xid errors; if it does not exit, a reboot may be needed")
@@ -944,9 +949,10 @@ def survivor_message(survivors: list, p: dict, first_signal: int) -> str:
         else:
             parts.append(f"{names} (state {state}) is still exiting, {waited}: a large teardown (pinned host memory)"
                          f" can take 20-40 s; {raise_it}")
-    for s in known:
-        parts.append(f"{_holding.describe(s)} is {s['why_alive']}" + ("" if p["escalate"] else ", or set escalate: true"))
-    return f"{len(survivors)} process(es) survived {what}: " + "; ".join(parts) + "."
+    parts.append(_bound.listed((f"{_holding.describe(s)} is {s['why_alive']}" + ("" if p["escalate"] else ", or set"
+                                                                                 " escalate: true") for s in known),
+                               level, "; "))
+    return f"{len(survivors)} process(es) survived {what}: " + "; ".join(x for x in parts if x) + "."
 
 
 class ReleaseFailed(_errors.GpuError):

@@ -19,7 +19,7 @@ not when the memory is freed, and any holder that appears restarts it.
 
 from __future__ import annotations
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _holding, _smi
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _health, _holding, _smi
 from ansible_collections.gpuops.gpu.plugins.module_utils._host import calls as _host_calls
 
 
@@ -81,8 +81,9 @@ def stop_hint(proc: dict) -> str:
     return f"kill {proc['pid']}"
 
 
-def blocked_text(found: list, elapsed: float, timeout: float, grace: float) -> str:
-    """Why the wait fails fast: each GPU kept busy by a process the release left, why it left it, and what to do."""
+def blocked_text(found: list, elapsed: float, timeout: float, grace: float, level: str = _bound.SUMMARY) -> str:
+    """Why the wait fails fast: each GPU kept busy by a process the release left, why it left it, and what to do (in
+    summary the first few: _bound.listed)."""
     parts = []
     for index, h, why in found:
         parts.append(f"GPU {index} is used by {_holding.describe(h)}, which the release before this wait left ({why}):"
@@ -90,7 +91,7 @@ def blocked_text(found: list, elapsed: float, timeout: float, grace: float) -> s
                      f" be stopped, stop it where it runs (`{stop_hint(h)}`), or leave GPU {index} out of the GPUs to wait"
                      " for")
     return (f"blocked after {elapsed:.1f} s of {timeout:g} s (still there after blocker_grace, {grace:g} s): "
-            + "; ".join(parts))
+            + _bound.listed(parts, level, "; "))
 
 
 # The drain rate is measured over the samples of the last few seconds.
@@ -190,7 +191,8 @@ def _unchanged_text(entries: list, leak_after: float, hidden: bool) -> str:
             " raise timeout (gpu_idle_timeout) to give the driver time to free it")
 
 
-def diagnosis(gpus: list, max_memory_used_mib: int, memory=None, leak_after: float = LEAK_AFTER) -> str:
+def diagnosis(gpus: list, max_memory_used_mib: int, memory=None, leak_after: float = LEAK_AFTER,
+              level: str = _bound.SUMMARY) -> str:
     """'GPU 2: 1200 MiB used and no process holds it: ...; GPU 5 is used by pid 8812 (python3) in CT 129'.
 
     One sentence per cause, with the GPUs it applies to (the same cause on several GPUs is named once):
@@ -198,9 +200,10 @@ def diagnosis(gpus: list, max_memory_used_mib: int, memory=None, leak_after: flo
     unchanged for less than ``leak_after`` (a release lag or a leak to come) and a leak (reset the GPU), each
     with its MiB figures; the failing health checks are named once per check and detail, with the GPUs they fail
     on and what to do. A process that holds only a GPU's device node, with no context, is named as lingering,
-    never as the GPU's user (docs/holding-model.md).
+    never as the GPU's user (docs/holding-model.md). ``level`` (the detail option): in summary a GPU's users are
+    named up to a few, and counted beyond (_bound.listed).
     """
-    causes = _Causes(max_memory_used_mib, memory)
+    causes = _Causes(max_memory_used_mib, memory, level)
     for g in gpus:
         if not g["idle"]:
             causes.gpu(g)
@@ -211,8 +214,8 @@ class _Causes:
     """The causes diagnosis names, gathered one busy GPU at a time (``gpu``): each cause with its GPUs, in the order
     of the GPUs; then said as sentences (the GPUs' own causes, their health checks, their memory, what lingers)."""
 
-    def __init__(self, max_memory_used_mib: int, memory):
-        self.max_memory_used_mib, self.memory = max_memory_used_mib, memory or {}
+    def __init__(self, max_memory_used_mib: int, memory, level: str = _bound.SUMMARY):
+        self.max_memory_used_mib, self.memory, self.level = max_memory_used_mib, memory or {}, level
         self.each = []  # [verb, text, [indexes]]
         self.draining, self.leaked, self.unchanged, self.hidden = [], [], [], []
         self.health, self.lingering = {}, {}
@@ -249,9 +252,9 @@ class _Causes:
         elif g.get("processes_error") and not hs:
             self.add(":", g["processes_error"], i)
         elif hs:
-            self.add("is", "used by " + ", ".join(
+            self.add("is", "used by " + _bound.listed((
                 (_holding.describe(h) + (f", {_holding.mps_server_text(h['mps_server'])}" if h.get("mps_server") else ""))
-                if h.get("visible", True) else f"pid {h['pid']} (not visible from here)" for h in hs), i)
+                if h.get("visible", True) else f"pid {h['pid']} (not visible from here)" for h in hs), self.level), i)
         elif trend and used is not None:
             kinds = {"draining": self.draining, "leaked": self.leaked}
             kinds.get(trend["kind"], self.hidden if unseen else self.unchanged).append((i, trend))
@@ -302,7 +305,7 @@ class _Causes:
         resettable = {i for i, _t in self.leaked + self.unchanged}
         for who, indexes in self.lingering.items():
             node = "the device node" if len(indexes) == 1 else "their device nodes"
-            parts.append(f"{_gpu_list(indexes)}: {', '.join(who)} {'holds' if len(who) == 1 else 'hold'} only {node}, with"
+            parts.append(f"{_gpu_list(indexes)}: {_bound.listed(who, self.level)} {'holds' if len(who) == 1 else 'hold'} only {node}, with"
                          f" no context (lingering: not what keeps {_them(indexes)} busy"
                          + ("; a reset waits until nothing holds the node)" if resettable & set(indexes) else ")"))
         return parts
@@ -586,7 +589,7 @@ def short(text, limit=240) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def agreement(gpus: list, raw: dict, max_memory_used_mib: int):
+def agreement(gpus: list, raw: dict, max_memory_used_mib: int, level: str = _bound.SUMMARY):
     """What nvidia-smi's snapshot ``raw`` (_smi.query) says of the GPUs that NVML found idle.
 
     Returns (seen, disagreement): per GPU index its used MiB and pids; '' when it agrees, else one clause per GPU."""
@@ -604,7 +607,7 @@ def agreement(gpus: list, raw: dict, max_memory_used_mib: int):
         pids = [x["pid"] for x in other["processes"] if x["pid"] not in others]
         seen[str(g["index"])] = {"used_mib": used, "pids": pids}
         if pids:
-            disagree.append(f"nvidia-smi shows GPU {g['index']} used by pid(s) {', '.join(map(str, pids))}")
+            disagree.append(f"nvidia-smi shows GPU {g['index']} used by pid(s) {_bound.listed(map(str, pids), level)}")
         elif used is not None and used > max_memory_used_mib:
             disagree.append(f"nvidia-smi shows GPU {g['index']} with {used} MiB used")
     return seen, "; ".join(disagree)
@@ -672,7 +675,8 @@ class _PollMixin:
         return True, dict(self.result, would_wait=not all(g["idle"] for g in gpus), elapsed=round(self.elapsed(), 3),
                           polls=polls, idle_gpus=[g["index"] for g in gpus if g["idle"]], gpus=gpus, gpus_before=before,
                           samples=samples, confirmation=None,
-                          msg=diagnosis(gpus, p["max_memory_used_mib"]) or "all selected GPUs are idle")
+                          msg=diagnosis(gpus, p["max_memory_used_mib"], level=p.get("detail"))
+                          or "all selected GPUs are idle")
 
     def _undecided(self, gpus: list, t: float) -> bool:
         """Whether a GPU that reset_leaked may reset holds memory with no process, not yet told a leak."""
@@ -763,7 +767,8 @@ class _JudgeMixin:
         gpus = result["gpus"]
         result.update(elapsed=round(elapsed, 3), confirmation=None, blockers=blockers(gpus),
                       left_blockers=[{"gpu": i, "pid": h["pid"], "reason": why} for i, h, why in found])
-        text = ((p["msg"] + ": ") if p["msg"] else "") + blocked_text(found, elapsed, p["timeout"], p["blocker_grace"])
+        text = ((p["msg"] + ": ") if p["msg"] else "") + blocked_text(found, elapsed, p["timeout"], p["blocker_grace"],
+                                                                           p.get("detail"))
         return False, dict(_errors.Blocked(text).result(), **result)
 
     def _timed_out(self, elapsed: float):
@@ -776,7 +781,7 @@ class _JudgeMixin:
                       elapsed=round(elapsed, 3), confirmation=None, blockers=blockers(gpus), memory=memory)
         refusals = reset_summary(state.get("resets"))
         text = ((p["msg"] + ": ") if p["msg"] else "") + f"timed out after {p['timeout']:g} s: " + (
-            diagnosis(gpus, p["max_memory_used_mib"], memory, p["leak_after"])
+            diagnosis(gpus, p["max_memory_used_mib"], memory, p["leak_after"], p.get("detail"))
             or f"a holder appeared within the last {p['settle']:g} s (settle)") + (f"; {refusals}" if refusals else "")
         return False, dict(_errors.WaitTimeout(text).result(), **result)
 
@@ -807,7 +812,7 @@ class _JudgeMixin:
                         f" ({short(getattr(exc, 'msg', exc))}) after NVML found them idle. Retry, or set"
                         " confirm_with_nvidia_smi=false to trust NVML alone.", backend="nvidia-smi") from None
                 self.io.sleep(min(p["sleep"], 1.0))
-        return agreement(gpus, raw, p["max_memory_used_mib"])
+        return agreement(gpus, raw, p["max_memory_used_mib"], p.get("detail"))
 
 
 class _ResetMixin:

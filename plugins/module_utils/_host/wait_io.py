@@ -57,7 +57,10 @@ class WaitIO:
 
     @staticmethod
     def alive(pid, start_time) -> bool:
-        ident = _procs.read_identity(pid)
+        try:
+            ident = _procs.read_identity(pid, strict=True)
+        except OSError:
+            return True  # cannot tell (EMFILE, EACCES, ...): never taken for gone
         return ident is not None and (start_time is None or ident[1] == start_time)
 
     @staticmethod
