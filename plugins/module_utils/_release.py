@@ -30,6 +30,7 @@ RESPAWN_WATCH_S = 2.0
 # outside systemd (busybox init, a shell loop, supervisord) restarts within it.
 NEWCOMER_WATCH_S = 0.5
 RESPAWN_POLL_S = 0.1
+UNIT_CALL_S = 10.0  # a unit stop's allowance for pct itself (its start, the attach) where no pct_timeout is set
 REPORT_KEYS = ("pid", "name", "cmdline", "user", "container", "unit", "gpus", "via", "evidence", "why")
 
 
@@ -96,14 +97,16 @@ def unit_text(entry: dict) -> str:
     return entry["unit"] + (f" in CT {entry['container']}" if entry["container"] is not None else "")
 
 
-def stop_unit(run_command, pct, vmid, unit, timeout, systemctl="systemctl", now=time.monotonic, command=None) -> dict:
+def stop_unit(run_command, pct, vmid, unit, timeout, systemctl="systemctl", now=time.monotonic, command=None,
+              watch=None) -> dict:
     """Stop one systemd unit, in CT ``vmid`` through ``pct exec <vmid> -- systemctl stop <unit>`` (on the host
     when ``vmid`` is None), for at most ``timeout`` s. The one way every module stops a unit. Raises nothing.
 
     ``run_command(argv, timeout, what) -> (rc, stdout, stderr)`` raises _errors.QueryTimeout when the time is
-    up (_host.calls.run_in_group). Returns {unit, container, command, rc, seconds, error}: ``error`` is '' when the
-    unit stopped (rc 0), else one sentence: the container did not answer in time (frozen, or its systemd
-    hung: rc None), systemctl failed (its rc and output), or there is no pct here.
+    up (_host.calls.run_in_group); ``watch(argv)``, when given, makes the watch the command runs under (the container
+    frozen, the node's pct hung, the container's systemd hung: _host.calls.ExecWatch), whose sentence ends it at once.
+    Returns {unit, container, command, rc, seconds, error}: ``error`` is '' when the unit stopped (rc 0), else one
+    sentence: what did not answer in time (rc None), systemctl failed (its rc and output), or there is no pct here.
     """
     entry = {"unit": unit, "container": vmid}
     argv = list(command) if command else unit_command(entry, systemctl or "systemctl", pct)
@@ -114,9 +117,12 @@ def stop_unit(run_command, pct, vmid, unit, timeout, systemctl="systemctl", now=
         return out
     started = now()
     try:
-        rc, stdout, stderr = run_command(argv, timeout, " ".join(argv[:3]))
-    except _errors.QueryTimeout:
+        rc, stdout, stderr = run_command(argv, timeout, " ".join(argv[:3]), **({"watch": watch(argv)} if watch else {}))
+    except _errors.QueryTimeout as exc:
         out["seconds"] = round(now() - started, 3)
+        if exc.details.get("watched"):
+            out["error"] = f"stopping {where}: {exc.msg}."
+            return out
         who = f"CT {vmid}" if vmid is not None else "systemd on the host"
         out["error"] = (f"stopping {where} did not finish within {timeout:g} s: {who} did not answer ("
                         + " ".join([os.path.basename(argv[0])] + argv[1:]) + " was killed), so the unit was not"
@@ -599,7 +605,10 @@ class _StopMixin:
 
     def _stop_units(self) -> tuple:
         sent, stopped = False, set()
-        budget = self.p["grace_period"] + self.p["kill_timeout"] + 10
+        # A unit's stop may take its holders' time (grace_period + kill_timeout), and pct one call's (pct_timeout).
+        call_limit = self.p.get("pct_timeout") or UNIT_CALL_S
+        budget = self.p["grace_period"] + self.p["kill_timeout"] + call_limit
+        watch = getattr(self.io, "exec_watch", None)  # what hangs in a pct exec: the container, pct, its systemd
         for entry in self.plan_units:
             if not entry["command"]:
                 # Not stopped: the release fails (_judge_outcome), its processes are signalled all the same.
@@ -610,7 +619,7 @@ class _StopMixin:
                 continue
             done = stop_unit(self.io.run_command, self.io.bins("pct"), entry["container"], entry["unit"], budget,
                              systemctl=self.io.bins("systemctl") or "systemctl", now=self.io.now,
-                             command=entry["command"])
+                             command=entry["command"], watch=watch(entry["container"], call_limit) if watch else None)
             if done["error"]:
                 # Not stopped: not in stopped_units (what the summaries list as stopped); the release fails
                 # (_judge_outcome: its supervisor can restart the work), its processes are signalled all the same.
@@ -975,10 +984,12 @@ def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False,
     all_gpus = io.snapshot(p["include_device_holders"])
     _snapshot.check_count(all_gpus, p.get("expected_count"), ". Nothing was signalled.")
     before = _snapshot.select_gpus(all_gpus, p["gpus"])
+    waited = None
     if lock is not None and not check_mode:
         # One release at a time per container and GPU (_lock), taken once the selection is known and before anything
-        # is planned or signalled: a second run that waited sees what the first left.
-        if lock(filters.get("containers"), [g["index"] for g in before]):
+        # is planned or signalled: a second run that waited sees what the first left (and says it waited).
+        waited = lock(filters.get("containers"), [g["index"] for g in before])
+        if waited:
             # It waited for another release: what it read before is stale - read the GPUs again.
             all_gpus = io.snapshot(p["include_device_holders"])
             before = _snapshot.select_gpus(all_gpus, p["gpus"])
@@ -1006,6 +1017,8 @@ def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False,
         result = release.run(first_signal, diff)
         for warning in release.warnings:
             io.warn(warning)
+    if waited:
+        result["waited_for_lock"] = waited  # what it released is what another run left (_lock.waited_text)
     result["elapsed"] = round(io.now() - start, 3)
     if others:
         result["gpu_errors"] = others

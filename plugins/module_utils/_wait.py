@@ -629,14 +629,25 @@ class _PollMixin:
         if not self.carried and self.p["delay"] and not self.check_mode:
             self.io.sleep(self.p["delay"])  # before the first look; not counted in timeout, as in wait_for
         self.t0 = self.io.now()
+        if not self.check_mode:
+            self._deadline(0.0)
         if not self.carried and not self.check_mode:
             self._credit()
         try:
             return self._look() if self.check_mode else self._poll()
         except _errors.GpuError as exc:
+            if isinstance(exc, _errors.QueryTimeout) and not self.check_mode and self.elapsed() >= self.p["timeout"]:
+                exc.msg = f"timed out after {self.p['timeout']:g} s: {exc.msg}"  # a call cut at the wait's deadline
             out = exc.result()
             out.update({k: v for k, v in self.result.items() if k != "changed"})
             return False, out
+
+    def _deadline(self, extra: float) -> None:
+        """Every call of the host (NVML, nvidia-smi) ends by the wait's timeout (``extra`` s past it: the diagnosis's
+        look once the time is up): each call's limit is min(query_timeout, the time left)."""
+        set_deadline = getattr(self.io, "set_deadline", None)
+        if set_deadline is not None:
+            set_deadline(self.t0 - self.offset + self.p["timeout"] + extra)
 
     def _credit(self) -> None:
         """Count the settle window from the moment the release that ran just before last saw a holder
@@ -773,6 +784,7 @@ class _JudgeMixin:
 
     def _timed_out(self, elapsed: float):
         p, state, result = self.p, self.state, self.result
+        self._deadline(p.get("query_timeout") or 0.0)  # one more look, for the diagnosis: one query's time at most
         gpus = self.io.snapshot(True)  # the diagnosis names device-file holders too
         for g in gpus:
             record_sample(state, elapsed, g, len(memory_holders(g)))
@@ -806,9 +818,11 @@ class _JudgeMixin:
                 raw = self.io.smi_query(path)
                 break
             except (_errors.GpuError, ValueError) as exc:
-                if attempt == 2:
+                late = self.t0 is not None and self.elapsed() >= p["timeout"]  # no second try past the wait's timeout
+                if attempt == 2 or late:
+                    tries = "twice" if attempt == 2 else f"before the wait's timeout ({p['timeout']:g} s)"
                     raise _errors.BackendError(
-                        f"confirm_with_nvidia_smi: nvidia-smi failed twice on GPU(s) {', '.join(str(g['index']) for g in gpus)}"
+                        f"confirm_with_nvidia_smi: nvidia-smi failed {tries} on GPU(s) {', '.join(str(g['index']) for g in gpus)}"
                         f" ({short(getattr(exc, 'msg', exc))}) after NVML found them idle. Retry, or set"
                         " confirm_with_nvidia_smi=false to trust NVML alone.", backend="nvidia-smi") from None
                 self.io.sleep(min(p["sleep"], 1.0))

@@ -318,6 +318,16 @@ gpus:
   returned: when the release ran
   type: list
   elements: dict
+waited_for_lock:
+  description:
+    - This run waited for another run's release or fence of the same container or GPU (O(lock_timeout)) - what it
+      found, stopped and released is what the other run left. C(seconds) it waited, C(for) what (C(CT 129),
+      C(GPU 3)), the other run's C(pid) and C(module), and C(text), the sentence that says it (also a warning).
+  returned: when it waited
+  type: dict
+  sample: {"seconds": 3.1, "for": "CT 129", "pid": 4242, "module": "proxmox_gpu_containers",
+           "text": "waited 3.1 s for another run's fence of CT 129 (pid 4242, proxmox_gpu_containers), which ran first:
+                    what it stopped and released is in its own result; this run found what it left"}
 elapsed:
   description: Seconds the release took.
   returned: always

@@ -878,3 +878,23 @@ def test_21_two_thousand_holders(row, gpusim, collection, tmp_path):
             survivors = {r["pid"] for r in res["survivors"]}
             assert still <= survivors, f"alive, and not named: {sorted(still - survivors)[:10]}"
             assert set(pids) <= released | survivors, sorted(set(pids) - released - survivors)[:10]
+
+
+@matrix(22, "a hung nvidia-smi in a wait's confirmation", "gpu_wait_idle (timeout 3 s, query_timeout 10 s) ends by its "
+        "timeout plus one query's limit: each call gets min(query_timeout, the time left), no second try past the "
+        "timeout; the message names nvidia-smi")
+def test_22_hung_nvidia_smi_in_a_wait(row, gpusim, collection, tmp_path):
+    row.standard_bystanders(gpusim)
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nexec sleep 3600\n")  # hung in the driver, from its first call
+    smi.chmod(0o755)
+    timeout, query_timeout = 3, 10
+    t0 = time.monotonic()
+    res = row.run(gpusim, collection, "gpu_wait_idle", {"gpus": ["0"], "timeout": timeout, "query_timeout": query_timeout,
+                                                         "confirm_with_nvidia_smi": True, "nvidia_smi_path": str(smi),
+                                                         "device_files": devices(gpusim)}, limit_s=timeout + query_timeout)
+    took = time.monotonic() - t0
+    row.failed(res, "confirm_with_nvidia_smi: nvidia-smi failed before the wait's timeout (3 s)", "did not answer within",
+               note=f"ended after {took:.1f} s")
+    # The wait's timeout plus one query's limit, and slack for a loaded machine (it used to take 2 x 10 + 1 s)
+    assert took < timeout + query_timeout + 5, took

@@ -59,3 +59,9 @@ def test_a_second_release_of_the_container_fails_naming_the_first_or_waits_for_i
     assert not result.get("failed"), (result.get("msg"), err)
     assert [r["pid"] for r in result["released"]] == [server] and not alive(server)
     assert not third.get("failed") and third["released"] == [] and third["changed"] is False, third
+    # ... and says it waited, for whom, so that "released 0" is not read as "nothing was there" (issue 33, item 5)
+    waited = third["waited_for_lock"]
+    assert waited["for"] == f"CT {VMID}" and waited["pid"] == first.pid and waited["module"] == "gpu_release", waited
+    assert waited["text"].startswith(f"waited {waited['seconds']:g} s for another run's release of CT {VMID} (pid"
+                                     f" {first.pid}, gpu_release), which ran first"), waited
+    assert waited["text"] in json.dumps(third.get("warnings")), third.get("warnings")  # said as a warning too

@@ -67,6 +67,10 @@ class WaitIO:
     def now() -> float:
         return time.monotonic()
 
+    def set_deadline(self, deadline) -> None:
+        """Every call of the snapshots and of nvidia-smi ends by ``deadline`` (time.monotonic(); None: none)."""
+        self.taker.deadline = deadline
+
     @staticmethod
     def boot_id():
         return _procs.boot_id()
