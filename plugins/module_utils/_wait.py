@@ -818,7 +818,8 @@ class _JudgeMixin:
                 raw = self.io.smi_query(path)
                 break
             except (_errors.GpuError, ValueError) as exc:
-                late = self.t0 is not None and self.elapsed() >= p["timeout"]  # no second try past the wait's timeout
+                # No second try that would begin at or past the wait's timeout.
+                late = self.t0 is not None and self.elapsed() + min(p["sleep"], 1.0) >= p["timeout"]
                 if attempt == 2 or late:
                     tries = "twice" if attempt == 2 else f"before the wait's timeout ({p['timeout']:g} s)"
                     raise _errors.BackendError(
