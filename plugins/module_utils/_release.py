@@ -561,6 +561,7 @@ class _StopMixin:
             for target in alive:
                 sent |= target.send(SIGKILL)
             alive = io.wait_gone(alive, p["kill_timeout"])
+        alive = set(alive)  # (thousands of targets: each looked up once)
         for target in pinned:
             gone_at = target.gone_at
             if gone_at is not None and target not in alive:

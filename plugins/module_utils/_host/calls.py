@@ -175,7 +175,7 @@ def container_frozen(vmid: int) -> bool:
 def attached_in_container(pid: int, vmid: int) -> bool:
     """Whether a process of session ``pid`` (a command this module started: run_in_group's own session) runs in CT
     ``vmid`` (lxc-attach puts what pct exec runs in lxc/<vmid>/ns/.lxc, in the caller's session)."""
-    for path in (f"/lxc/{int(vmid)}/ns/.lxc", f"/lxc/{int(vmid)}/ns"):
+    for path in (f"/lxc/{int(vmid)}/ns/.lxc", f"/lxc/{int(vmid)}/ns", f"/lxc/{int(vmid)}"):
         for member in _procs.cgroup_procs(path):
             st = _procs.read_stat(member)
             if st is not None and st.session == pid:
