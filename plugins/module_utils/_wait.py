@@ -779,7 +779,7 @@ class _JudgeMixin:
         result.update(elapsed=round(elapsed, 3), confirmation=None, blockers=blockers(gpus),
                       left_blockers=[{"gpu": i, "pid": h["pid"], "reason": why} for i, h, why in found])
         text = ((p["msg"] + ": ") if p["msg"] else "") + blocked_text(found, elapsed, p["timeout"], p["blocker_grace"],
-                                                                           p.get("detail"))
+                                                                      p.get("detail"))
         return False, dict(_errors.Blocked(text).result(), **result)
 
     def _timed_out(self, elapsed: float):

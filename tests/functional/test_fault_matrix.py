@@ -860,8 +860,8 @@ def test_21_two_thousand_holders(row, gpusim, collection, tmp_path):
     for nofile in (1024, 0):
         with sleepers(row, gpusim, 2000) as pids:
             if nofile:
-                res = row.run(gpusim, collection, "gpu_wait_idle", {"gpus": ["0"], "timeout": 1, "sleep": 0.5,
-                                                                     "device_files": devices(gpusim)}, limit_s=20)
+                wait_args = {"gpus": ["0"], "timeout": 1, "sleep": 0.5, "device_files": devices(gpusim)}
+                res = row.run(gpusim, collection, "gpu_wait_idle", wait_args, limit_s=20)
                 row.failed(res, "timed out", "and 1992 more (detail: full names them)", note="the wait, 2,000 holders")
                 assert len(res["msg"]) < 2000, len(res["msg"])
             whole = str(tmp_path / f"release-{nofile}.json")
@@ -890,9 +890,9 @@ def test_22_hung_nvidia_smi_in_a_wait(row, gpusim, collection, tmp_path):
     smi.chmod(0o755)
     timeout, query_timeout = 3, 10
     t0 = time.monotonic()
-    res = row.run(gpusim, collection, "gpu_wait_idle", {"gpus": ["0"], "timeout": timeout, "query_timeout": query_timeout,
-                                                         "confirm_with_nvidia_smi": True, "nvidia_smi_path": str(smi),
-                                                         "device_files": devices(gpusim)}, limit_s=timeout + query_timeout)
+    args = {"gpus": ["0"], "timeout": timeout, "query_timeout": query_timeout, "confirm_with_nvidia_smi": True,
+            "nvidia_smi_path": str(smi), "device_files": devices(gpusim)}
+    res = row.run(gpusim, collection, "gpu_wait_idle", args, limit_s=timeout + query_timeout)
     took = time.monotonic() - t0
     row.failed(res, "confirm_with_nvidia_smi: nvidia-smi failed before the wait's timeout (3 s)", "did not answer within",
                note=f"ended after {took:.1f} s")

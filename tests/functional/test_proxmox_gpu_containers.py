@@ -285,8 +285,9 @@ def test_a_container_frozen_during_the_unit_stop_fails_at_once_naming_it(node, c
     starts): the fence fails as soon as it is seen frozen, naming the container and the command - not after the stop's
     whole limit (grace_period + kill_timeout + pct_timeout: 10 + 45 + 5 s here) blaming "frozen or its systemd"."""
     worker = node.hold(gpus=[4], mib=1024, ct=4130, service="sglang", exit_delay=30)
-    proc = start_module(node, collection, NAME, {"pct": node.path("bin", "pct"), "containers": [4130],
-                                                  "services": ["sglang"], "state": "released", "pct_timeout": 5})
+    args = {"pct": node.path("bin", "pct"), "containers": [4130], "services": ["sglang"], "state": "released",
+            "pct_timeout": 5}
+    proc = start_module(node, collection, NAME, args)
     started = time.monotonic()
     try:
         deadline = started + 30

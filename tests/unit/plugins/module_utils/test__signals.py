@@ -222,7 +222,7 @@ def test_a_target_that_cannot_be_read_is_not_gone(child):
 
 
 def test_pidfds_stay_within_the_budget_and_exits_free_them(child):
-    procs = [child() for _ in range(6)]
+    procs = [child() for _n in range(6)]
     targets = [_signals.Target(p.pid, read_identity(p.pid)[1]) for p in procs]
     saved = dict(_signals._PIDFDS)
     _signals._PIDFDS["free"] = 2  # two pidfds at once: the others are watched through /proc

@@ -509,7 +509,7 @@ class DeadlineHost(FakeHost):
 
 def test_every_call_of_a_wait_ends_by_its_timeout_and_the_diagnosis_gets_one_query_more():
     host = DeadlineHost(busy_until(100.0))
-    ok, res, _ = wait(None, host=host, timeout=4.0, query_timeout=10.0)
+    ok, res, _host = wait(None, host=host, timeout=4.0, query_timeout=10.0)
     assert not ok and res["error"] == "wait_timeout", res
     # At the start: the wait's timeout; once the time is up, one look more for the diagnosis: one query's limit.
     assert host.deadlines == [(0.0, 4.0), (4.0, 14.0)], host.deadlines
@@ -533,6 +533,6 @@ def test_no_second_nvidia_smi_try_past_the_timeout():
             raise _errors.QueryTimeout("nvidia-smi --query-gpu did not answer within 3 s and was killed")
 
     host = Late(idle)
-    ok, res, _ = wait(None, host=host, timeout=3.0, confirm_with_nvidia_smi=True, query_timeout=10.0)
+    ok, res, _host = wait(None, host=host, timeout=3.0, confirm_with_nvidia_smi=True, query_timeout=10.0)
     assert not ok and host.queries == 1, (host.queries, res)
     assert res["msg"].startswith("confirm_with_nvidia_smi: nvidia-smi failed before the wait's timeout (3 s)"), res["msg"]
