@@ -65,3 +65,33 @@ def test_a_second_release_of_the_container_fails_naming_the_first_or_waits_for_i
     assert waited["text"].startswith(f"waited {waited['seconds']:g} s for another run's release of CT {VMID} (pid"
                                      f" {first.pid}, gpu_release), which ran first"), waited
     assert waited["text"] in json.dumps(third.get("warnings")), third.get("warnings")  # said as a warning too
+
+
+def test_a_fence_that_waited_for_another_run_says_so(gpusim, collection):
+    """Of two runs on one container at once, the fence that waited for the other's lock reports what it found left -
+    and says that it waited, how long and for whose run (issue 33, item 5): its "released 0" is not "nothing there"."""
+    gpusim.ct_create(VMID, hostname="gpu-ct", gpus="all")
+    gpusim.ct_start(VMID)
+    server = gpusim.hold(gpus=[0], mib=4096, ct=VMID, ignore_term=True)  # SIGTERM ignored: the first run lasts 3 s
+    devices = [gpusim.dir + "/dev/nvidia*"]
+    first = start_module(gpusim, collection, "gpu_release", {"device_files": devices, "containers": [VMID],
+                                                             "grace_period": 3}, tag="-first")
+    try:
+        deadline = time.monotonic() + 20
+        while lock_record(gpusim, f"ct-{VMID}.lock").get("pid") != first.pid and time.monotonic() < deadline:
+            time.sleep(0.05)
+        fence = run_module(gpusim, collection, "proxmox_gpu_containers",
+                           {"device_files": devices, "containers": [VMID], "state": "released", "lock_timeout": 60,
+                            "pct": gpusim.path("bin", "pct")})
+        first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        if alive(server):
+            os.kill(server, 9)
+    assert not fence.get("failed") and fence["release"]["released"] == [], fence
+    waited = fence["waited_for_lock"]
+    assert waited["for"] == f"CT {VMID}" and waited["pid"] == first.pid and waited["module"] == "gpu_release", waited
+    assert waited["seconds"] > 0 and waited["text"].startswith(
+        f"waited {waited['seconds']:g} s for another run's release of CT {VMID} (pid {first.pid}, gpu_release)"), waited
