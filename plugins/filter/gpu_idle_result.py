@@ -93,7 +93,7 @@ import signal
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _bound
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _holding
 from ansible_collections.gpuops.gpu.plugins.module_utils._redact import cut, redact_text
 
 # --- whether a registered module result is a success (module_outcome), for both roles' filters ------------
@@ -338,9 +338,12 @@ def outside_fence(gpus, fence: dict, details=None) -> str:
     out = []
     for h, indexes in found.values():
         cmd = f": {cut(h['cmdline'], 200)}" if h.get("cmdline") else ""
+        # A container's process: stop it, or fence that container too; the node's own, an MPS server: as it fits.
+        ct = (h.get("container") or {}).get("id")
+        todo = ("stop it yourself, or fence its container too (a GPU host of its own in the inventory)"
+                if ct is not None and not h.get("mps_server") else _holding.stop_advice(h))
         out.append(f"{describe(h, mib=False)} holds GPU {', '.join(str(i) for i in indexes)} and is outside the fence"
-                   f" ({where}), so it was not stopped{cmd} - stop it yourself, or fence its container too (a GPU host"
-                   " of its own in the inventory), before the deploy")
+                   f" ({where}), so it was not stopped{cmd} - {todo}, before the deploy")
     return "; ".join(out)
 
 

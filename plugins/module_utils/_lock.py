@@ -110,12 +110,13 @@ class Locks:
         start = self.clock()
         waited = False
         _HELD.append(self)
+        unopened = []  # (what, why): one warning for them all (without root, every lock file fails alike)
         for name, exclusive, what in self.plan:
             path = os.path.join(where, name)
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             except OSError as exc:
-                self.warn(f"no lock against another release at once: cannot open {path} ({exc.strerror})")
+                unopened.append((what, exc.strerror or str(exc)))
                 continue
             self.files.append(fd)
             mode = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
@@ -136,6 +137,10 @@ class Locks:
                 self.sleep(min(POLL_S, max(0.0, self.timeout - (now - start))))
             if exclusive:
                 self._write(fd, what)
+        if unopened:
+            whys = sorted({why for _what, why in unopened})
+            self.warn(f"no lock against another release at once: cannot open the lock files of "
+                      f"{', '.join(what for what, _why in unopened)} in {where} ({'; '.join(whys)})")
         return waited
 
     def _record(self, where: str, name: str, exclusive: bool) -> dict:
