@@ -329,8 +329,8 @@ def test_a_busy_reason_names_the_mps_server_and_its_clients():
      ["pid 70 on GPU 1 (in CT 130)", "when all its clients are done", "`echo quit | nvidia-cuda-mps-control` on the node"],
      "`kill"),
     # ... one that runs in a container: the control daemon's way there.
-    (dict(SERVER, container={"kind": "lxc", "id": 129}, mps_server=dict(_server((70, [1], True, 130)),
-                                                                         container={"kind": "lxc", "id": 129})),
+    (dict(SERVER, container={"kind": "lxc", "id": 129},
+          mps_server=dict(_server((70, [1], True, 130)), container={"kind": "lxc", "id": 129})),
      ["`pct exec 129 -- sh -c 'echo quit | nvidia-cuda-mps-control'`"], "`kill"),
     # A process in a container: inside it, by its pid there.
     (dict(CLIENT_A, container={"kind": "lxc", "id": 130, "pid_in_container": 7}), ["`pct exec 130 -- kill 7`"], "node"),

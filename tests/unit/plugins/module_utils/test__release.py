@@ -341,8 +341,8 @@ def test_a_scope_that_selects_nothing_names_the_holders_it_left():
                     {101: [0], 102: [3]})
     release, res = run(host, match="sglang")
     assert res["released"] == [] and host.signalled == []
-    said = [w for w in release.warnings if w.startswith("the scope selects none of the processes that hold the"
-                                                           " selected GPUs: ")]
+    said = [w for w in release.warnings
+            if w.startswith("the scope selects none of the processes that hold the selected GPUs: ")]
     assert len(said) == 1, release.warnings
     # each holder it missed, on its GPUs, with why (what match saw)
     assert "pid 101 (python3) in CT 129 on GPU 0: neither its command line, executable nor unit matches 'sglang' (it saw" \
