@@ -93,7 +93,7 @@ import signal
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _holding
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound
 from ansible_collections.gpuops.gpu.plugins.module_utils._redact import cut, redact_text
 
 # --- whether a registered module result is a success (module_outcome), for both roles' filters ------------
@@ -322,6 +322,8 @@ def _process_line(verb: str, proc: dict) -> str:
 def outside_fence(gpus, fence: dict, details=None) -> str:
     # pylint: disable-next=import-outside-toplevel  # the tables' code (and _holding, _snapshot) only where a table is made
     from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import _gpus, describe, holders
+    # pylint: disable-next=import-outside-toplevel  # (as the tables' code: the holding model's advice, stop_advice)
+    from ansible_collections.gpuops.gpu.plugins.module_utils import _holding
 
     """One sentence per process that keeps the fenced containers' GPUs busy from outside the fence (another
     container, the node), with its GPUs and its (redacted) command line, and what to do; '' when none."""
