@@ -57,6 +57,8 @@ options:
       - Only processes inside these Proxmox VE containers (vmids, 100 to 999999999). Others are reported in
         RV(skipped_processes).
       - Run the module on the Proxmox node to see the containers' processes.
+      - On a Proxmox VE node a vmid that the node does not have (C(/etc/pve/.vmlist)) fails the task before anything
+        is stopped (C(error=no_such_container)), as M(gpuops.gpu.proxmox_gpu_containers) refuses it.
     type: list
     elements: int
   users:
