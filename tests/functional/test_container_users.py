@@ -10,14 +10,10 @@ Numbers in ``users`` are uids where the process lives: for a process in a contai
 (1000), never the node's (101000).
 """
 
-import os
 import pwd
-import shutil
 
 import pytest
 from modrun import alive, run_module
-
-from gpusimkit import container, proctools
 
 CT_A = 7481  # unprivileged
 CT_B = 7482  # privileged
@@ -93,23 +89,3 @@ def test_a_node_user_of_the_same_uid_does_not_select_a_container_process(node, c
     assert pids(res["released"]) == [jobs["b_alice"]]
     assert res["released"][0]["user"] == "alice"
 
-
-def test_a_workload_of_the_unprivileged_container_starts_when_the_checkout_is_out_of_its_reach(node, tmp_path,
-                                                                                               monkeypatch):
-    """A checkout cloned under a folder only root may enter (root's home, a `mktemp -d` folder: mode 0700). Before,
-    the container's root (node uid 100000) could not reach the simulator there, and every test of this file ended in
-    "the workload did not start (CT 7481): no readiness message within 30 s" with an empty log (issue 33, item 6)."""
-    host, _jobs = node
-    locked = tmp_path / "root-only"
-    locked.mkdir(mode=0o700)
-    kit = locked / "checkout" / "tests" / "gpusim"
-    shutil.copytree(os.path.join(proctools.KIT_ROOT, "gpusimkit"), kit / "gpusimkit",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    for module in (container, proctools):
-        monkeypatch.setattr(module, "KIT_ROOT", str(kit))  # the simulator as that checkout has it
-    monkeypatch.delenv("PYTHONPATH", raising=False)
-    assert not container.reachable(str(kit / "gpusimkit" / "workload.py"))
-    job = host.hold(gpus=[3], mib=1024, ct=CT_A)
-    assert alive(job)
-    # and where a path it needs is out of reach, the simulator says which one, and why
-    assert "cannot reach " + str(kit) in container.unreachable_cause(host.dir, CT_A, [str(kit)])
