@@ -125,6 +125,13 @@ def test_lock_files_that_cannot_be_opened_are_one_warning(lockdir):
     assert len(warnings) == 1, warnings
     assert warnings[0] == (f"no lock against another release at once: cannot open the lock files of CT 129, GPU 0, GPU 1,"
                            f" GPU 2, GPU 3, GPU 4, GPU 5, GPU 6, GPU 7 in {lockdir} (Is a directory)")
+    # the fence's GPU locks after its containers': the same directory is not named again in this run
+    locks([], 0, Clock(), warnings, gpus=range(8)).acquire()
+    assert len(warnings) == 1, warnings
+    _lock.release_all()  # the next module run says it again
+    locks([], 0, Clock(), warnings, gpus=range(8)).acquire()
+    assert len(warnings) == 2
+    _lock.release_all()
 
 
 def test_acquire_says_whether_it_waited(lockdir):
