@@ -170,7 +170,8 @@ def respawn_advice(proc: dict, after_s, supervisor=None, stop_units=True, in_sco
         else:
             todo = ("its supervisor restarted it: the unit could not be stopped (see the warnings); stop it, then"
                     " release again")
-        todo += " or name it in proxmox_fence_services"
+        # a container's unit can be named to the fence; the node's own is stopped on the node
+        todo += " or name it in proxmox_fence_services" if ct is not None else f" (on the node: systemctl stop {proc['unit']})"
     elif supervisor:
         todo = ("started by a process outside the release's targets (a supervisor outside a systemd unit, or a new"
                 " job): not signalled; stop what starts it first, then release again")

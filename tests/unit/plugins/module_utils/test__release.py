@@ -212,6 +212,15 @@ def test_a_unit_is_stopped_through_systemd_before_the_signals():
     assert [u["rc"] for u in res["stopped_units"]] == [0] and host.signalled == []
 
 
+@pytest.mark.parametrize("ct, said, unsaid", [
+    (129, "or name it in proxmox_fence_services", "on the node"),
+    (None, "(on the node: systemctl stop sglang.service)", "proxmox_fence_services"),  # the node's own unit
+])
+def test_respawn_advice_fits_where_the_unit_runs(ct, said, unsaid):
+    text = _release.respawn_advice(proc(150, ct=ct, unit="sglang.service"), 1.0, unit_stopped=False)
+    assert said in text and unsaid not in text, text
+
+
 @pytest.mark.parametrize("stopped, planned", [
     ([], ["sglang.service"]),
     ([(129, "sglang")], []),            # the fence stopped it (or, in check mode, would): named as systemctl takes it
