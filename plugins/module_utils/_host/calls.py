@@ -157,7 +157,7 @@ class ExecWatch:
         if (done or elapsed >= self.pct_limit) and not self.attached(pid, vmid):
             return (f"the node's pct hung: `{text}` had not reached CT {vmid} after {elapsed:.0f} s (pct_timeout"
                     f" {self.pct_limit:g} s) and was killed. pct loads the PVE libraries and reads /etc/pve before it"
-                    " attaches: is the cluster filesystem hung (systemctl status pve-cluster) or the node overloaded?")
+                    " attaches: look at the cluster filesystem (systemctl status pve-cluster) and the node's load")
         if done:
             return (f"CT {vmid}'s systemd did not finish `{text}` within {elapsed:.0f} s (the command ran in the container,"
                     f" which is not frozen) and it was killed: look at the unit there (pct enter {vmid}; systemctl"
