@@ -137,8 +137,10 @@ def test_the_nvidia_smi_backend_reads_mig_devices_too(gpusim_factory, collection
     host.set_mig(1, current=0, pending=1)
     gpus, _facts = facts(host, collection, backend="nvidia-smi", nvidia_smi_path=host.path("bin", "nvidia-smi"))
     g0 = gpus[0]
-    # --query-gpu is not asked for mig.mode.pending (its field list stays as it was): only -q -x, read for MIG GPUs
-    assert gpus[1]["mig_mode_pending"] is None and g0["mig_mode_pending"] is True
+    # --query-gpu asks mig.mode.pending of every GPU: GPU 1, not in MIG mode, turns MIG on at its next reset (it was
+    # null: only -q -x was read, for the GPUs in MIG mode), and the health check says so as with NVML
+    assert gpus[1]["mig_mode_pending"] is True and g0["mig_mode_pending"] is True
+    assert [c["check"] for c in gpus[1]["health"]["checks"]] == ["mig_mode_pending"], gpus[1]["health"]
     got = [(d["uuid"], d["gpu_instance_id"], d["compute_instance_id"], d["profile"], d["memory"]["total"], d["processes"])
            for d in g0["mig_devices"]]
     assert got == [(d["uuid"], d["gi"], d["ci"], d["profile"], d["memory_mib"], [a] if d is devs[0] else []) for d in devs]

@@ -93,6 +93,14 @@ class FakeNode:
     def gpus(self):
         return self._gpus
 
+    def held(self):
+        """What the containers' processes hold ({vmid: GPU indexes}: ``holds``), as the kernel shows it."""
+        return {vmid: set(gpus) for vmid, gpus in getattr(self, "holds", {}).items()}
+
+    def held_mig(self):
+        """{vmid (None: the node): MIG UUIDs} its processes are on (``held_migs``)."""
+        return {vmid: set(uuids) for vmid, uuids in getattr(self, "held_migs", {}).items()}
+
     def holding(self):
         self.holding_calls = getattr(self, "holding_calls", 0) + 1
         return {vmid: set(gpus) for vmid, gpus in getattr(self, "busy", {}).items()}
