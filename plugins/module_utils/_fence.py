@@ -272,7 +272,7 @@ class Discovery:
         nodes = [d for d in config.get("devices") or () if _mig.node_minor(d) is not None]
         ids = config.get("visible") if isinstance(config.get("visible"), list) else []
         visible = [v for v in ids if isinstance(v, str) and v.lower().startswith("mig-")]
-        if not (nodes or visible or held) or node_gpus is None:
+        if not (nodes or visible or held or config["mig_all"]) or node_gpus is None:
             return []
         found = _mig.devices_of_nodes(node_gpus, nodes)
         for uuid in visible:  # the toolkit's NVIDIA_VISIBLE_DEVICES=MIG-...
