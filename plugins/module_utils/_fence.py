@@ -705,8 +705,10 @@ class NodeIO:
                                                  " Nothing was stopped.") from None
 
     def take_locks(self, vmids) -> None:
-        """The release locks of these containers, held until the module exits (their GPUs' are the release's)."""
-        _lock.Locks("proxmox_gpu_containers", vmids, self.params["lock_timeout"], self.warn).acquire()
+        """The release locks of these containers, held until the module exits (their GPUs' are the release's). A wait
+        for another run's makes the discovery's look stale (release() then takes a snapshot of its own)."""
+        if _lock.Locks("proxmox_gpu_containers", vmids, self.params["lock_timeout"], self.warn).acquire():
+            self._look_gpus = None
 
     def _gpu_locks(self, _containers, gpus) -> None:
         """The release's GPU locks, shared (a release narrowed to the containers whose locks take_locks holds)."""
@@ -761,10 +763,31 @@ class NodeIO:
         p = dict(self.params, containers=list(vmids), draining_gpus=list(draining), **RELEASE_FIXED)
         if gpus and not p.get("gpus"):
             p["gpus"] = [str(i) for i in gpus]
+        io = self.release_io
+        if self._look_gpus is not None and not self.params.get("services") and p["include_device_holders"]:
+            # Nothing ran since the discovery's look (no service, no wait for a lock): it is the release's first
+            # snapshot - /proc is read once.
+            io = _FirstLook(io, self._look_gpus)
+            self._look_gpus = None
         try:
-            result = _release.run_release(p, _validate.release(p), self.release_io, self.first_signal,
+            result = _release.run_release(p, _validate.release(p), io, self.first_signal,
                                           self.check_mode, self.diff, lock=self._gpu_locks)
             # Each holder once (_snapshot.compact_result), as gpu_release returns it.
             return _snapshot.compact_result(result), None
         except _release.ReleaseFailed as exc:
             return _snapshot.compact_result(exc.partial), exc
+
+
+class _FirstLook:
+    """A release's I/O whose first snapshot is one already taken (the discovery's look); the rest is ``io``'s."""
+
+    def __init__(self, io, gpus):
+        self._io = io
+        self._gpus = gpus
+
+    def __getattr__(self, name):
+        return getattr(self._io, name)
+
+    def snapshot(self, holders=True):
+        gpus, self._gpus = self._gpus, None
+        return self._io.snapshot(holders) if gpus is None else gpus
