@@ -243,7 +243,7 @@ containers:
       description:
         - For a running container, the GPUs its processes hold (a context, or the GPU's C(/dev/nvidiaN) open) that its
           config file does not pass - it was edited while the container runs (a hand edit, an C(lxc.*) line, which
-          Proxmox VE never keeps pending). They are in C(gpus): the kernel has the last word, and a warning names them
+          Proxmox VE never keeps pending). They are in C(gpus) - the kernel has the last word - and a warning names them
           and the file. Empty when none.
       type: list
       elements: int
@@ -257,7 +257,7 @@ containers:
           has (but C(nvidia-cap1) and C(nvidia-cap2), MIG's config and monitor) is a warning.
         - A running container's are also those its processes are on (a context, or their capability nodes open), with a
           warning when its config does not name them. A config that passes the whole C(/dev/nvidia-caps) (a bind of the
-          directory or of C(/dev), a C(devN) of it) names none: its MIG devices of each of its GPUs are those its
+          directory or of C(/dev), a C(devN) of it) names none - its MIG devices of each of its GPUs are those its
           processes are on, and where they are on none, those no other process holds (a warning says it cannot tell).
       type: list
       elements: str

@@ -469,8 +469,8 @@ def test_a_config_edited_while_the_container_runs_is_fenced_by_what_its_processe
               device_files=[node.dir + "/dev/nvidia*"])
     assert not res.get("failed"), res.get("msg")
     ct = by_vmid(res)[4129]
-    assert (ct["minors"], ct["gpus"], ct.get("gpus_beyond_config"), ct["wait_gpus"]) == ([4, 5, 6, 7], [0, 1, 2, 3], [2, 3],
-                                                                                     [0, 1, 2, 3]), ct
+    want = ([4, 5, 6, 7], [0, 1, 2, 3], [2, 3], [0, 1, 2, 3])
+    assert (ct["minors"], ct["gpus"], ct.get("gpus_beyond_config"), ct["wait_gpus"]) == want, ct
     said = json.dumps(res.get("warnings"))
     assert "CT 4129's processes hold GPU 2, 3, which its config " in said and "/lxc/4129.conf does not pass" in said, said
     assert gone(server), res["release"]
