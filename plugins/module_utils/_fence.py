@@ -313,8 +313,8 @@ class Discovery:
                 continue
             free = [u for u in devs if u not in others and u not in out]
             if held is None:
-                self.io.warn(f"{what} cannot be told (its processes cannot be read): the wait covers those of GPU"
-                             f" {g['index']} no other process held at the discovery: {describe(free) if free else 'none'}")
+                self.io.warn(f"{what} cannot be told (what the processes hold could not be read): the wait covers them"
+                             " all, and will name their holders")
             else:
                 self.io.warn(f"{what} cannot be told: its processes hold none now; the wait covers those no other"
                              f" process holds: {describe(free) if free else 'none'}")
