@@ -18,7 +18,8 @@ import math
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _health, _lock, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _health, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import lock as _lock
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots import SBIN_DIRS
 
 # The options of the doc fragment gpuops.gpu.gpu (every module).

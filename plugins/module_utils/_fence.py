@@ -25,7 +25,8 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _lock, _mig, _pct, _release, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _mig, _pct, _release, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import lock as _lock
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_in_group
 
 STATES = ("present", "released", "shutdown")

@@ -19,8 +19,9 @@ import os
 import signal
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _procs, _scope, _snapshot, _validate
-from ansible_collections.gpuops.gpu.plugins.module_utils._signals import SIGKILL, signal_name
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _scope, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.signals import SIGKILL, signal_name
 
 SIGCONT = int(signal.SIGCONT)
 # How long a unit that was not stopped is watched after the release for a supervisor's restart

@@ -372,7 +372,8 @@ detail:
       sample: {"holder_processes": 976, "released": 1024}
 """
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _lock, _release, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _release, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import lock as _lock
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     RELEASE_ARGS,
     SNAPSHOT_ARGS,
@@ -385,7 +386,7 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_in_group
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.release_io import ReleaseIO
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots import SnapshotTaker
-from ansible_collections.gpuops.gpu.plugins.module_utils._signals import signal_number
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.signals import signal_number
 
 
 ARGUMENT_SPEC = dict(

@@ -400,7 +400,7 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_in_group
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.release_io import ReleaseIO
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots import SnapshotTaker
-from ansible_collections.gpuops.gpu.plugins.module_utils._signals import signal_number
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.signals import signal_number
 
 ARGUMENT_SPEC = dict(
     SNAPSHOT_ARGS,

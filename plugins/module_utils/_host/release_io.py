@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _procs
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
 from ansible_collections.gpuops.gpu.plugins.module_utils._release import container_init
-from ansible_collections.gpuops.gpu.plugins.module_utils._signals import Target, check_may_signal, wait_gone
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.signals import Target, check_may_signal, wait_gone
 
 
 class ReleaseIO:

@@ -14,8 +14,8 @@ import os
 import threading
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import (
-    _errors, _health, _holding, _mig, _nvml, _procs, _redact, _smi, _snapshot, _validate)
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _holding, _mig, _redact, _smi, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import nvml as _nvml, procs as _procs
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import call_with_timeout, run_in_group
 
 # Where the simulator (tests/gpusim) points the modules at its kernel log; an unset kernel_log reads it.

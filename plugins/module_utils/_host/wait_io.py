@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _procs, _smi, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _smi, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
 from ansible_collections.gpuops.gpu.plugins.module_utils._host import calls
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _procs, _release, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _release, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
 
 SIGTERM, SIGKILL = 15, 9
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _signals
-from ansible_collections.gpuops.gpu.plugins.module_utils._procs import read_identity
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import signals as _signals
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.procs import read_identity
 
 
 @pytest.mark.parametrize("value, expected", [

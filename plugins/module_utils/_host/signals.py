@@ -26,7 +26,7 @@ import signal
 import time
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
-from ansible_collections.gpuops.gpu.plugins.module_utils._procs import read_identity, user_name
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.procs import read_identity, user_name
 
 SIGKILL = int(signal.SIGKILL)
 HAS_PIDFD = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
