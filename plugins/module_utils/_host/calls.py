@@ -20,30 +20,12 @@ def call_with_timeout(fn, timeout: float, what: str):
     """Run ``fn()`` with a time limit; raise QueryTimeout naming ``what`` when it is exceeded.
 
     A driver call that hangs (a wedged GPU, a stuck nvidia-smi) cannot be interrupted from
-    Python, so the call runs in a daemon thread: the module can fail and exit while the thread
-    is abandoned, and the play goes on.
+    Python, so the call runs in a daemon thread (Background): the module can fail and exit while
+    the thread is abandoned, and the play goes on.
     """
     if timeout is None or timeout <= 0:
         return fn()
-    box = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # pylint: disable=broad-except  # re-raised in the caller
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name=f"gpuops:{what}", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise QueryTimeout(
-            f"{what} did not answer within {timeout:g} s: the driver may be hung (check dmesg for Xid"
-            " errors and `nvidia-smi` on the host); raise query_timeout if the host is merely slow.",
-            timeout=timeout, call=what)
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    return Background(fn, what=what).result(timeout)
 
 
 # The commands run_in_group has started and not yet reaped: killed at exit, so that a command
@@ -78,8 +60,13 @@ def _kill_running() -> None:
             _kill_group(proc)
 
 
-def run_in_group(argv, timeout: float, what: str, env_update=None):
-    """Run ``argv`` (a list, no shell) for at most ``timeout`` s; returns (rc, stdout, stderr).
+# The environment of every command the modules run (nvidia-smi, dmesg, pct, systemctl): its output is parsed,
+# so it speaks the C locale. Set here only.
+COMMAND_ENV = {"LC_ALL": "C"}
+
+
+def run_in_group(argv, timeout: float, what: str):
+    """Run ``argv`` (a list, no shell, COMMAND_ENV) for at most ``timeout`` s; returns (rc, stdout, stderr).
 
     The program runs in a session and process group of its own, so that on timeout the whole
     group (the program and anything it started) is killed with SIGKILL and reaped: a hung
@@ -90,8 +77,7 @@ def run_in_group(argv, timeout: float, what: str, env_update=None):
     import os
     import subprocess
 
-    env = dict(os.environ)
-    env.update(env_update or {})
+    env = dict(os.environ, **COMMAND_ENV)
     with _RUNNING_LOCK:
         if not _AT_EXIT["registered"]:
             atexit.register(_kill_running)
@@ -135,24 +121,32 @@ def clock(total: float, interval: float, now=time.monotonic, sleep=time.sleep):
 
 
 class Background:
-    """One call in a thread of its own; ``result()`` waits for it and gives its value (or raises its error)."""
+    """One call in a daemon thread of its own: the one way the modules run something beside the main line, or under
+    a time limit. ``result(timeout=None)`` waits for it and gives its value or raises its error; past ``timeout``
+    s it raises QueryTimeout naming ``what`` (the thread is abandoned: it never holds the module's exit)."""
 
-    def __init__(self, func, *args):
+    def __init__(self, func, *args, what: str = None):
+        self.what = what or getattr(func, "__name__", "call")
         self._out = {}
-        self._thread = threading.Thread(target=self._run, args=(func,) + args, daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(func,) + args, name=f"gpuops:{self.what}", daemon=True)
         self._thread.start()
 
     def _run(self, func, *args):
         try:
             self._out["value"] = func(*args)
-        except Exception as exc:  # handed to the caller of result()  # pylint: disable=broad-except
+        except BaseException as exc:  # handed to the caller of result()  # pylint: disable=broad-except
             self._out["error"] = exc
 
-    def result(self):
-        self._thread.join()
+    def result(self, timeout: float = None):
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise QueryTimeout(
+                f"{self.what} did not answer within {timeout:g} s: the driver may be hung (check dmesg for Xid"
+                " errors and `nvidia-smi` on the host); raise query_timeout if the host is merely slow.",
+                timeout=timeout, call=self.what)
         if "error" in self._out:
             raise self._out["error"]
-        return self._out["value"]
+        return self._out.get("value")
 
 
 class Answered:

@@ -21,7 +21,7 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._host import calls
 class WaitIO:
     """The real host of a wait: snapshots (a SnapshotTaker), /proc, nvidia-smi, the clock.
 
-    ``bin_path(name)``: the path of a program or None; ``run_command(argv, timeout, what, env)`` ->
+    ``bin_path(name)``: the path of a program or None; ``run_command(argv, timeout, what)`` ->
     (rc, out, err), raising QueryTimeout (calls.run_in_group)."""
 
     def __init__(self, taker, params: dict, bin_path, run_command):
@@ -82,10 +82,10 @@ class WaitIO:
         return self.taker.smi or self.confirm_path()
 
     def smi_query(self, path) -> dict:
-        return _smi.query(self.taker.run_smi, path)
+        return _smi.query(self.taker.run_smi, path, background=calls.Background)
 
     def run(self, argv: list, what: str):
-        return self.run_command(argv, self.p["query_timeout"], what, {"LC_ALL": "C"})
+        return self.run_command(argv, self.p["query_timeout"], what)
 
     def node_holders(self, gpus: list) -> dict:
         """{index: every process that holds the GPU's device node (/dev/nvidia<minor>)}, by one full device-file

@@ -6,7 +6,7 @@
 
 A fake, because a unit test has no Proxmox VE node: the node's files (its containers, which run, their config
 files in pve-container's format) and its ``pct`` answer from tables, the GPUs are a list and the release is a
-recorder. NodeIO's reading of the files is tested at the end, against real files and real sockets. The real pct
+recorder (FakeNode.run_release, given to the Fence as its release). NodeIO's reading of the files is tested at the end, against real files and real sockets. The real pct
 shim, containers and release run in tests/functional/test_proxmox_gpu_containers.py.
 """
 
@@ -19,7 +19,9 @@ import types
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _fence, _pct
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _fence, _pct, _release
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import Background
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.node_io import NodeIO
 
 # The node's containers as its files say them: which run (their LXC monitors' sockets), and each one's config file
 # (/etc/pve/lxc/<vmid>.conf).
@@ -36,6 +38,11 @@ GPUS = [{"index": i, "uuid": f"GPU-{i}", "minor_number": 7 - i} for i in range(8
 
 
 class FakeNode:
+    """A node (_host.protocols.NodeHost) from tables; its release is a recorder (``run_release``)."""
+
+    release_io = None  # the release's host: run_release below never reaches it
+    background = staticmethod(Background)
+
     def __init__(self, frozen=(), active=(), stop_rc=0, release_failure=None, gpus=GPUS, configs=None):
         self.calls = []                   # the pct calls
         self.reads = []                   # the node's files read: "node", then each vmid whose config was read
@@ -97,20 +104,30 @@ class FakeNode:
         self.holding_calls = getattr(self, "holding_calls", 0) + 1
         return {vmid: set(gpus) for vmid, gpus in getattr(self, "busy", {}).items()}
 
-    def release(self, vmids, draining=(), gpus=None):
-        self.released.append(list(vmids))
-        self.draining = list(draining)
-        self.release_gpus = gpus
+    def gpu_locks(self, _containers, _gpus):
+        return False
+
+    def run_release(self, p, filters, io, first_signal, check_mode, diff, lock):
+        """_release.run_release's place: records the options the fence built."""
+        assert io is self.release_io and lock == self.gpu_locks and first_signal == 15
+        self.released.append(list(filters["containers"]))
+        self.draining = list(p["draining_gpus"])
+        self.release_gpus = [int(g) for g in p["gpus"]] or None
         if self.release_failure:
-            return {"released": []}, self.release_failure
-        return {"changed": True, "released": [{"pid": 4242}]}, None
+            raise self.release_failure
+        return {"changed": True, "released": [{"pid": 4242}]}
+
+
+# The module's options the fence's release starts from (_fence.validate keeps them as params["release"]).
+RELEASE_BASE = dict(gpus=[], grace_period=10.0, kill_timeout=5.0, lock_timeout=0.0, include_device_holders=True)
 
 
 def fence(node, check_mode=False, diff=False, **params):
     p = dict(containers=[], units=[], state="present", force=False, include_stopped=False, shutdown_timeout=60,
-             pct_timeout=30.0, stop_timeout=65.0)
+             pct_timeout=30.0, stop_timeout=65.0, release=RELEASE_BASE)
     p.update(params)
-    return _fence.Fence(p, node, check_mode=check_mode, diff=diff)
+    return _fence.Fence(p, node, check_mode=check_mode, diff=diff, first_signal=15,
+                        release=getattr(node, "run_release", None))
 
 
 @pytest.mark.parametrize("params, containers, running, gpus, configs_read", [
@@ -221,10 +238,10 @@ def test_a_service_that_does_not_stop_fails_and_is_not_reported_stopped(stop_rc,
 
 
 def test_a_failed_release_keeps_its_partial_result():
-    failure = _errors.GpuError("2 process(es) survived SIGKILL")
+    failure = _release.ReleaseFailed("release_incomplete", "2 process(es) survived SIGKILL", {"released": []})
     node = FakeNode(release_failure=failure)
     f = fence(node, containers=[129], state="released")
-    with pytest.raises(_errors.GpuError) as exc:
+    with pytest.raises(_release.ReleaseFailed) as exc:
         f.run()
     assert exc.value is failure and f.finish()["release"] == {"released": []}
 
@@ -366,7 +383,7 @@ def test_a_toolkit_uuid_no_gpu_has_is_null_with_a_warning():
 
 def node_io(pve_dir, lxc_path="/nonexistent/lxc"):
     release_io = types.SimpleNamespace(warn=lambda msg: None, now=lambda: 0.0)
-    return _fence.NodeIO("/usr/sbin/pct", None, release_io, {}, None, pve_dir=str(pve_dir), lxc_path=str(lxc_path))
+    return NodeIO("/usr/sbin/pct", None, release_io, pve_dir=str(pve_dir), lxc_path=str(lxc_path))
 
 
 def pve(tmp_path, vmlist, node="pve1", configs=None):
@@ -497,7 +514,7 @@ def test_what_the_release_saw_counts_too():
     node = SharedNode([160, 161], {160: [0], 161: [4]})
     gpu5 = {"index": 5, "minor_number": 2, "memory": {"used": 1024}, "blockers": [77],
             "processes": [{"pid": 77, "used_mib": 1024, "container": {"kind": "lxc", "id": 160}}], "holders": {}}
-    node.release = lambda vmids, draining=(), gpus=None: ({"changed": True, "released": [], "gpus_before": [gpu5],
-                                                           "holder_processes": {}}, None)
+    node.run_release = lambda *_args, **_kw: {"changed": True, "released": [], "gpus_before": [gpu5],
+                                              "holder_processes": {}}
     res = fence(node, containers=[160], state="released").run()
     assert res["containers"][0]["wait_gpus"] == [0, 5] and res["wait_gpus"] == [0, 5]

@@ -28,9 +28,11 @@ def gone(pid):
         return True
 
 
-def test_run_in_group_returns_rc_and_output():
+def test_run_in_group_returns_rc_and_output_in_the_c_locale(monkeypatch):
+    """Every command speaks the C locale (calls.COMMAND_ENV, the one place that sets it), whatever the module's."""
+    monkeypatch.setenv("LC_ALL", "de_DE.UTF-8")
     rc, out, err = calls.run_in_group([sys.executable, "-c", "import os, sys; print(os.environ['LC_ALL']);"
-                                      " sys.stderr.write('e'); sys.exit(3)"], 10, "probe", {"LC_ALL": "C"})
+                                      " sys.stderr.write('e'); sys.exit(3)"], 10, "probe")
     assert (rc, out, err) == (3, "C\n", "e")
     assert not calls._RUNNING
 
@@ -63,3 +65,29 @@ def test_kill_running_stops_what_is_still_running(tmp_path):
     calls._kill_running()
     assert proc.poll() is not None and not calls._RUNNING
     assert os.getpgid(os.getpid()) != proc.pid
+
+
+def _fail():
+    raise KeyError("lost")
+
+
+@pytest.mark.parametrize("func, timeout, outcome", [
+    (lambda: 7, None, 7),
+    (lambda: 7, 5.0, 7),
+    (_fail, 5.0, KeyError),                                       # its error, raised in the caller
+    (lambda: time.sleep(5), 0.05, "^nvml probe did not answer within 0.05 s"),   # abandoned: it holds nothing up
+])
+def test_background_is_the_one_call_with_a_time_limit(func, timeout, outcome):
+    """calls.Background: the value, the error, or QueryTimeout naming the call; call_with_timeout is the same job."""
+    for run in (lambda: calls.Background(func, what="nvml probe").result(timeout),
+                lambda: calls.call_with_timeout(func, timeout, "nvml probe")):
+        if isinstance(outcome, str):
+            start = time.monotonic()
+            with pytest.raises(QueryTimeout, match=outcome) as exc:
+                run()
+            assert time.monotonic() - start < 2 and exc.value.details["call"] == "nvml probe"
+        elif isinstance(outcome, type):
+            with pytest.raises(outcome):
+                run()
+        else:
+            assert run() == outcome
