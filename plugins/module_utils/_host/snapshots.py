@@ -14,7 +14,7 @@ import os
 import time
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _holding, _mig, _redact, _smi, _snapshot, _validate
-from ansible_collections.gpuops.gpu.plugins.module_utils._host import nvml as _nvml, procs as _procs
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import kernel_log, nvml as _nvml, procs as _procs
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import Background, call_with_timeout, run_in_group
 
 # Where the simulator (tests/gpusim) points the modules at its kernel log; an unset kernel_log reads it.
@@ -44,7 +44,7 @@ class SnapshotTaker:
         self._texts = {}  # argv tuple -> (match text, shown text)
         self._smi_health = None  # nvidia-smi's health rows, refreshed at each full snapshot
         self._smi_health_fields = {}  # the health fields this nvidia-smi accepts (_smi.health_query)
-        self.kernel_log = None  # what read_xid_events read last (_health.read_kernel_log)
+        self.kernel_log = None  # what read_xid_events read last (kernel_log.read_kernel_log)
 
     def run_smi(self, argv):
         """One nvidia-smi run (argv list, no shell, the C locale) under query_timeout, in its own process group.
@@ -194,7 +194,7 @@ class SnapshotTaker:
                 return 127, "", f"{argv[0]}: not found"
             return run_in_group([found] + argv[1:], self.params["query_timeout"], "dmesg")
 
-        self.kernel_log = _health.read_kernel_log(path, dmesg)
+        self.kernel_log = kernel_log.read_kernel_log(path, dmesg)
         text = self.kernel_log["text"]
         events = None if text is None else _health.parse_xid_events(text)
         self.kernel_log = _health.kernel_log_summary(self.kernel_log, events)
