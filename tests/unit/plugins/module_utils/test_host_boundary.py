@@ -23,7 +23,6 @@ MACHINE_MODULES = ("subprocess", "threading", "ctypes", "fcntl", "select")
 OPENERS = {("open",), ("os", "open"), ("os", "fdopen"), ("io", "open"), ("os", "pidfd_open")}
 # Rule files not yet clean (file -> why): the list only shrinks; a file that is clean must leave it.
 NOT_YET = {
-    "_bound.py": "writes detail_file and reads the wait's earlier slice (write_file, carry)",
     "_mig.py": "reads the MIG capability files (cap_minor, /proc/driver/nvidia/capabilities)",
     "_validate.py": "the regex time budget's timer (threading.main_thread, signal.setitimer)",
 }
