@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import math
 import re
-import signal
-import threading
-import time
 
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import InvalidOption, RegexTooSlow
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import Interrupted, call_interrupted
 # Regular expressions see at most MATCH_CHARS characters of a command line (one constant, kept in _redact).
 from ansible_collections.gpuops.gpu.plugins.module_utils._redact import MATCH_CHARS
 
@@ -209,35 +207,6 @@ def nested_quantifier(parsed) -> bool:
     return False
 
 
-class _Interrupted(Exception):
-    pass
-
-
-def _on_alarm(_signum, _frame):
-    raise _Interrupted()
-
-
-def _call_limited(fn, text, budget: float):
-    """``fn(text)``, interrupted after ``budget`` s where a timer can be used (the main thread, no timer
-    already running): Python's re checks for signals while it backtracks. Returns (value, seconds)."""
-    start = time.monotonic()
-    use_timer = (threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
-                 and signal.getitimer(signal.ITIMER_REAL)[0] == 0)
-    if not use_timer:
-        value = fn(text)
-        return value, time.monotonic() - start
-    previous = signal.signal(signal.SIGALRM, _on_alarm)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, budget)
-        try:
-            value = fn(text)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-    finally:
-        signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
-    return value, time.monotonic() - start
-
-
 class Regex:
     """A validated regular expression of an option, searched under a time budget.
 
@@ -255,8 +224,8 @@ class Regex:
 
     def _run(self, fn, text):
         try:
-            value, took = _call_limited(fn, (text or "")[:MATCH_CHARS], SEARCH_BUDGET_S)
-        except _Interrupted:
+            value, took = call_interrupted(fn, (text or "")[:MATCH_CHARS], SEARCH_BUDGET_S)
+        except Interrupted:
             took = None
         if took is not None:
             self.spent += took

@@ -10,6 +10,7 @@ background, a monotonic clock. No AnsibleModule."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -26,6 +27,36 @@ def call_with_timeout(fn, timeout: float, what: str):
     if timeout is None or timeout <= 0:
         return fn()
     return Background(fn, what=what).result(timeout)
+
+
+class Interrupted(Exception):
+    """A call_interrupted call that its timer stopped."""
+
+
+def _on_alarm(_signum, _frame):
+    raise Interrupted()
+
+
+def call_interrupted(fn, text, budget: float):
+    """``fn(text)``, interrupted (Interrupted) after ``budget`` s where a timer can be used (the main thread, no timer
+    already running): a call that Python checks for signals in (re, while it backtracks), where a thread could not
+    stop it. Returns (value, seconds)."""
+    start = time.monotonic()
+    use_timer = (threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+                 and signal.getitimer(signal.ITIMER_REAL)[0] == 0)
+    if not use_timer:
+        value = fn(text)
+        return value, time.monotonic() - start
+    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, budget)
+        try:
+            value = fn(text)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    finally:
+        signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
+    return value, time.monotonic() - start
 
 
 # The commands run_in_group has started and not yet reaped: killed at exit, so that a command
