@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _mig, _raw
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _raw
 
 GPU_FIELDS = [
     "index", "uuid", "name", "serial", "pci.bus_id", "memory.total", "memory.used", "memory.free",
@@ -362,7 +362,7 @@ def mig_devices(run, executable: str, gpus: list) -> None:
         for (profile, uuid), (gi, ci, mem) in zip(names, info["devices"]):
             dev = _raw.mig_device(uuid)
             dev.update(profile=profile, name=f"{g.get('name')} MIG {profile}", gpu_instance_id=gi, compute_instance_id=ci,
-                       memory=mem, device_nodes=_mig.device_nodes(g.get("minor_number"), gi, ci))
+                       memory=mem)  # its device_nodes: _host.mig_caps
             by_pid = {p["pid"]: p for p in g["processes"]}
             for pid, pgi, pci in info["processes"]:
                 if (pgi, pci) == (gi, ci):

@@ -14,7 +14,7 @@ import os
 import time
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _holding, _mig, _redact, _smi, _snapshot, _validate
-from ansible_collections.gpuops.gpu.plugins.module_utils._host import kernel_log, nvml as _nvml, procs as _procs
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import kernel_log, mig_caps, nvml as _nvml, procs as _procs
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import Background, call_with_timeout, run_in_group
 
 # Where the simulator (tests/gpusim) points the modules at its kernel log; an unset kernel_log reads it.
@@ -165,6 +165,7 @@ class SnapshotTaker:
                 # Minor numbers tie /dev/nvidiaN to a GPU; only nvidia-smi's XML report has them.
                 self.minors = _smi.minor_query(self.run_smi, self.smi)
             raw = _smi.query(self.run_smi, self.smi, self.minors, background=Background)
+            mig_caps.fill_device_nodes(raw["gpus"])
         finally:
             rows, error = self._smi_health, None
             if health is not None:
