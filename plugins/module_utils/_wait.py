@@ -19,11 +19,45 @@ not when the memory is freed, and any holder that appears restarts it.
 
 from __future__ import annotations
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _holding, _smi
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _holding, _smi, _snapshot, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._host import calls as _host_calls
 
 
 holders_of = _holding.holders_of
+
+
+class Looks:
+    """The wait's look at its GPUs (``look(full)`` -> the selected GPUs): the GPU count checked at the first look
+    (expected_count), then the selection (O(gpus)). nvidia-smi is asked about the selected GPUs only (``io.restrict``):
+    from the first look on when they are named by index alone (an unselected GPU that is lost or failing makes
+    nvidia-smi exit non-zero, and must not fail this wait), else from the first selection on."""
+
+    def __init__(self, p: dict, io):
+        self.p = p
+        self.io = io
+        self.count_checked = bool(p.get("progress_state"))  # a later slice: the first one checked it
+        self.selectors = _validate.gpu_selectors(p.get("gpus"))
+        indices_only = bool(self.selectors) and all(_validate.is_ascii_digits(x) for x in self.selectors)
+        if indices_only and (p.get("expected_count") is None or self.count_checked):
+            io.restrict(sorted({str(int(x)) for x in self.selectors}, key=int))
+
+    def __call__(self, full: bool) -> list:
+        io, p = self.io, self.p
+        gpus = io.snapshot(full)
+        if not self.count_checked:
+            _snapshot.check_count(gpus, p.get("expected_count"))
+            self.count_checked = True
+        try:
+            selected = _snapshot.select_gpus(gpus, p.get("gpus"))
+        except _errors.SelectionError:
+            if not io.restricted():
+                raise
+            io.restrict(None)  # once more, unrestricted: the message lists the GPUs the host has
+            selected = _snapshot.select_gpus(io.snapshot(False, processes=False), p.get("gpus"))
+        if self.selectors:
+            # From now on nvidia-smi (the backend, and the final confirmation) sees the selected GPUs only.
+            io.restrict([str(g["index"]) for g in selected])
+        return selected
 
 
 def new_state() -> dict:
@@ -651,7 +685,7 @@ class _PollMixin:
 
     def _look(self):
         p, io, state = self.p, self.io, self.state
-        gpus = io.snapshot(True)
+        gpus = self.look(True)
         _check_lost(gpus)
         before, polls, samples = gpus, 1, {}
         if p["reset_leaked"]:
@@ -663,7 +697,7 @@ class _PollMixin:
                 if t >= limit or not self._undecided(gpus, t):
                     break
                 io.sleep(min(p["sleep"], max(0.0, limit - t)))
-                gpus = io.snapshot(False)
+                gpus = self.look(False)
                 _check_lost(gpus)
                 polls += 1
             self.reset_leaked(gpus, self.elapsed())
@@ -685,7 +719,7 @@ class _PollMixin:
         slice_end = io.now() + p["progress_slice"] if p["progress_slice"] else None
         confirmed = {}
         while True:
-            done, gpus = step(state, self.elapsed(), io.snapshot, io.alive, p["settle"], FULL_SCAN_EVERY)
+            done, gpus = step(state, self.elapsed(), self.look, io.alive, p["settle"], FULL_SCAN_EVERY)
             if state["credited"] and state["polls"] == 1 and not {g["index"] for g in gpus} <= set(
                     p["quiet_since"].get("gpus") or ()):
                 # The release did not watch every GPU this wait selects: its quiet time says nothing of the others.
@@ -768,7 +802,7 @@ class _JudgeMixin:
 
     def _timed_out(self, elapsed: float):
         p, state, result = self.p, self.state, self.result
-        gpus = self.io.snapshot(True)  # the diagnosis names device-file holders too
+        gpus = self.look(True)  # the diagnosis names device-file holders too
         for g in gpus:
             record_sample(state, elapsed, g, len(memory_holders(g)))
         memory = trends(state, elapsed, p["leak_after"], p["max_memory_used_mib"])
@@ -886,6 +920,7 @@ class Wait(_PollMixin, _JudgeMixin, _ResetMixin):
     def __init__(self, params: dict, io, check_mode: bool = False, diff: bool = False):
         self.p = params
         self.io = io
+        self.look = Looks(params, io)
         self.check_mode = check_mode
         self.diff = diff
         carried = params.get("progress_state")

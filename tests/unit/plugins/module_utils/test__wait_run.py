@@ -72,9 +72,16 @@ class FakeHost:
         self.slept.append(seconds)
         self.t += seconds
 
-    def snapshot(self, full):
+    def snapshot(self, full, processes=True):
         self.looks.append((round(self.t, 3), full))
         return copy.deepcopy(self.timeline(self.t, full))
+
+    def restrict(self, indexes):
+        self.restricted_to = indexes
+
+    @staticmethod
+    def restricted():
+        return False
 
     @staticmethod
     def alive(pid, start_time):
