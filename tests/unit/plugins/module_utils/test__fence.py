@@ -22,6 +22,7 @@ import pytest
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _fence, _pct, _release
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import Background
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.node_io import NodeIO
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.protocols import NodeHost
 
 # The node's containers as its files say them: which run (their LXC monitors' sockets), and each one's config file
 # (/etc/pve/lxc/<vmid>.conf).
@@ -100,6 +101,9 @@ class FakeNode:
     def gpus(self):
         return self._gpus
 
+    def held(self):
+        return {}
+
     def holding(self):
         self.holding_calls = getattr(self, "holding_calls", 0) + 1
         return {vmid: set(gpus) for vmid, gpus in getattr(self, "busy", {}).items()}
@@ -116,6 +120,10 @@ class FakeNode:
         if self.release_failure:
             raise self.release_failure
         return {"changed": True, "released": [{"pid": 4242}]}
+
+
+def test_the_fake_is_a_node_host():
+    assert isinstance(FakeNode(), NodeHost)
 
 
 # The module's options the fence's release starts from (_fence.validate keeps them as params["release"]).

@@ -15,6 +15,7 @@ import pytest
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _release, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.protocols import ReleaseHost
 
 SIGTERM, SIGKILL = 15, 9
 
@@ -58,6 +59,7 @@ class FakeHost:
         self.events = events or {}          # snapshot number -> [process dicts that appear]
         self.dies_on = dies_on or {}
         self.signalled, self.snapshots, self.commands, self.clock = [], 0, [], 0.0
+        self.warnings = []
 
     def exit(self, pid):
         self.procs.pop(pid, None)
@@ -130,6 +132,15 @@ class FakeHost:
     def bins(self, name):
         return f"/usr/sbin/{name}"
 
+    def frozen(self, _pid):
+        return False
+
+    def container_init(self, _proc):
+        return None
+
+    def warn(self, text):
+        self.warnings.append(text)
+
     def run_command(self, argv, timeout, what):
         self.commands.append(argv)
         unit = argv[-1]
@@ -137,6 +148,10 @@ class FakeHost:
             if p.get("unit") == unit:
                 self.exit(p["pid"])
         return 0, "", ""
+
+
+def test_the_fake_is_a_release_host():
+    assert isinstance(FakeHost([], {}), ReleaseHost)
 
 
 def params(**over):

@@ -18,6 +18,7 @@ import pytest
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _wait
 from ansible_collections.gpuops.gpu.plugins.module_utils._holding import verdict
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.protocols import WaitHost
 
 
 def gpu(index=0, used=0, procs=(), holders=(), in_container=False, **fields):
@@ -87,6 +88,10 @@ class FakeHost:
     def alive(pid, start_time):
         return False
 
+    @staticmethod
+    def boot_id():
+        return None
+
     def confirm_path(self):
         return self.path
 
@@ -110,6 +115,10 @@ class FakeHost:
     @staticmethod
     def background(func, *args):
         return Done(func, *args)
+
+
+def test_the_fake_is_a_wait_host():
+    assert isinstance(FakeHost(lambda t, full: []), WaitHost)
 
 
 PARAMS = {"timeout": 10.0, "delay": 0.0, "sleep": 0.5, "settle": 1.0, "msg": None, "confirm_with_nvidia_smi": None,

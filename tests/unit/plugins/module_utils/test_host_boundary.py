@@ -12,10 +12,16 @@ from __future__ import annotations
 import ast
 import os
 import sys
+import types
 
 import pytest
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import protocols
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import Background
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.node_io import NodeIO
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.release_io import ReleaseIO
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.wait_io import WaitIO
 
 MODULE_UTILS = os.path.dirname(os.path.abspath(_errors.__file__))
 MACHINE_MODULES = ("subprocess", "threading", "ctypes", "fcntl", "select")
@@ -91,3 +97,15 @@ def test_the_guard_fails_on_a_rule_file_that_imports_subprocess(tmp_path, monkey
     assert rule_files() == ["_rule.py"]
     with pytest.raises(AssertionError, match=r"plugins/module_utils/_rule.py touches the machine \(2: import subprocess\)"):
         test_a_rule_file_does_not_touch_the_machine("_rule.py")
+
+
+@pytest.mark.parametrize("adapter, interface", [
+    (lambda: WaitIO(None, {}, None, None), protocols.WaitHost),
+    (lambda: ReleaseIO(None, None, print, None), protocols.ReleaseHost),
+    (lambda: NodeIO("/usr/sbin/pct", None, types.SimpleNamespace(warn=print, now=lambda: 0.0)), protocols.NodeHost),
+    (lambda: Background(int), protocols.Job),
+])
+def test_the_adapters_implement_the_interfaces(adapter, interface):
+    """Each real adapter has every member of its typing.Protocol (the unit tests' fakes are checked beside them)."""
+    assert isinstance(adapter(), interface)
+    assert not isinstance(object(), interface)
