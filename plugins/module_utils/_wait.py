@@ -913,9 +913,9 @@ class Wait(_PollMixin, _JudgeMixin, _ResetMixin):
     exit and the timeout's diagnosis - in its steps (_PollMixin, _JudgeMixin, _ResetMixin), which share this
     object's state, set here.
 
-    ``io`` is a ``_host.protocols.WaitHost`` (``_host.wait_io.WaitIO``; unit tests pass a fake host: no driver there). ``run()`` returns
-    (ok, result): the keyword arguments of exit_json when ok, else of fail_json, whose ``error`` names the kind
-    of every failure (_errors)."""
+    ``io`` is a ``_host.protocols.WaitHost`` (``_host.wait_io.WaitIO``; unit tests pass a fake host: no driver there).
+    ``run()`` returns (ok, result): the keyword arguments of exit_json when ok, else of fail_json, whose ``error``
+    names the kind of every failure (_errors)."""
 
     def __init__(self, params: dict, io, check_mode: bool = False, diff: bool = False):
         self.p = params
