@@ -844,6 +844,23 @@ class _JudgeMixin:
         return agreement(gpus, raw, p["max_memory_used_mib"])
 
 
+def node_holders(io, gpus: list, protect) -> dict:
+    """{index: every process that holds the GPU's device node (/dev/nvidia<minor>)}, from one full device-file scan
+    (``io.device_holders()``): the protected daemons (``protect``, the option's patterns) count too, marked so."""
+    scan = io.device_holders()
+    out = {}
+    for gpu in gpus:
+        found = out.setdefault(gpu["index"], [])
+        for pid, files in sorted(scan.items()):
+            if not any(_holding.node_of(f)[1] == gpu.get("minor_number") for f in files):
+                continue
+            info = io.read(pid) or {"pid": pid, "name": None}
+            names = _snapshot._names(info) & set(_snapshot.PROTECTED_NAMES)
+            found.append({"pid": pid, "name": sorted(names)[0] if names else info.get("name"),
+                          "protected": bool(_snapshot.is_protected(info, extra=protect, exe_of=io.exe))})
+    return out
+
+
 class _ResetMixin:
     """reset_leaked: a GPU whose memory leaked with nothing holding it is reset (nvidia-smi -r), and said so."""
 
@@ -855,7 +872,7 @@ class _ResetMixin:
         if not todo:
             return False
         smi = io.smi_path()
-        holders = io.node_holders([g for g, _t in todo])
+        holders = node_holders(io, [g for g, _t in todo], _validate.regexes("protect", p.get("protect")))
         done = False
         for gpu, trend in todo:
             g = dict(gpu)

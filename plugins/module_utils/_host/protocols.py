@@ -59,7 +59,13 @@ class WaitHost(Protocol):
     def run(self, argv: list, what: str) -> tuple:
         ...
 
-    def node_holders(self, gpus: list) -> dict:
+    def device_holders(self) -> dict:
+        ...
+
+    def read(self, pid: int) -> Any:
+        ...
+
+    def exe(self, pid: int) -> Any:
         ...
 
     def background(self, func, *args) -> Job:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _holding, _smi, _snapshot
+from ansible_collections.gpuops.gpu.plugins.module_utils import _smi
 from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
 from ansible_collections.gpuops.gpu.plugins.module_utils._host import calls
 
@@ -75,22 +75,18 @@ class WaitIO:
     def run(self, argv: list, what: str):
         return self.run_command(argv, self.p["query_timeout"], what)
 
-    def node_holders(self, gpus: list) -> dict:
-        """{index: every process that holds the GPU's device node (/dev/nvidia<minor>)}, by one full device-file
-        scan, whatever include_device_holders says: the protected daemons count too."""
-        scan = _procs.scan_fd_holders(self.p["device_files"], exclude_pids=(os.getpid(),))
-        out = {}
-        for gpu in gpus:
-            found = out.setdefault(gpu["index"], [])
-            for pid, files in sorted(scan.items()):
-                if not any(_holding.node_of(f)[1] == gpu.get("minor_number") for f in files):
-                    continue
-                info = self.taker._read_for_build(pid) or {"pid": pid, "name": None}  # the raw command line, to match only
-                names = _snapshot._names(info) & set(_snapshot.PROTECTED_NAMES)
-                found.append({"pid": pid, "name": sorted(names)[0] if names else info.get("name"),
-                              "protected": bool(_snapshot.is_protected(info, extra=self.taker.protect,
-                                                                       exe_of=_procs.read_exe))})
-        return out
+    def device_holders(self) -> dict:
+        """{pid: [device files]} of every process that holds a GPU device file: one full scan, whatever
+        include_device_holders says."""
+        return _procs.scan_fd_holders(self.p["device_files"], exclude_pids=(os.getpid(),))
+
+    def read(self, pid: int):
+        """The process with its raw command line (to match protect only), or None when it is gone."""
+        return self.taker._read_for_build(pid)
+
+    @staticmethod
+    def exe(pid: int):
+        return _procs.read_exe(pid)
 
     @staticmethod
     def background(func, *args):

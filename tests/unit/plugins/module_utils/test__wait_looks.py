@@ -7,9 +7,11 @@ are the rule's decisions; the host (_host.wait_io.WaitIO, a fake here) only read
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _wait
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _validate, _wait
 
 
 class FakeWaitHost:
@@ -70,3 +72,21 @@ def test_an_unknown_gpu_is_named_against_every_gpu_the_host_has():
         _wait.Looks({"gpus": ["7"]}, host)(True)
     assert host.restricts == [["7"], None] and host.looks == [(True, True), (False, False)]
     assert "7" in exc.value.msg
+
+
+HOLDERS = {9: ["/dev/nvidia2"], 10: ["/dev/nvidiactl", "/dev/nvidia2"], 11: ["/dev/nvidia3"], 12: ["/dev/nvidiactl"]}
+PROCS = {9: {"pid": 9, "name": "nvidia-persistenced", "cmdline": "/usr/bin/nvidia-persistenced --verbose"},
+         10: {"pid": 10, "name": "python3", "cmdline": "python3 keeper.py"}}
+
+
+@pytest.mark.parametrize("protect, expected", [
+    ([], [{"pid": 9, "name": "nvidia-persistenced", "protected": True}, {"pid": 10, "name": "python3", "protected": False}]),
+    (["keeper"], [{"pid": 9, "name": "nvidia-persistenced", "protected": True},
+                  {"pid": 10, "name": "python3", "protected": True}]),
+])
+def test_who_holds_a_gpus_node_is_the_rules_to_judge(protect, expected):
+    """The host scans and reads (device_holders, read, exe); which holder is on the GPU's node and which is protected
+    is _wait.node_holders'. Pid 11 holds another GPU's node, pid 12 a control node only."""
+    host = types.SimpleNamespace(device_holders=lambda: HOLDERS, read=PROCS.get, exe=lambda pid: None)
+    got = _wait.node_holders(host, [{"index": 2, "minor_number": 2}], _validate.regexes("protect", protect))
+    assert got == {2: expected}
