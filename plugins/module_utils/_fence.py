@@ -15,9 +15,9 @@ services (``pct exec <vmid> -- systemctl``, each under a time limit), and then s
 (state shutdown) or release the GPU holders in them through the release path (state released).
 
 Its I/O is injected (``_host.node_io.NodeIO`` on a node, ``_host.protocols.NodeHost``): ``node()``, ``config(vmid)``,
-``where()``, ``pct(argv, timeout, what)``, ``pct_calls()``, ``gpus()``, ``held()`` and ``holding()`` (what the
-containers' processes hold), ``take_locks(vmids)``, ``gpu_locks``, ``release_io`` (the release's host), ``background``,
-``warn`` and ``now``; the unit tests give it a fake node (test__fence.FakeNode). The fence runs the release itself
+``where()``, ``pct(argv, timeout, what)``, ``pct_calls()``, ``gpus()``, ``look()`` (a full snapshot: what the
+containers' processes hold is _holding's to say), ``take_locks(vmids)``, ``gpu_locks``, ``release_io`` (the
+release's host), ``background``, ``warn`` and ``now``; the unit tests give it a fake node (test__fence.FakeNode). The fence runs the release itself
 (``_release.run_release``) with the options it builds (``release_options``).
 """
 
@@ -79,6 +79,7 @@ class Discovery:
         self._configs = {}                 # the parsed configs read, and those of other running containers read later
         self._shared = {}                  # {vmid: the other running containers that pass GPUs}: see cover
         self._holding = {}                 # {vmid: GPU indexes} its processes kept busy at the discovery (cover)
+        self._looked = None                # a full snapshot's GPUs, when what the processes hold is asked (_look)
 
     def _within(self, deadline, read):
         """``read()`` in the background, waited for until ``deadline``: a read of /etc/pve blocks while pmxcfs hangs, and
@@ -94,6 +95,12 @@ class Discovery:
                 f"reading the node's containers ({self.io.where()}) did not finish within pct_timeout"
                 f" ({self.p['pct_timeout']:g} s): the cluster filesystem (pmxcfs) hangs or the node is overloaded"
                 " (systemctl status pve-cluster). Nothing was stopped.") from None
+
+    def _look(self) -> list:
+        """A full snapshot's GPUs (``io.look()``), taken once: what the containers' processes hold (_holding)."""
+        if self._looked is None:
+            self._looked = self.io.look()
+        return self._looked
 
     def gpus(self):
         """The node's GPUs (``io.gpus()``, read once); when the driver cannot be read: the error for a fence that
@@ -174,7 +181,7 @@ class Discovery:
                 uuids = {g["index"]: g.get("uuid") for g in node_gpus}
                 complete = len(gpu_minors) == len(node_gpus)
                 if unread:
-                    held = self.io.held()
+                    held = _holding.container_gpus(self._look())
         rows = []
         for vmid, config in configs.items():
             gpus = self._minor_gpus(vmid, config, gpu_minors, complete)
@@ -201,7 +208,7 @@ class Discovery:
                 mig_devices=mig, wait_mig_devices=_mig.by_gpu(node_gpus, mig),
                 passthrough_unknown=list(config["unknown"]), gpus_from="config", wait_gpus=gpus))
         if self._shared:
-            self._holding = self.io.holding()
+            self._holding = _holding.workload_gpus(self._look())
         return rows
 
     def _minor_gpus(self, vmid, config, gpu_minors, complete: bool):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import threading
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _pct
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _pct
 from ansible_collections.gpuops.gpu.plugins.module_utils._fence import FenceFailed
 from ansible_collections.gpuops.gpu.plugins.module_utils._host import lock as _lock
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import Background, run_in_group
@@ -59,7 +59,6 @@ class NodeIO:
         self.lxc_path = lxc_path or os.environ.get(LXC_PATH_ENV) or LXC_PATH
         self._node = None
         self._gpus = None
-        self._look_gpus = None
 
     @staticmethod
     def background(func, *args, what=None):
@@ -137,18 +136,6 @@ class NodeIO:
             self._gpus = self.taker.raw(need_minors=True)["gpus"]
         return self._gpus
 
-    def _look(self) -> list:
-        """A full snapshot's GPUs (processes, device-file holders and their containers), taken once."""
-        if self._look_gpus is None:
-            self._look_gpus = self.taker.take()["gpus"]
-        return self._look_gpus
-
-    def held(self) -> dict:
-        """{vmid: set of GPU indexes} its processes hold now (_holding.container_gpus over a full snapshot: contexts,
-        /dev/nvidiaN holders)."""
-        return _holding.container_gpus(self._look())
-
-    def holding(self) -> dict:
-        """{vmid: set of GPU indexes} its processes keep busy now (_holding.workload_gpus: contexts, and device nodes
-        only where the GPU's process list cannot be trusted), from the same snapshot as held()."""
-        return _holding.workload_gpus(self._look())
+    def look(self) -> list:
+        """A full snapshot's GPUs (processes, device-file holders and their containers)."""
+        return self.taker.take()["gpus"]

@@ -161,10 +161,7 @@ class NodeHost(Protocol):
     def gpus(self) -> Any:
         ...
 
-    def held(self) -> dict:
-        ...
-
-    def holding(self) -> dict:
+    def look(self) -> list:
         ...
 
     def take_locks(self, vmids) -> None:

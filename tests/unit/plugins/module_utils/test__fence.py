@@ -101,12 +101,17 @@ class FakeNode:
     def gpus(self):
         return self._gpus
 
-    def held(self):
-        return {}
-
-    def holding(self):
-        self.holding_calls = getattr(self, "holding_calls", 0) + 1
-        return {vmid: set(gpus) for vmid, gpus in getattr(self, "busy", {}).items()}
+    def look(self):
+        """A full snapshot's GPUs: on each, a process of every container that holds it ({vmid: GPU indexes} in
+        ``busy``), with a context there (so a blocker)."""
+        self.looks = getattr(self, "looks", 0) + 1
+        gpus = {}
+        for vmid, held in getattr(self, "busy", {}).items():
+            for i in held:
+                gpu = gpus.setdefault(i, {"index": i, "processes": [], "holders": [], "blockers": []})
+                gpu["processes"].append({"pid": 1000 + vmid, "container": {"kind": "lxc", "id": vmid}})
+                gpu["blockers"].append(1000 + vmid)
+        return [gpus[i] for i in sorted(gpus)]
 
     def gpu_locks(self, _containers, _gpus):
         return False
@@ -349,16 +354,12 @@ class ToolkitNode(FakeNode):
 
     def __init__(self, holding, **kw):
         super().__init__(configs=TOOLKIT_CONFIGS, **kw)
-        self.holding = holding
-        self.held_calls = 0
+        self.busy = holding
 
     def node(self):
         self.reads.append("node")
         return sorted(self.configs), set(TOOLKIT_RUNNING)
 
-    def held(self):
-        self.held_calls += 1
-        return {vmid: set(gpus) for vmid, gpus in self.holding.items()}
 
 
 @pytest.mark.parametrize("params, holding, rows, gpus", [
@@ -377,7 +378,7 @@ def test_toolkit_hook_and_unreadable_passthrough(params, holding, rows, gpus):
     for vmid in rows:
         if vmid != 140:
             assert any(m.startswith(f"CT {vmid}: lxc.hook.mount: /opt/gpu-hook may pass NVIDIA devices") for m in node.warnings)
-    assert node.held_calls == 1
+    assert node.looks == 1
 
 
 def test_a_toolkit_uuid_no_gpu_has_is_null_with_a_warning():
@@ -508,10 +509,10 @@ def test_a_config_that_passes_every_gpu_is_fenced_by_what_its_processes_hold(run
     every = None if 164 in rows else list(range(8))   # c 195:*: every GPU, gpus null
     assert node.release_gpus == res["gpus"] == every and node.released == [sorted(rows)]
     if said is None:
-        assert not [m for m in node.warnings if "passes every GPU" in m] and not getattr(node, "holding_calls", 0)
+        assert not [m for m in node.warnings if "passes every GPU" in m] and not getattr(node, "looks", 0)
     else:
         assert any(said in m for m in node.warnings), node.warnings
-        assert node.holding_calls == 1
+        assert node.looks == 1
     if containers and len(running) > 1:
         assert [r for r in node.reads if r != "node"][0] == containers[0]  # the other running configs read after
 
