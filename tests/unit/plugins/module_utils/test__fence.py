@@ -6,8 +6,9 @@
 
 A fake, because a unit test has no Proxmox VE node: the node's files (its containers, which run, their config
 files in pve-container's format) and its ``pct`` answer from tables, the GPUs are a list and the release is a
-recorder (FakeNode.run_release, given to the Fence as its release). NodeIO's reading of the files is tested at the end, against real files and real sockets. The real pct
-shim, containers and release run in tests/functional/test_proxmox_gpu_containers.py.
+recorder (FakeNode.run_release, given to the Fence as its release). NodeIO's reading of the files is tested at the
+end, against real files and real sockets. The real pct shim, containers and release run in
+tests/functional/test_proxmox_gpu_containers.py.
 """
 
 from __future__ import annotations
@@ -359,7 +360,6 @@ class ToolkitNode(FakeNode):
     def node(self):
         self.reads.append("node")
         return sorted(self.configs), set(TOOLKIT_RUNNING)
-
 
 
 @pytest.mark.parametrize("params, holding, rows, gpus", [
