@@ -36,7 +36,7 @@ IMPORT = re.compile(r"^\s*(?:from\s+(gpusimkit[\w.]*)\s+import\s+([\w, ()]+)|imp
 MODULE_RUN = re.compile(r"plugins\.modules\.|ANSIBLE_COLLECTIONS_PATH")
 # Files that name a module without running it (as test_public_api.py's NAMES_A_MODULE).
 # A rule file that touches the machine (DESIGN.md section 4; the unit test test_host_boundary.py is the gate).
-MACHINE = re.compile(r"^\s*(?:import|from) (?:subprocess|threading|ctypes|fcntl|select)\b|open\(", re.M)
+MACHINE = re.compile(r"^\s*(?:import|from) (?:subprocess|threading|concurrent|ctypes|fcntl|select)\b|open\(", re.M)
 NAMES_A_MODULE = ("tests/functional/crash_injection/sitecustomize.py", "tests/functional/conftest.py", "tools/house_report.py")
 
 

@@ -23,8 +23,6 @@ release's host), ``background``, ``warn`` and ``now``; the unit tests give it a 
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _mig, _pct, _release, _snapshot, _validate
 
 STATES = ("present", "released", "shutdown")
@@ -393,10 +391,7 @@ class Fence:
                                   " Is systemd running in the container? Nothing was stopped.")
             return state, active
 
-        if not jobs:
-            return {}
-        with ThreadPoolExecutor(max_workers=min(CONFIG_WORKERS, len(jobs))) as pool:
-            return dict(zip(jobs, pool.map(ask, jobs)))
+        return dict(zip(jobs, self.io.run_all(ask, jobs, CONFIG_WORKERS)))
 
     def _stop_services(self, running: list, states: dict) -> None:
         for c in running:

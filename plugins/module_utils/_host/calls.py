@@ -180,6 +180,17 @@ class Background:
         return self._out.get("value")
 
 
+def run_all(func, items: list, workers: int) -> list:
+    """``[func(item) for item in items]``, at most ``workers`` at a time in threads of their own; the first error is
+    raised once all have ended."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
+        return list(pool.map(func, items))
+
+
 class Answered:
     """An answer already in hand, read as a Background job's is (``result()``)."""
 

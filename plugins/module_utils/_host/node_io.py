@@ -16,7 +16,7 @@ import threading
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _pct
 from ansible_collections.gpuops.gpu.plugins.module_utils._fence import FenceFailed
 from ansible_collections.gpuops.gpu.plugins.module_utils._host import lock as _lock
-from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import Background, run_in_group
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import Background, run_all, run_in_group
 
 # Where the node's state is: pmxcfs' mount and LXC's lxcpath (pve-container runs lxc-* with the default one); the
 # simulator points each simulated node at its own (tests/gpusim, SimHost.env_vars).
@@ -63,6 +63,8 @@ class NodeIO:
     @staticmethod
     def background(func, *args, what=None):
         return Background(func, *args, what=what)
+
+    run_all = staticmethod(run_all)
 
     def pct(self, argv, timeout, what):
         return self.runner([self.pct_path] + list(argv), timeout, what)

@@ -172,3 +172,6 @@ class NodeHost(Protocol):
 
     def background(self, func, *args, what: str = None) -> Job:
         ...
+
+    def run_all(self, func, items: list, workers: int) -> list:
+        ...

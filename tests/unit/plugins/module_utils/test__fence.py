@@ -21,7 +21,7 @@ import types
 import pytest
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _fence, _pct, _release
-from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import Background
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import Background, run_all
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.node_io import NodeIO
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.protocols import NodeHost
 
@@ -44,6 +44,7 @@ class FakeNode:
 
     release_io = None  # the release's host: run_release below never reaches it
     background = staticmethod(Background)
+    run_all = staticmethod(run_all)
 
     def __init__(self, frozen=(), active=(), stop_rc=0, release_failure=None, gpus=GPUS, configs=None):
         self.calls = []                   # the pct calls

@@ -91,3 +91,10 @@ def test_background_is_the_one_call_with_a_time_limit(func, timeout, outcome):
                 run()
         else:
             assert run() == outcome
+
+
+def test_run_all_keeps_the_order_and_raises_the_first_error():
+    assert calls.run_all(lambda x: x * 2, [3, 1, 2], 2) == [6, 2, 4]
+    assert calls.run_all(_fail, [], 8) == []
+    with pytest.raises(KeyError):
+        calls.run_all(lambda x: _fail() if x == 2 else x, [1, 2, 3], 2)

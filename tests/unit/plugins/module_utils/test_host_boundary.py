@@ -3,8 +3,9 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 """The host boundary (DESIGN.md section 4): the rule files, every top-level ``plugins/module_utils/*.py``, never touch
-the machine - they import none of subprocess, threading, ctypes, fcntl, select and open no files; all of that lives in
-``plugins/module_utils/_host/``. Static checks of the source (ast), each naming the file and line that breaks it.
+the machine - they import none of subprocess, threading (nor concurrent's thread pools), ctypes, fcntl, select and open
+no files; all of that lives in ``plugins/module_utils/_host/``. Static checks of the source (ast), each naming the file
+and line that breaks it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._host.release_io import
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.wait_io import WaitIO
 
 MODULE_UTILS = os.path.dirname(os.path.abspath(_errors.__file__))
-MACHINE_MODULES = ("subprocess", "threading", "ctypes", "fcntl", "select")
+MACHINE_MODULES = ("subprocess", "threading", "concurrent", "ctypes", "fcntl", "select")
 # Calls that open a file: open(), os.open, os.fdopen, io.open, os.pidfd_open.
 OPENERS = {("open",), ("os", "open"), ("os", "fdopen"), ("io", "open"), ("os", "pidfd_open")}
 # Rule files not yet clean (file -> why): the list only shrinks; a file that is clean must leave it.
@@ -78,6 +79,7 @@ def test_the_host_is_a_folder_of_its_own():
     ("from ctypes import CDLL\n", ["1: from ctypes import ..."]),
     ("def f():\n    import fcntl\n", ["2: import fcntl"]),
     ("import select.epoll\n", ["1: import select.epoll"]),
+    ("from concurrent.futures import ThreadPoolExecutor\n", ["1: from concurrent.futures import ..."]),
     ("with open('/proc/x') as f:\n    pass\n", ["1: open(...)"]),
     ("import os\nfd = os.open('/dev/kmsg', 0)\nf = os.fdopen(fd)\n", ["2: os.open(...)", "3: os.fdopen(...)"]),
     # Not the machine: a rule file may name such things, call a method that is called open, or import the host.
