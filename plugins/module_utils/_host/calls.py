@@ -5,7 +5,7 @@
 # Note that this module util is **PRIVATE** to the collection. It can have breaking changes at any time.
 # Do not use this from other collections or standalone plugins/modules!
 
-"""The real host's calls: time-limited calls and commands (in a process group of their own), calls in the
+"""The real host's calls: time-limited calls (Background) and commands (in a process group of their own), calls in the
 background, a monotonic clock. No AnsibleModule."""
 
 from __future__ import annotations
@@ -15,18 +15,6 @@ import threading
 import time
 
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import QueryTimeout
-
-
-def call_with_timeout(fn, timeout: float, what: str):
-    """Run ``fn()`` with a time limit; raise QueryTimeout naming ``what`` when it is exceeded.
-
-    A driver call that hangs (a wedged GPU, a stuck nvidia-smi) cannot be interrupted from
-    Python, so the call runs in a daemon thread (Background): the module can fail and exit while
-    the thread is abandoned, and the play goes on.
-    """
-    if timeout is None or timeout <= 0:
-        return fn()
-    return Background(fn, what=what).result(timeout)
 
 
 class Interrupted(Exception):

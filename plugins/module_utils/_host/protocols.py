@@ -5,9 +5,9 @@
 # Note that this module util is **PRIVATE** to the collection. It can have breaking changes at any time.
 # Do not use this from other collections or standalone plugins/modules!
 
-"""The host's interfaces: what the rules are given as ``io``. Each is implemented by the adapter named in its
-docstring on a real host, and by a fake in the unit tests (tests/unit/plugins/module_utils/test_host_boundary.py checks
-both). Adapters read and act; they decide nothing."""
+"""The host's interfaces: what the rules are given as ``io``, each member with its call's shape. Each is implemented by
+the adapter named in its docstring on a real host and by a fake in the unit tests (test_host_boundary.py and the fakes'
+own tests check both). Adapters read and act; they decide nothing."""
 
 from __future__ import annotations
 
@@ -16,162 +16,74 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 @runtime_checkable
 class Job(Protocol):
-    """A call in the background (calls.Background): ``result(timeout=None)`` -> its value, its error, or QueryTimeout."""
+    """A call in the background (calls.Background)."""
 
-    def result(self, timeout: float = None) -> Any:
-        ...
+    result: Callable          # (timeout=None) -> its value; its error, or QueryTimeout past the timeout
 
 
 @runtime_checkable
 class WaitHost(Protocol):
     """What _wait.Wait reads and does (_host.wait_io.WaitIO; test__wait_run.FakeHost)."""
 
-    def snapshot(self, full: bool, processes: bool = True) -> list:
-        ...
-
-    def restrict(self, indexes) -> None:
-        ...
-
-    def restricted(self) -> bool:
-        ...
-
-    def alive(self, pid: int, start_time) -> bool:
-        ...
-
-    def now(self) -> float:
-        ...
-
-    def boot_id(self) -> Any:
-        ...
-
-    def sleep(self, seconds: float) -> None:
-        ...
-
-    def confirm_path(self) -> Any:
-        ...
-
-    def smi_path(self) -> Any:
-        ...
-
-    def smi_query(self, path) -> dict:
-        ...
-
-    def run(self, argv: list, what: str) -> tuple:
-        ...
-
-    def device_holders(self) -> dict:
-        ...
-
-    def read(self, pid: int) -> Any:
-        ...
-
-    def exe(self, pid: int) -> Any:
-        ...
-
-    def background(self, func, *args) -> Job:
-        ...
+    snapshot: Callable        # (full, processes=True) -> every GPU the driver shows (nvidia-smi: those restricted to)
+    restrict: Callable        # (GPU indexes, or None: all) -> None: what nvidia-smi is asked about
+    restricted: Callable      # () -> whether nvidia-smi, the backend, is asked about some GPUs only
+    alive: Callable           # (pid, start_time) -> bool
+    now: Callable             # () -> monotonic seconds
+    boot_id: Callable         # () -> this boot's id
+    sleep: Callable           # (seconds) -> None
+    confirm_path: Callable    # () -> the nvidia-smi that confirms, or None
+    smi_path: Callable        # () -> the nvidia-smi that resets, or None
+    smi_query: Callable       # (path) -> nvidia-smi's raw snapshot (_smi.query)
+    run: Callable             # (argv, what) -> (rc, out, err) under query_timeout; QueryTimeout
+    device_holders: Callable  # () -> {pid: [device files]}: one full device-file scan
+    read: Callable            # (pid) -> the process, its raw command line to match, or None
+    exe: Callable             # (pid) -> its executable's path, or None
+    background: Callable      # (func, *args) -> Job
 
 
 @runtime_checkable
 class ReleaseHost(Protocol):
     """What _release.Release and run_release read and do (_host.release_io.ReleaseIO; test__release.FakeHost)."""
 
-    run_command: Callable    # (argv, timeout, what) -> (rc, out, err); QueryTimeout (calls.run_in_group)
-    warn: Callable           # (text) -> None
-    bins: Callable           # (name) -> path or None (systemctl, pct)
-
-    def snapshot(self, holders: bool = True) -> list:
-        ...
-
-    def read(self, pid: int) -> Any:
-        ...
-
-    def text(self, proc: dict) -> str:
-        ...
-
-    def exe(self, pid: int) -> Any:
-        ...
-
-    def children(self) -> dict:
-        ...
-
-    def me(self) -> tuple:
-        ...
-
-    def host_namespace(self) -> Any:
-        ...
-
-    def pin(self, info: dict) -> tuple:
-        ...
-
-    def wait_gone(self, targets: list, timeout: float) -> list:
-        ...
-
-    def check_may_signal(self, procs) -> None:
-        ...
-
-    def state(self, pid: int) -> Any:
-        ...
-
-    def frozen(self, pid: int) -> bool:
-        ...
-
-    def container_init(self, proc: dict) -> Any:
-        ...
-
-    def now(self) -> float:
-        ...
-
-    def boot_id(self) -> Any:
-        ...
-
-    def ticks_now(self) -> float:
-        ...
-
-    def ticks_per_s(self) -> float:
-        ...
-
-    def sleep(self, seconds: float) -> None:
-        ...
+    snapshot: Callable        # (holders=True) -> every GPU
+    read: Callable            # (pid) -> the process (redacted), or None
+    text: Callable            # (proc) -> its raw command line, to match
+    exe: Callable             # (pid) -> its executable's path, or None
+    children: Callable        # () -> {ppid: [pids]}
+    me: Callable              # () -> (this pid, its ancestors)
+    host_namespace: Callable  # () -> whether this runs in the initial PID namespace (None: cannot tell)
+    pin: Callable             # (proc) -> (a signal target pinned by pid and start time, whether it is the same process)
+    wait_gone: Callable       # (targets, timeout) -> those still alive
+    check_may_signal: Callable  # (procs) -> None; NotPermitted
+    state: Callable           # (pid) -> its state letter, or None
+    frozen: Callable          # (pid) -> whether its cgroup is frozen
+    container_init: Callable  # (proc) -> (pid, start_time) of its container's init, or None
+    now: Callable             # () -> monotonic seconds
+    boot_id: Callable         # () -> this boot's id
+    ticks_now: Callable       # () -> now in clock ticks since boot (/proc/<pid>/stat's start time)
+    ticks_per_s: Callable     # () -> clock ticks per second
+    sleep: Callable           # (seconds) -> None
+    run_command: Callable     # (argv, timeout, what) -> (rc, out, err); QueryTimeout (calls.run_in_group)
+    warn: Callable            # (text) -> None
+    bins: Callable            # (name) -> its path, or None (systemctl, pct)
 
 
 @runtime_checkable
 class NodeHost(Protocol):
     """What _fence.Fence reads and does on a Proxmox VE node (_host.node_io.NodeIO; test__fence.FakeNode)."""
 
-    release_io: Any          # the ReleaseHost of the release the fence runs
-    warn: Callable
-    now: Callable
-
-    def node(self) -> tuple:
-        ...
-
-    def config(self, vmid: int) -> Any:
-        ...
-
-    def where(self) -> str:
-        ...
-
-    def pct(self, argv: list, timeout: float, what: str) -> tuple:
-        ...
-
-    def pct_calls(self) -> int:
-        ...
-
-    def gpus(self) -> Any:
-        ...
-
-    def look(self) -> list:
-        ...
-
-    def take_locks(self, vmids) -> None:
-        ...
-
-    def gpu_locks(self, containers, gpus) -> bool:
-        ...
-
-    def background(self, func, *args, what: str = None) -> Job:
-        ...
-
-    def run_all(self, func, items: list, workers: int) -> list:
-        ...
+    node: Callable            # () -> (the node's vmids, the running ones); FenceFailed
+    config: Callable          # (vmid) -> its config file's text, or None
+    where: Callable           # () -> the cluster filesystem's path
+    pct: Callable             # (argv, timeout, what) -> (rc, out, err); QueryTimeout
+    pct_calls: Callable       # () -> how many pct processes ran
+    gpus: Callable            # () -> the GPUs (minor numbers, uuids), read once; GpuError
+    look: Callable            # () -> a full snapshot's GPUs
+    take_locks: Callable      # (vmids) -> None: the containers' release locks, held to the module's exit
+    gpu_locks: Callable       # (containers, gpus) -> whether it waited: the release's GPU locks
+    background: Callable      # (func, *args, what=None) -> Job
+    run_all: Callable         # (func, items, workers) -> [func(item), ...], a few at a time
+    warn: Callable            # (text) -> None
+    now: Callable             # () -> monotonic seconds
+    release_io: Any           # the ReleaseHost of the release the fence runs

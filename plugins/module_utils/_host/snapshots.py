@@ -15,7 +15,7 @@ import time
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _holding, _mig, _redact, _smi, _snapshot, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._host import kernel_log, mig_caps, nvml as _nvml, procs as _procs
-from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import Background, call_with_timeout, run_in_group
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import Background, run_in_group
 
 # Where the simulator (tests/gpusim) points the modules at its kernel log; an unset kernel_log reads it.
 KERNEL_LOG_ENV = "GPUOPS_KERNEL_LOG"
@@ -139,7 +139,7 @@ class SnapshotTaker:
         wanted = self.params["backend"]
         if wanted in ("nvml", "auto"):
             try:
-                call_with_timeout(_nvml.init, self.params["query_timeout"], "NVML initialisation")
+                Background(_nvml.init, what="NVML initialisation").result(self.params["query_timeout"])
                 return "nvml"
             except _errors.LibraryNotFound:
                 if wanted == "nvml":
@@ -153,7 +153,7 @@ class SnapshotTaker:
         if self.backend == "nvml":
             timeout = self.params["query_timeout"]
             deadline = time.monotonic() + timeout
-            return call_with_timeout(lambda: _nvml.query(deadline=deadline), timeout, "NVML query")
+            return Background(_nvml.query, deadline, what="NVML query").result(timeout)
         health = None
         if self._smi_health is None or need_minors:
             # Health is one more nvidia-smi run, at the same time as the others (the minor numbers', the

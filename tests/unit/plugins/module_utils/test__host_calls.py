@@ -78,19 +78,18 @@ def _fail():
     (lambda: time.sleep(5), 0.05, "^nvml probe did not answer within 0.05 s"),   # abandoned: it holds nothing up
 ])
 def test_background_is_the_one_call_with_a_time_limit(func, timeout, outcome):
-    """calls.Background: the value, the error, or QueryTimeout naming the call; call_with_timeout is the same job."""
-    for run in (lambda: calls.Background(func, what="nvml probe").result(timeout),
-                lambda: calls.call_with_timeout(func, timeout, "nvml probe")):
-        if isinstance(outcome, str):
-            start = time.monotonic()
-            with pytest.raises(QueryTimeout, match=outcome) as exc:
-                run()
-            assert time.monotonic() - start < 2 and exc.value.details["call"] == "nvml probe"
-        elif isinstance(outcome, type):
-            with pytest.raises(outcome):
-                run()
-        else:
-            assert run() == outcome
+    """calls.Background: the value, the error, or QueryTimeout naming the call."""
+    job = calls.Background(func, what="nvml probe")
+    if isinstance(outcome, str):
+        start = time.monotonic()
+        with pytest.raises(QueryTimeout, match=outcome) as exc:
+            job.result(timeout)
+        assert time.monotonic() - start < 2 and exc.value.details["call"] == "nvml probe"
+    elif isinstance(outcome, type):
+        with pytest.raises(outcome):
+            job.result(timeout)
+    else:
+        assert job.result(timeout) == outcome
 
 
 def test_run_all_keeps_the_order_and_raises_the_first_error():
