@@ -458,11 +458,14 @@ class _PlanMixin:
             return frozen_message(frozen)
         return ""
 
+    def _init_of(self, proc):
+        return container_init(proc, self.io.read, self.io.cgroup_procs)
+
     def _note_inits(self, targets: list) -> None:
         """{vmid: ((pid, start_time) of its init, a target in it)}: to tell a container stopped or restarted meanwhile."""
-        init_of = getattr(self.io, "container_init", None)
+        init_of = self._init_of
         self.inits = {}
-        for t in targets if init_of else ():
+        for t in targets:
             ct = _scope.container_id(t)
             if ct is not None and ct not in self.inits:
                 init = init_of(t)
@@ -648,7 +651,7 @@ class _StopMixin:
         # Nothing signalled and no unit stopped (an idle node, or every holder left by the gate): no newcomer can descend
         # from a target and nothing of ours can respawn, so one look after is all the watch has to take.
         after = self._watch(first_signal, groups, t0_ticks, supervised, look_once=not (sent_any or stopped))
-        res["containers_changed"] = container_changes(self.inits, io.read, io.container_init) if self.inits else []
+        res["containers_changed"] = container_changes(self.inits, io.read, self._init_of) if self.inits else []
         res["changed"] = sent_any or bool(stopped)
         res["gpus"] = after
         res["quiet_since"] = self._quiet_since(after)

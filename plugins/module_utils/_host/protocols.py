@@ -58,7 +58,7 @@ class ReleaseHost(Protocol):
     check_may_signal: Callable  # (procs) -> None; NotPermitted
     state: Callable           # (pid) -> its state letter, or None
     frozen: Callable          # (pid) -> whether its cgroup is frozen
-    container_init: Callable  # (proc) -> (pid, start_time) of its container's init, or None
+    cgroup_procs: Callable    # (cgroup path) -> the pids in it and in its init.scope
     now: Callable             # () -> monotonic seconds
     boot_id: Callable         # () -> this boot's id
     ticks_now: Callable       # () -> now in clock ticks since boot (/proc/<pid>/stat's start time)

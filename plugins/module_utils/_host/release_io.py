@@ -14,7 +14,6 @@ import os
 import time
 
 from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
-from ansible_collections.gpuops.gpu.plugins.module_utils._release import container_init
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.signals import Target, check_may_signal, wait_gone
 
 
@@ -74,8 +73,9 @@ class ReleaseIO:
     def frozen(pid):
         return _procs.cgroup_frozen(pid)
 
-    def container_init(self, proc):
-        return container_init(proc, self.read, _procs.cgroup_procs)
+    @staticmethod
+    def cgroup_procs(path):
+        return _procs.cgroup_procs(path)
 
     @staticmethod
     def now():

@@ -135,8 +135,9 @@ class FakeHost:
     def frozen(self, _pid):
         return False
 
-    def container_init(self, _proc):
-        return None
+    def cgroup_procs(self, path):
+        """The processes of the payload cgroup ``path`` (the fake's processes sit one level below it)."""
+        return [pid for pid, p in self.procs.items() if (p.get("cgroup") or "").startswith(path + "/")]
 
     def warn(self, text):
         self.warnings.append(text)
@@ -602,10 +603,6 @@ class InitHost(FakeHost):
         super().__init__(procs, contexts, **kw)
         self.init = dict(init)
         self.on_signal = dict(on_signal or {})
-
-    def container_init(self, proc):
-        pid = self.init.get((proc.get("container") or {}).get("id"))
-        return (pid, self.procs[pid]["start_time"]) if pid in self.procs else None
 
     def pin(self, info):
         target, ok = super().pin(info)
