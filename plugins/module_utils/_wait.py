@@ -20,10 +20,19 @@ not when the memory is freed, and any holder that appears restarts it.
 from __future__ import annotations
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _holding, _smi, _snapshot, _validate
-from ansible_collections.gpuops.gpu.plugins.module_utils._host import calls as _host_calls
 
 
 holders_of = _holding.holders_of
+
+
+class Answered:
+    """An answer already in hand, read as a background job's is (``result()``)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
 
 
 class Looks:
@@ -737,7 +746,7 @@ class _PollMixin:
                 if early[1]:
                     state.update(idle_at_first_look=False, last_holder_at=state["last_poll_at"])
                     done = False
-                confirmed = {"at": scan_at, "job": _host_calls.Answered(early)}
+                confirmed = {"at": scan_at, "job": Answered(early)}
             if scan_at is not None and not done and confirmed.get("at") != scan_at:
                 # The GPUs look idle and the settle window opens: nvidia-smi is asked now, beside the polls of
                 # the window, so that the wait returns as the window closes; a holder within the window starts

@@ -177,13 +177,3 @@ def run_all(func, items: list, workers: int) -> list:
         return []
     with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
         return list(pool.map(func, items))
-
-
-class Answered:
-    """An answer already in hand, read as a Background job's is (``result()``)."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def result(self):
-        return self.value
