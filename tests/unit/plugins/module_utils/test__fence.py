@@ -122,6 +122,7 @@ class FakeNode:
         """_release.run_release's place: records the options the fence built."""
         assert io is self.release_io and lock == self.gpu_locks and first_signal == 15
         self.released.append(list(filters["containers"]))
+        self.units_stopped = list(p["units_stopped"])
         self.draining = list(p["draining_gpus"])
         self.release_gpus = [int(g) for g in p["gpus"]] or None
         if self.release_failure:
@@ -207,6 +208,10 @@ def test_states(state, check_mode, released, shut_down, stops):
     assert res["pct_calls"] == len(node.calls) > 0   # is-active in each container, and the stops
     assert res["changed"] is True
     assert ("release" in res) is (state == "released")
+    if released:
+        # The units it stopped (check mode: would stop) are not the release's to stop again (issue 33, item 6: the
+        # check-mode summary named sglang and then sglang.service).
+        assert node.units_stopped == [(129, "sglang")]
 
 
 def test_no_running_container_never_releases():
