@@ -30,6 +30,13 @@ MACHINE_MODULES = ("subprocess", "threading", "concurrent", "ctypes", "fcntl", "
 OPENERS = {("open",), ("os", "open"), ("os", "fdopen"), ("io", "open"), ("os", "pidfd_open")}
 # Rule files not yet clean (file -> why): the list only shrinks; a file that is clean must leave it.
 NOT_YET = {}
+# Rule files that import from _host/ (file -> why): the rules are given their host as ``io``; these are the exceptions,
+# and the list only shrinks.
+IMPORTS_THE_HOST = {
+    "_common.py": "the modules' glue: the AnsibleModule, its locks (_host.lock) and detail file (_host.files)",
+    "_release.py": "pure names kept in host files: SIGKILL, signal_name (_host.signals), payload_cgroup (_host.procs)",
+    "_validate.py": "the patterns' time budget: a timer in the main thread (_host.calls.call_interrupted)",
+}
 
 
 def machine_uses(source: str, name: str = "<rule file>") -> list:
@@ -66,6 +73,17 @@ def test_a_rule_file_does_not_touch_the_machine(name):
         return
     assert not found, (f"plugins/module_utils/{name} touches the machine ({'; '.join(found)}): host I/O belongs in"
                        " plugins/module_utils/_host/ (DESIGN.md section 4)")
+
+
+@pytest.mark.parametrize("name", rule_files())
+def test_a_rule_file_is_given_its_host(name):
+    with open(os.path.join(MODULE_UTILS, name), encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=name)
+    found = sorted({node.lineno for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    and "._host" in f".{node.module or ''}"})
+    assert bool(found) is (name in IMPORTS_THE_HOST), (
+        f"plugins/module_utils/{name} imports the host at lines {found}: rules are given it as io" if found else
+        f"{name} no longer imports the host: take it off IMPORTS_THE_HOST ({IMPORTS_THE_HOST[name]})")
 
 
 def test_the_host_is_a_folder_of_its_own():
