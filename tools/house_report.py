@@ -24,7 +24,7 @@ import tarfile
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The parsers of what programs print and the kernel writes (issue 28, item 2): file -> function name prefixes.
 PARSERS = {"_smi.py": ("parse", "_parse", "query", "read_"), "procs.py": ("parse", "read_stat", "_stat", "read_status"),
-           "signals.py": ("signal_number", "parse"), "_pct.py": ("parse", "validate")}
+           "_validate.py": ("signal_number",), "_pct.py": ("parse", "validate")}
 # What a test may import from the simulator (tests/gpusim/README.md, "The public API"; kept so by
 # tests/gpusim/tests/test_public_api.py): the package's public names and its pytest plugin, as the working tree has them.
 sys.path.insert(0, os.path.join(TOP, "tests", "gpusim"))

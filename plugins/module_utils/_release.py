@@ -16,14 +16,17 @@ tests drive the whole sequence. No AnsibleModule.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _scope, _snapshot, _validate
-from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
-from ansible_collections.gpuops.gpu.plugins.module_utils._host.signals import SIGKILL, signal_name
+from ansible_collections.gpuops.gpu.plugins.module_utils._validate import signal_name
 
+SIGKILL = int(signal.SIGKILL)
 SIGCONT = int(signal.SIGCONT)
+# Proxmox VE >= 6.2 puts a container's payload under /lxc/<vmid>/ns/...; plain LXC 4+ uses lxc.payload.<name>.
+_PAYLOAD_CGROUP = re.compile(r"^(.*?/lxc/\d+/ns|.*?/lxc\.payload\.\d+)(?:/|$)")
 # How long a unit that was not stopped is watched after the release for a supervisor's restart
 # (systemd restarts after RestartSec=100ms by default; supervisord and shell loops at once).
 RESPAWN_WATCH_S = 2.0
@@ -323,6 +326,13 @@ def unit_problem(entry: dict, holders: list, scope) -> str:
             " signalled, so its supervisor may restart them")
 
 
+def payload_cgroup(path: str):
+    """The root of the container payload cgroup that ``path`` lies in (``/lxc/129/ns``, ``/lxc.payload.129``), or
+    None."""
+    match = _PAYLOAD_CGROUP.match(path or "")
+    return match.group(1) if match else None
+
+
 def container_init(proc: dict, read, procs_of=None):
     """(pid, start_time) of the init (PID 1) of the container ``proc`` runs in, or None when it cannot be told: up its
     ancestors (a unit's process is systemd's child), else among the processes of the container's payload cgroup
@@ -336,7 +346,7 @@ def container_init(proc: dict, read, procs_of=None):
             return x["pid"], x.get("start_time")
         seen.add(x["pid"])
         x = read(x["ppid"]) if x.get("ppid") else None
-    root = _procs.payload_cgroup(proc.get("cgroup") or "")
+    root = payload_cgroup(proc.get("cgroup") or "")
     for pid in (procs_of(root) if procs_of and root else ()):
         x = read(pid)
         if x is not None and _scope.container_id(x) == ct and (x.get("container") or {}).get("pid_in_container") == 1:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+import signal
 
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import InvalidOption, RegexTooSlow
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import Interrupted, call_interrupted
@@ -100,6 +101,34 @@ def integer(option: str, value, low: int, high: int) -> int:
         shown = value if abs(value) < 10 ** 18 else "a number with more than 18 digits"
         _fail(option, f"{option} must be between {low} and {high}, got {shown}")
     return value
+
+
+def signal_number(value) -> int:
+    """'SIGTERM', 'TERM', 'sigint', 15 or '15' -> the number; ValueError naming the value otherwise."""
+    text = str(value).strip()
+    if text.isdigit() and not (text.isascii() and len(text) <= 3):
+        raise InvalidOption(f"signal: {value!r} is not a valid signal number", option="signal")
+    if text.isdigit():
+        num = int(text)
+        valid = {int(s) for s in signal.valid_signals()}
+        if num not in valid or num == 0:
+            raise InvalidOption(f"signal: {value!r} is not a valid signal number", option="signal")
+        return num
+    name = text.upper()
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    sig = getattr(signal.Signals, name, None) if name in signal.Signals.__members__ else None
+    if sig is None:
+        raise InvalidOption(f"signal: {value!r} is not a signal name (like SIGTERM, SIGINT, SIGKILL)",
+                                    option="signal")
+    return int(sig)
+
+
+def signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return str(num)
 
 
 def gpu_selectors(values) -> list:

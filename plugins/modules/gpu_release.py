@@ -394,7 +394,6 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.node_io import NodeIO
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.release_io import ReleaseIO
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots import SnapshotTaker
-from ansible_collections.gpuops.gpu.plugins.module_utils._host.signals import signal_number
 
 
 ARGUMENT_SPEC = dict(
@@ -418,7 +417,7 @@ def main() -> None:
     def body():
         # Everything is validated before anything is read or signalled (_validate has the bounds).
         validate_snapshot_params(p, module)
-        first_signal = signal_number(p["signal"])
+        first_signal = _validate.signal_number(p["signal"])
         filters = _validate.release(p)
         taker = SnapshotTaker(module)
         io = ReleaseIO(taker, run_in_group, module.warn, programs(module, find_pct(module, False)))

@@ -401,7 +401,7 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.node_io import NodeIO, PctCounter
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.release_io import ReleaseIO
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots import SnapshotTaker
-from ansible_collections.gpuops.gpu.plugins.module_utils._host.signals import signal_number
+from ansible_collections.gpuops.gpu.plugins.module_utils._validate import signal_number
 
 ARGUMENT_SPEC = dict(
     SNAPSHOT_ARGS,

@@ -34,7 +34,6 @@ NOT_YET = {}
 # and the list only shrinks.
 IMPORTS_THE_HOST = {
     "_common.py": "the modules' glue: the AnsibleModule, its locks (_host.lock) and detail file (_host.files)",
-    "_release.py": "pure names kept in host files: SIGKILL, signal_name (_host.signals), payload_cgroup (_host.procs)",
     "_validate.py": "the patterns' time budget: a timer in the main thread (_host.calls.call_interrupted)",
 }
 
