@@ -119,8 +119,7 @@ def signal_number(value) -> int:
         name = "SIG" + name
     sig = getattr(signal.Signals, name, None) if name in signal.Signals.__members__ else None
     if sig is None:
-        raise InvalidOption(f"signal: {value!r} is not a signal name (like SIGTERM, SIGINT, SIGKILL)",
-                                    option="signal")
+        raise InvalidOption(f"signal: {value!r} is not a signal name (like SIGTERM, SIGINT, SIGKILL)", option="signal")
     return int(sig)
 
 
