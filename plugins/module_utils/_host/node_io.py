@@ -122,9 +122,10 @@ class NodeIO:
             raise FenceFailed("pve_unavailable", f"cannot read CT {vmid}'s config in {self.pve_dir} ({said})."
                                                  " Nothing was stopped.") from None
 
-    def take_locks(self, vmids) -> None:
-        """The release locks of these containers, held until the module exits (their GPUs' are the release's)."""
-        _lock.Locks("proxmox_gpu_containers", vmids, self.lock_timeout, self.warn).acquire()
+    def take_locks(self, vmids) -> bool:
+        """The release locks of these containers, held until the module exits (their GPUs' are the release's); whether
+        it waited for another run's."""
+        return _lock.Locks("proxmox_gpu_containers", vmids, self.lock_timeout, self.warn).acquire()
 
     def gpu_locks(self, _containers, gpus) -> bool:
         """The release's GPU locks, shared (a release narrowed to the containers whose locks take_locks holds)."""

@@ -80,7 +80,7 @@ class NodeHost(Protocol):
     pct_calls: Callable       # () -> how many pct processes ran
     gpus: Callable            # () -> the GPUs (minor numbers, uuids), read once; GpuError
     look: Callable            # () -> a full snapshot's GPUs
-    take_locks: Callable      # (vmids) -> None: the containers' release locks, held to the module's exit
+    take_locks: Callable      # (vmids) -> whether it waited: the containers' release locks, held to the module's exit
     gpu_locks: Callable       # (containers, gpus) -> whether it waited: the release's GPU locks
     background: Callable      # (func, *args, what=None) -> Job
     run_all: Callable         # (func, items, workers) -> [func(item), ...], a few at a time

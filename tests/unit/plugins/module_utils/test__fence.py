@@ -104,15 +104,25 @@ class FakeNode:
         return self._gpus
 
     def look(self):
-        """A full snapshot's GPUs: on each, a process of every container that holds it ({vmid: GPU indexes} in
-        ``busy``), with a context there (so a blocker)."""
+        """A full snapshot's GPUs as the kernel shows the containers' processes: on each GPU a process of every
+        container that keeps it busy (``busy`` {vmid: GPU indexes}: a context there, a blocker), a holder of its
+        /dev/nvidiaN of every container that holds it (``holds``), and the holders of MIG devices' capability nodes
+        (``held_migs`` {vmid, None for the node: MIG UUIDs})."""
         self.looks = getattr(self, "looks", 0) + 1
         gpus = {}
+
+        def gpu(i):
+            return gpus.setdefault(i, {"index": i, "processes": [], "holders": [], "blockers": []})
         for vmid, held in getattr(self, "busy", {}).items():
             for i in held:
-                gpu = gpus.setdefault(i, {"index": i, "processes": [], "holders": [], "blockers": []})
-                gpu["processes"].append({"pid": 1000 + vmid, "container": {"kind": "lxc", "id": vmid}})
-                gpu["blockers"].append(1000 + vmid)
+                gpu(i)["processes"].append({"pid": 1000 + vmid, "container": {"kind": "lxc", "id": vmid}})
+                gpu(i)["blockers"].append(1000 + vmid)
+        for vmid, held in getattr(self, "holds", {}).items():
+            for i in held:
+                gpu(i)["holders"].append({"pid": 2000 + vmid, "evidence": "device", "container": {"kind": "lxc", "id": vmid}})
+        for vmid, uuids in getattr(self, "held_migs", {}).items():
+            gpu(0)["holders"].append({"pid": 3000 + (vmid or 0), "evidence": "control", "mig_devices": sorted(uuids),
+                                      "container": None if vmid is None else {"kind": "lxc", "id": vmid}})
         return [gpus[i] for i in sorted(gpus)]
 
     def gpu_locks(self, _containers, _gpus):
@@ -120,7 +130,7 @@ class FakeNode:
 
     def run_release(self, p, filters, io, first_signal, check_mode, diff, lock):
         """_release.run_release's place: records the options the fence built."""
-        assert io is self.release_io and lock == self.gpu_locks and first_signal == 15
+        assert getattr(io, "_io", io) is self.release_io and lock == self.gpu_locks and first_signal == 15
         self.released.append(list(filters["containers"]))
         self.units_stopped = list(p["units_stopped"])
         self.draining = list(p["draining_gpus"])
@@ -394,6 +404,89 @@ def test_a_toolkit_uuid_no_gpu_has_is_null_with_a_warning():
     assert any("no GPU of this node matches GPU-5" in m for m in node.warnings), node.warnings
 
 
+# --- the kernel's word: what a running container's processes hold -----------------------------------------------
+
+@pytest.mark.parametrize("params, holds, gpus, beyond, fenced, said", [
+    # CT 129's config passes GPUs 0-1; edited while it ran, its processes still hold GPU 2 (and 5): fenced too
+    ({"containers": [129]}, {129: [0, 1, 2]}, {129: [0, 1, 2]}, {129: [2]}, [0, 1, 2],
+     "CT 129's processes hold GPU 2, which its config /etc/pve/lxc/129.conf does not pass"),
+    ({"containers": [129]}, {129: [5], 130: [4]}, {129: [0, 1, 5]}, {129: [5]}, [0, 1, 5], "hold GPU 5, which"),
+    # what it holds is within its config: no warning
+    ({"containers": [129]}, {129: [0]}, {129: [0, 1]}, {129: []}, [0, 1], None),
+    # node-level: a running container whose config passes nothing any more, while its processes hold GPU 3
+    ({}, {132: [3]}, {129: [0, 1], 130: [2], 132: [3]}, {129: [], 130: [], 132: [3]}, [0, 1, 2, 3],
+     "CT 132's processes hold GPU 3, which its config /etc/pve/lxc/132.conf does not pass"),
+    # ... and one that passes and holds nothing is not fenced
+    ({}, {}, {129: [0, 1], 130: [2]}, {129: [], 130: []}, [0, 1, 2], None),
+])
+def test_a_running_container_holds_what_its_processes_hold(params, holds, gpus, beyond, fenced, said):
+    node = FakeNode()
+    node.holds = holds
+    res = fence(node, state="released", **params).run()
+    rows = {c["vmid"]: c for c in res["containers"]}
+    assert {v: c["gpus"] for v, c in rows.items()} == gpus
+    assert {v: c["gpus_beyond_config"] for v, c in rows.items()} == beyond
+    # The release and the wait after it cover the union
+    assert res["gpus"] == res["wait_gpus"] == node.release_gpus == fenced
+    assert {v: c["wait_gpus"] for v, c in rows.items()} == gpus
+    kernel = [m for m in node.warnings if "which its config" in m]
+    assert (said is None and not kernel) or (said and any(said in m for m in kernel)), node.warnings
+
+
+def mig_gpu(index, uuids):
+    """A GPU (minor 7 - index) in MIG mode with one MIG device per UUID (capability nodes 10 * index + 2k, + 1)."""
+    devs = [{"uuid": u, "device_nodes": [f"/dev/nvidia-caps/nvidia-cap{10 * index + 2 * k + 3}",
+                                         f"/dev/nvidia-caps/nvidia-cap{10 * index + 2 * k + 4}"]}
+            for k, u in enumerate(uuids)]
+    return {"index": index, "uuid": f"GPU-{index}", "minor_number": 7 - index, "mig_mode": True, "mig_mode_pending": True,
+            "mig_devices": devs}
+
+
+CAPS_DIR = "lxc.mount.entry: /dev/nvidia-caps dev/nvidia-caps none bind,optional,create=dir\n"
+MIG_CONFIGS = {150: "hostname: caps-dir\ndev0: /dev/nvidia7\n" + CAPS_DIR,
+               151: "hostname: caps-dev\ndev0: /dev/nvidia7\ndev1: /dev/nvidia-caps\n",
+               152: "hostname: caps-lines\ndev0: /dev/nvidia7\ndev1: /dev/nvidia-caps/nvidia-cap3\n"
+                    "dev2: /dev/nvidia-caps/nvidia-cap4\n",
+               153: "hostname: whole-dev\nlxc.mount.entry: /dev dev none bind,optional,create=dir\n"}
+
+
+@pytest.mark.parametrize("vmid, held, mig, said", [
+    # the whole /dev/nvidia-caps (a bind, a devN of the directory, a bind of /dev): the MIG devices its processes are on
+    (150, {150: {"MIG-b"}, None: {"MIG-a"}}, ["MIG-b"], None),
+    (151, {151: {"MIG-c"}}, ["MIG-c"], None),
+    (153, {153: {"MIG-b"}}, ["MIG-b"], None),
+    # none yet: those no other process holds, with a warning that it cannot tell (never the neighbour's)
+    (150, {None: {"MIG-a"}, 160: {"MIG-c"}}, ["MIG-b"], "CT 150's config passes the whole /dev/nvidia-caps: which MIG"
+     " devices of GPU 0 are its cannot be told: its processes hold none now; the wait covers those no other process"
+     " holds: MIG-b"),
+    (150, {}, ["MIG-a", "MIG-b", "MIG-c"], "the wait covers those no other process holds: MIG-a, MIG-b, MIG-c"),
+    # capability node lines: those, and the ones its processes are on beyond them (edited while it runs)
+    (152, {}, ["MIG-a"], None),
+    (152, {152: {"MIG-a", "MIG-c"}}, ["MIG-a", "MIG-c"], "CT 152's processes are on MIG device MIG-c (a context, or"
+     " its capability nodes open), which its config /etc/pve/lxc/152.conf does not name"),
+])
+def test_a_running_containers_mig_devices_are_what_its_processes_are_on(vmid, held, mig, said):
+    node = FakeNode(configs=MIG_CONFIGS, gpus=[mig_gpu(0, ["MIG-a", "MIG-b", "MIG-c"])])
+    node.node = lambda: (sorted(MIG_CONFIGS), set(MIG_CONFIGS))
+    node.held_migs = held
+    res = fence(node, containers=[vmid]).run()
+    (row,) = res["containers"]
+    assert row["mig_devices"] == mig and row["wait_mig_devices"] == {"0": mig}, row
+    warned = [m for m in node.warnings if "MIG device" in m]
+    assert (said is None and not warned) or (said and any(said in m for m in warned)), node.warnings
+
+
+@pytest.mark.parametrize("containers, warned", [([129], [0]), ([131], []), ([], [0])])
+def test_a_pending_mig_mode_change_in_the_fences_scope_is_a_warning(containers, warned):
+    """GPU 0 (CT 129's) and GPU 3 (CT 131's, stopped) turn MIG on at their next reset."""
+    gpus = [dict(g, mig_mode=False, mig_mode_pending=g["index"] in (0, 3)) for g in GPUS]
+    node = FakeNode(gpus=gpus)
+    fence(node, containers=containers + [130] * bool(containers)).run()
+    said = [m for m in node.warnings if "MIG mode change is pending" in m]
+    assert [int(m.split(":")[0].split()[1]) for m in said] == warned, node.warnings
+    assert all("nvidia-smi -r -i" in m for m in said)
+
+
 # --- NodeIO: the node's files and the kernel, for real ------------------------------------------------------------
 
 def node_io(pve_dir, lxc_path="/nonexistent/lxc"):
@@ -515,7 +608,7 @@ def test_a_config_that_passes_every_gpu_is_fenced_by_what_its_processes_hold(run
     every = None if 164 in rows else list(range(8))   # c 195:*: every GPU, gpus null
     assert node.release_gpus == res["gpus"] == every and node.released == [sorted(rows)]
     if said is None:
-        assert not [m for m in node.warnings if "passes every GPU" in m] and not getattr(node, "looks", 0)
+        assert not [m for m in node.warnings if "passes every GPU" in m] and getattr(node, "looks", 0) <= 1
     else:
         assert any(said in m for m in node.warnings), node.warnings
         assert node.looks == 1
