@@ -31,10 +31,6 @@ benchmarks/bench_output.py).
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-
 from ansible_collections.gpuops.gpu.plugins.module_utils._redact import cut
 
 SUMMARY = "summary"
@@ -256,32 +252,11 @@ def summarize(result: dict, more: dict = None, prefix: str = "") -> dict:
     return out
 
 
-def write_file(path: str, result: dict) -> None:
-    """``result`` as JSON in ``path`` (mode 0600, written whole: a temp file beside it, then renamed)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".gpuops-detail-", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), 0o600)
-            json.dump(result, f, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def carry(path: str, result: dict, key: str = "gpus_before", details: str = "holder_processes") -> dict:
+def carry(earlier, result: dict, key: str = "gpus_before", details: str = "holder_processes") -> dict:
     """``result`` of a later slice of a wait (the action plugin runs it in slices; only the first takes
-    ``gpus_before``) with the ``gpus_before`` of the whole result that the slice before wrote to ``path`` and their
-    holders' details, so that ``path`` keeps the whole wait; as it is when the file has none or cannot be read."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            earlier = json.load(f)
-    except (OSError, ValueError):
-        return result
+    ``gpus_before``) with the ``gpus_before`` of the whole result that the slice before wrote to the detail file
+    (``earlier``: what it holds, _host.files.read_json) and their holders' details, so that the file keeps the whole
+    wait; as it is when the file has none or could not be read (None)."""
     if not isinstance(earlier, dict) or key in result or not isinstance(earlier.get(key), list):
         return result
     merged = dict(earlier.get(details) or {}) if isinstance(earlier.get(details), dict) else {}
@@ -289,15 +264,15 @@ def carry(path: str, result: dict, key: str = "gpus_before", details: str = "hol
     return dict(result, **{key: earlier[key], details: merged})
 
 
-def bound(result: dict, level: str = SUMMARY, path: str = None, warn=None) -> dict:
+def bound(result: dict, level: str = SUMMARY, path: str = None, warn=None, write=None) -> dict:
     """What a module returns: ``result`` whole (``level`` full) or in summary, with ``detail`` saying which, where
-    the whole of it was written (``path``, the detail_file option; a file that cannot be written is a warning) and
-    what the summary left out."""
+    the whole of it was written (``path``, the detail_file option, by ``write(path, result)``: _host.files.write_json;
+    a file that cannot be written is a warning) and what the summary left out."""
     level = FULL if level == FULL else SUMMARY
     written = None
-    if path and path.startswith("/") and not path.endswith("/"):  # else the option's own check failed the task
+    if write is not None and path and path.startswith("/") and not path.endswith("/"):  # else the option's check failed
         try:
-            write_file(path, result)
+            write(path, result)
             written = path
         except (OSError, TypeError, ValueError) as exc:
             if warn is not None:

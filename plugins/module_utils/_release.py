@@ -16,13 +16,17 @@ tests drive the whole sequence. No AnsibleModule.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _holding, _procs, _scope, _snapshot, _validate
-from ansible_collections.gpuops.gpu.plugins.module_utils._signals import SIGKILL, signal_name
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _holding, _scope, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils._validate import signal_name
 
+SIGKILL = int(signal.SIGKILL)
 SIGCONT = int(signal.SIGCONT)
+# Proxmox VE >= 6.2 puts a container's payload under /lxc/<vmid>/ns/...; plain LXC 4+ uses lxc.payload.<name>.
+_PAYLOAD_CGROUP = re.compile(r"^(.*?/lxc/\d+/ns|.*?/lxc\.payload\.\d+)(?:/|$)")
 # How long a unit that was not stopped is watched after the release for a supervisor's restart
 # (systemd restarts after RestartSec=100ms by default; supervisord and shell loops at once).
 RESPAWN_WATCH_S = 2.0
@@ -331,6 +335,13 @@ def unit_problem(entry: dict, holders: list, scope) -> str:
             " signalled, so its supervisor may restart them")
 
 
+def payload_cgroup(path: str):
+    """The root of the container payload cgroup that ``path`` lies in (``/lxc/129/ns``, ``/lxc.payload.129``), or
+    None."""
+    match = _PAYLOAD_CGROUP.match(path or "")
+    return match.group(1) if match else None
+
+
 def container_init(proc: dict, read, procs_of=None):
     """(pid, start_time) of the init (PID 1) of the container ``proc`` runs in, or None when it cannot be told: up its
     ancestors (a unit's process is systemd's child), else among the processes of the container's payload cgroup
@@ -344,7 +355,7 @@ def container_init(proc: dict, read, procs_of=None):
             return x["pid"], x.get("start_time")
         seen.add(x["pid"])
         x = read(x["ppid"]) if x.get("ppid") else None
-    root = _procs.payload_cgroup(proc.get("cgroup") or "")
+    root = payload_cgroup(proc.get("cgroup") or "")
     for pid in (procs_of(root) if procs_of and root else ()):
         x = read(pid)
         if x is not None and _scope.container_id(x) == ct and (x.get("container") or {}).get("pid_in_container") == 1:
@@ -460,11 +471,14 @@ class _PlanMixin:
             return frozen_message(frozen)
         return ""
 
+    def _init_of(self, proc):
+        return container_init(proc, self.io.read, self.io.cgroup_procs)
+
     def _note_inits(self, targets: list) -> None:
         """{vmid: ((pid, start_time) of its init, a target in it)}: to tell a container stopped or restarted meanwhile."""
-        init_of = getattr(self.io, "container_init", None)
+        init_of = self._init_of
         self.inits = {}
-        for t in targets if init_of else ():
+        for t in targets:
             ct = _scope.container_id(t)
             if ct is not None and ct not in self.inits:
                 init = init_of(t)
@@ -662,7 +676,7 @@ class _StopMixin:
         # Nothing signalled and no unit stopped (an idle node, or every holder left by the gate): no newcomer can descend
         # from a target and nothing of ours can respawn, so one look after is all the watch has to take.
         after = self._watch(first_signal, groups, t0_ticks, supervised, look_once=not (sent_any or stopped))
-        res["containers_changed"] = container_changes(self.inits, io.read, io.container_init) if self.inits else []
+        res["containers_changed"] = container_changes(self.inits, io.read, self._init_of) if self.inits else []
         res["changed"] = sent_any or bool(stopped)
         res["gpus"] = after
         res["quiet_since"] = self._quiet_since(after)

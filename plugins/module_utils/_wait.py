@@ -19,11 +19,54 @@ not when the memory is freed, and any holder that appears restarts it.
 
 from __future__ import annotations
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _health, _holding, _smi
-from ansible_collections.gpuops.gpu.plugins.module_utils._host import calls as _host_calls
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _health, _holding, _smi, _snapshot, _validate
 
 
 holders_of = _holding.holders_of
+
+
+class Answered:
+    """An answer already in hand, read as a background job's is (``result()``)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+class Looks:
+    """The wait's look at its GPUs (``look(full)`` -> the selected GPUs): the GPU count checked at the first look
+    (expected_count), then the selection (O(gpus)). nvidia-smi is asked about the selected GPUs only (``io.restrict``):
+    from the first look on when they are named by index alone (an unselected GPU that is lost or failing makes
+    nvidia-smi exit non-zero, and must not fail this wait), else from the first selection on."""
+
+    def __init__(self, p: dict, io):
+        self.p = p
+        self.io = io
+        self.count_checked = bool(p.get("progress_state"))  # a later slice: the first one checked it
+        self.selectors = _validate.gpu_selectors(p.get("gpus"))
+        indices_only = bool(self.selectors) and all(_validate.is_ascii_digits(x) for x in self.selectors)
+        if indices_only and (p.get("expected_count") is None or self.count_checked):
+            io.restrict(sorted({str(int(x)) for x in self.selectors}, key=int))
+
+    def __call__(self, full: bool) -> list:
+        io, p = self.io, self.p
+        gpus = io.snapshot(full)
+        if not self.count_checked:
+            _snapshot.check_count(gpus, p.get("expected_count"))
+            self.count_checked = True
+        try:
+            selected = _snapshot.select_gpus(gpus, p.get("gpus"))
+        except _errors.SelectionError:
+            if not io.restricted():
+                raise
+            io.restrict(None)  # once more, unrestricted: the message lists the GPUs the host has
+            selected = _snapshot.select_gpus(io.snapshot(False, processes=False), p.get("gpus"))
+        if self.selectors:
+            # From now on nvidia-smi (the backend, and the final confirmation) sees the selected GPUs only.
+            io.restrict([str(g["index"]) for g in selected])
+        return selected
 
 
 def new_state() -> dict:
@@ -655,7 +698,7 @@ class _PollMixin:
 
     def _look(self):
         p, io, state = self.p, self.io, self.state
-        gpus = io.snapshot(True)
+        gpus = self.look(True)
         _check_lost(gpus)
         before, polls, samples = gpus, 1, {}
         if p["reset_leaked"]:
@@ -667,7 +710,7 @@ class _PollMixin:
                 if t >= limit or not self._undecided(gpus, t):
                     break
                 io.sleep(min(p["sleep"], max(0.0, limit - t)))
-                gpus = io.snapshot(False)
+                gpus = self.look(False)
                 _check_lost(gpus)
                 polls += 1
             self.reset_leaked(gpus, self.elapsed())
@@ -690,7 +733,7 @@ class _PollMixin:
         slice_end = io.now() + p["progress_slice"] if p["progress_slice"] else None
         confirmed = {}
         while True:
-            done, gpus = step(state, self.elapsed(), io.snapshot, io.alive, p["settle"], FULL_SCAN_EVERY)
+            done, gpus = step(state, self.elapsed(), self.look, io.alive, p["settle"], FULL_SCAN_EVERY)
             if state["credited"] and state["polls"] == 1 and not {g["index"] for g in gpus} <= set(
                     p["quiet_since"].get("gpus") or ()):
                 # The release did not watch every GPU this wait selects: its quiet time says nothing of the others.
@@ -708,7 +751,7 @@ class _PollMixin:
                 if early[1]:
                     state.update(idle_at_first_look=False, last_holder_at=state["last_poll_at"])
                     done = False
-                confirmed = {"at": scan_at, "job": _host_calls.Answered(early)}
+                confirmed = {"at": scan_at, "job": Answered(early)}
             if scan_at is not None and not done and confirmed.get("at") != scan_at:
                 # The GPUs look idle and the settle window opens: nvidia-smi is asked now, beside the polls of
                 # the window, so that the wait returns as the window closes; a holder within the window starts
@@ -775,7 +818,7 @@ class _JudgeMixin:
     def _timed_out(self, elapsed: float):
         p, state, result = self.p, self.state, self.result
         self._deadline(p.get("query_timeout") or 0.0)  # one more look, for the diagnosis: one query's time at most
-        gpus = self.io.snapshot(True)  # the diagnosis names device-file holders too
+        gpus = self.look(True)  # the diagnosis names device-file holders too
         for g in gpus:
             record_sample(state, elapsed, g, len(memory_holders(g)))
         memory = trends(state, elapsed, p["leak_after"], p["max_memory_used_mib"])
@@ -820,6 +863,23 @@ class _JudgeMixin:
         return agreement(gpus, raw, p["max_memory_used_mib"], p.get("detail"))
 
 
+def node_holders(io, gpus: list, protect) -> dict:
+    """{index: every process that holds the GPU's device node (/dev/nvidia<minor>)}, from one full device-file scan
+    (``io.device_holders()``): the protected daemons (``protect``, the option's patterns) count too, marked so."""
+    scan = io.device_holders()
+    out = {}
+    for gpu in gpus:
+        found = out.setdefault(gpu["index"], [])
+        for pid, files in sorted(scan.items()):
+            if not any(_holding.node_of(f)[1] == gpu.get("minor_number") for f in files):
+                continue
+            info = io.read(pid) or {"pid": pid, "name": None}
+            names = _snapshot._names(info) & set(_snapshot.PROTECTED_NAMES)
+            found.append({"pid": pid, "name": sorted(names)[0] if names else info.get("name"),
+                          "protected": bool(_snapshot.is_protected(info, extra=protect, exe_of=io.exe))})
+    return out
+
+
 class _ResetMixin:
     """reset_leaked: a GPU whose memory leaked with nothing holding it is reset (nvidia-smi -r), and said so."""
 
@@ -831,7 +891,7 @@ class _ResetMixin:
         if not todo:
             return False
         smi = io.smi_path()
-        holders = io.node_holders([g for g, _t in todo])
+        holders = node_holders(io, [g for g, _t in todo], _validate.regexes("protect", p.get("protect")))
         done = False
         for gpu, trend in todo:
             g = dict(gpu)
@@ -889,13 +949,14 @@ class Wait(_PollMixin, _JudgeMixin, _ResetMixin):
     exit and the timeout's diagnosis - in its steps (_PollMixin, _JudgeMixin, _ResetMixin), which share this
     object's state, set here.
 
-    ``io`` has the methods of ``_host.wait_io.WaitIO`` (unit tests pass a fake host: no driver there). ``run()`` returns
-    (ok, result): the keyword arguments of exit_json when ok, else of fail_json, whose ``error`` names the kind
-    of every failure (_errors)."""
+    ``io`` is a ``_host.protocols.WaitHost`` (``_host.wait_io.WaitIO``; unit tests pass a fake host: no driver there).
+    ``run()`` returns (ok, result): the keyword arguments of exit_json when ok, else of fail_json, whose ``error``
+    names the kind of every failure (_errors)."""
 
     def __init__(self, params: dict, io, check_mode: bool = False, diff: bool = False):
         self.p = params
         self.io = io
+        self.look = Looks(params, io)
         self.check_mode = check_mode
         self.diff = diff
         carried = params.get("progress_state")

@@ -5,46 +5,47 @@
 # Note that this module util is **PRIVATE** to the collection. It can have breaking changes at any time.
 # Do not use this from other collections or standalone plugins/modules!
 
-"""The real host's calls: time-limited calls and commands (in a process group of their own; a ``pct exec`` watched
-for what hangs: ExecWatch), calls in the background, a monotonic clock. No AnsibleModule."""
+"""The real host's calls: time-limited calls (Background) and commands (in a process group of their own, in
+COMMAND_ENV; a ``pct exec`` watched for what hangs: ExecWatch), calls in the background, a monotonic clock. No
+AnsibleModule."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _procs
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import QueryTimeout
 
 
-def call_with_timeout(fn, timeout: float, what: str):
-    """Run ``fn()`` with a time limit; raise QueryTimeout naming ``what`` when it is exceeded.
+class Interrupted(Exception):
+    """A call_interrupted call that its timer stopped."""
 
-    A driver call that hangs (a wedged GPU, a stuck nvidia-smi) cannot be interrupted from
-    Python, so the call runs in a daemon thread: the module can fail and exit while the thread
-    is abandoned, and the play goes on.
-    """
-    if timeout is None or timeout <= 0:
-        return fn()
-    box = {}
 
-    def target():
+def _on_alarm(_signum, _frame):
+    raise Interrupted()
+
+
+def call_interrupted(fn, text, budget: float):
+    """``fn(text)``, interrupted (Interrupted) after ``budget`` s where a timer can be used (the main thread, no timer
+    already running): a call that Python checks for signals in (re, while it backtracks), where a thread could not
+    stop it. Returns (value, seconds)."""
+    start = time.monotonic()
+    use_timer = (threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+                 and signal.getitimer(signal.ITIMER_REAL)[0] == 0)
+    if not use_timer:
+        value = fn(text)
+        return value, time.monotonic() - start
+    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, budget)
         try:
-            box["value"] = fn()
-        except BaseException as exc:  # pylint: disable=broad-except  # re-raised in the caller
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name=f"gpuops:{what}", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise QueryTimeout(
-            f"{what} did not answer within {timeout:g} s: the driver may be hung (check dmesg for Xid"
-            " errors and `nvidia-smi` on the host); raise query_timeout if the host is merely slow.",
-            timeout=timeout, call=what)
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+            value = fn(text)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    finally:
+        signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
+    return value, time.monotonic() - start
 
 
 # The commands run_in_group has started and not yet reaped: killed at exit, so that a command
@@ -79,8 +80,13 @@ def _kill_running() -> None:
             _kill_group(proc)
 
 
-def run_in_group(argv, timeout: float, what: str, env_update=None, watch=None):
-    """Run ``argv`` (a list, no shell) for at most ``timeout`` s; returns (rc, stdout, stderr).
+# The environment of every command the modules run (nvidia-smi, dmesg, pct, systemctl): its output is parsed,
+# so it speaks the C locale. Set here only.
+COMMAND_ENV = {"LC_ALL": "C"}
+
+
+def run_in_group(argv, timeout: float, what: str, watch=None):
+    """Run ``argv`` (a list, no shell, COMMAND_ENV) for at most ``timeout`` s; returns (rc, stdout, stderr).
 
     The program runs in a session and process group of its own, so that on timeout the whole
     group (the program and anything it started) is killed with SIGKILL and reaped: a hung
@@ -95,8 +101,7 @@ def run_in_group(argv, timeout: float, what: str, env_update=None, watch=None):
     import os
     import subprocess
 
-    env = dict(os.environ)
-    env.update(env_update or {})
+    env = dict(os.environ, **COMMAND_ENV)
     with _RUNNING_LOCK:
         if not _AT_EXIT["registered"]:
             atexit.register(_kill_running)
@@ -168,6 +173,8 @@ class ExecWatch:
 def container_frozen(vmid: int) -> bool:
     """Whether CT ``vmid``'s cgroup is frozen (lxc-freeze: cgroup2's cgroup.events, or the v1 freezer), as a process
     of its payload sees it; False when none runs there."""
+    from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs  # not on the controller's path
+
     pids = _procs.cgroup_procs(f"/lxc/{int(vmid)}/ns")
     return bool(pids) and _procs.cgroup_frozen(pids[0])
 
@@ -175,6 +182,8 @@ def container_frozen(vmid: int) -> bool:
 def attached_in_container(pid: int, vmid: int) -> bool:
     """Whether a process of session ``pid`` (a command this module started: run_in_group's own session) runs in CT
     ``vmid`` (lxc-attach puts what pct exec runs in lxc/<vmid>/ns/.lxc, in the caller's session)."""
+    from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs  # not on the controller's path
+
     for path in (f"/lxc/{int(vmid)}/ns/.lxc", f"/lxc/{int(vmid)}/ns", f"/lxc/{int(vmid)}"):
         for member in _procs.cgroup_procs(path):
             st = _procs.read_stat(member)
@@ -200,31 +209,40 @@ def clock(total: float, interval: float, now=time.monotonic, sleep=time.sleep):
 
 
 class Background:
-    """One call in a thread of its own; ``result()`` waits for it and gives its value (or raises its error)."""
+    """One call in a daemon thread of its own: the one way the modules run something beside the main line, or under
+    a time limit. ``result(timeout=None)`` waits for it and gives its value or raises its error; past ``timeout``
+    s it raises QueryTimeout naming ``what`` (the thread is abandoned: it never holds the module's exit)."""
 
-    def __init__(self, func, *args):
+    def __init__(self, func, *args, what: str = None):
+        self.what = what or getattr(func, "__name__", "call")
         self._out = {}
-        self._thread = threading.Thread(target=self._run, args=(func,) + args, daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(func,) + args, name=f"gpuops:{self.what}", daemon=True)
         self._thread.start()
 
     def _run(self, func, *args):
         try:
             self._out["value"] = func(*args)
-        except Exception as exc:  # handed to the caller of result()  # pylint: disable=broad-except
+        except BaseException as exc:  # handed to the caller of result()  # pylint: disable=broad-except
             self._out["error"] = exc
 
-    def result(self):
-        self._thread.join()
+    def result(self, timeout: float = None):
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise QueryTimeout(
+                f"{self.what} did not answer within {timeout:g} s: the driver may be hung (check dmesg for Xid"
+                " errors and `nvidia-smi` on the host); raise query_timeout if the host is merely slow.",
+                timeout=timeout, call=self.what)
         if "error" in self._out:
             raise self._out["error"]
-        return self._out["value"]
+        return self._out.get("value")
 
 
-class Answered:
-    """An answer already in hand, read as a Background job's is (``result()``)."""
+def run_all(func, items: list, workers: int) -> list:
+    """``[func(item) for item in items]``, at most ``workers`` at a time in threads of their own; the first error is
+    raised once all have ended."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    def __init__(self, value):
-        self.value = value
-
-    def result(self):
-        return self.value
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
+        return list(pool.map(func, items))

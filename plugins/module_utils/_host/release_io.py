@@ -13,10 +13,8 @@ from __future__ import annotations
 import os
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _procs
-from ansible_collections.gpuops.gpu.plugins.module_utils._host import calls
-from ansible_collections.gpuops.gpu.plugins.module_utils._release import container_init
-from ansible_collections.gpuops.gpu.plugins.module_utils._signals import Target, check_may_signal, wait_gone
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import calls, procs as _procs
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.signals import Target, check_may_signal, wait_gone
 
 
 class ReleaseIO:
@@ -75,8 +73,9 @@ class ReleaseIO:
     def frozen(pid):
         return _procs.cgroup_frozen(pid)
 
-    def container_init(self, proc):
-        return container_init(proc, self.read, _procs.cgroup_procs)
+    @staticmethod
+    def cgroup_procs(path):
+        return _procs.cgroup_procs(path)
 
     @staticmethod
     def exec_watch(vmid, pct_limit):

@@ -388,7 +388,7 @@ class SimHost:
             "GPUSIM_DIR": self.dir,
             # The modules read Xid events from this file, never from the real kernel log (README "Health").
             "GPUOPS_KERNEL_LOG": self.path(KMSG),
-            # Each simulated node has its own /run for the release locks (plugins/module_utils/_lock.py).
+            # Each simulated node has its own /run for the release locks (plugins/module_utils/_host/lock.py).
             "GPUOPS_LOCK_DIR": self.path("run", "gpuops.gpu"),
             # The node's /etc/pve (pmxcfs) and LXC's lxcpath (the monitors' command sockets): the fence reads them
             # (plugins/module_utils/_fence.py, README "The node's files").

@@ -14,6 +14,7 @@ import stat
 import pytest
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _bound
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import files
 from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import compact_result
 
 
@@ -131,7 +132,7 @@ def test_nested_results_are_bounded_with_their_prefix():
 def test_detail_file_has_the_whole_result(tmp_path):
     whole = release_result(16, 4, 4)
     path = str(tmp_path / "r.json")
-    out = _bound.bound(whole, _bound.SUMMARY, path)
+    out = _bound.bound(whole, _bound.SUMMARY, path, write=files.write_json)
     assert out["detail"]["file"] == path and out["detail"]["more"]
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     with open(path, encoding="utf-8") as f:
@@ -142,7 +143,7 @@ def test_detail_file_has_the_whole_result(tmp_path):
 @pytest.mark.parametrize("path", ["/nonexistent-dir/r.json", "relative.json"])
 def test_a_detail_file_that_cannot_be_written_is_a_warning(path):
     said = []
-    out = _bound.bound({"changed": False}, _bound.SUMMARY, path, said.append)
+    out = _bound.bound({"changed": False}, _bound.SUMMARY, path, said.append, files.write_json)
     assert out["detail"]["file"] is None
     assert len(said) == (1 if path.startswith("/") else 0)  # a relative path: the option's own check fails the task
 
@@ -150,9 +151,10 @@ def test_a_detail_file_that_cannot_be_written_is_a_warning(path):
 def test_a_later_slice_carries_the_first_look_from_the_file(tmp_path):
     path = str(tmp_path / "w.json")
     (tmp_path / "w.json").write_text(json.dumps({"gpus_before": [{"index": 0}], "holder_processes": {"5": {"pid": 5}}}))
-    out = _bound.carry(path, {"gpus": [{"index": 0}], "holder_processes": {"6": {"pid": 6}}})
+    out = _bound.carry(files.read_json(path), {"gpus": [{"index": 0}], "holder_processes": {"6": {"pid": 6}}})
     assert out["gpus_before"] == [{"index": 0}] and set(out["holder_processes"]) == {"5", "6"}
-    assert _bound.carry(str(tmp_path / "none.json"), {"gpus": []}) == {"gpus": []}
+    assert files.read_json(str(tmp_path / "none.json")) is None
+    assert _bound.carry(None, {"gpus": []}) == {"gpus": []}
 
 
 @pytest.mark.parametrize("gpus, processes_kept", [(64, _bound.CAP_PROCESSES), (128, _bound.CAP_PROCESSES),

@@ -28,9 +28,11 @@ def gone(pid):
         return True
 
 
-def test_run_in_group_returns_rc_and_output():
+def test_run_in_group_returns_rc_and_output_in_the_c_locale(monkeypatch):
+    """Every command speaks the C locale (calls.COMMAND_ENV, the one place that sets it), whatever the module's."""
+    monkeypatch.setenv("LC_ALL", "de_DE.UTF-8")
     rc, out, err = calls.run_in_group([sys.executable, "-c", "import os, sys; print(os.environ['LC_ALL']);"
-                                      " sys.stderr.write('e'); sys.exit(3)"], 10, "probe", {"LC_ALL": "C"})
+                                      " sys.stderr.write('e'); sys.exit(3)"], 10, "probe")
     assert (rc, out, err) == (3, "C\n", "e")
     assert not calls._RUNNING
 
@@ -98,3 +100,35 @@ def test_a_watch_ends_a_command_at_once_with_its_sentence():
     assert time.monotonic() - t0 < 10 and info.value.details["watched"] is True
     assert seen and not any(done for _pid, done in seen)
     assert calls.run_in_group([sys.executable, "-c", "print('ok')"], 30, "quick", watch=watch)[:2] == (0, "ok\n")
+
+
+def _fail():
+    raise KeyError("lost")
+
+
+@pytest.mark.parametrize("func, timeout, outcome", [
+    (lambda: 7, None, 7),
+    (lambda: 7, 5.0, 7),
+    (_fail, 5.0, KeyError),                                       # its error, raised in the caller
+    (lambda: time.sleep(5), 0.05, "^nvml probe did not answer within 0.05 s"),   # abandoned: it holds nothing up
+])
+def test_background_is_the_one_call_with_a_time_limit(func, timeout, outcome):
+    """calls.Background: the value, the error, or QueryTimeout naming the call."""
+    job = calls.Background(func, what="nvml probe")
+    if isinstance(outcome, str):
+        start = time.monotonic()
+        with pytest.raises(QueryTimeout, match=outcome) as exc:
+            job.result(timeout)
+        assert time.monotonic() - start < 2 and exc.value.details["call"] == "nvml probe"
+    elif isinstance(outcome, type):
+        with pytest.raises(outcome):
+            job.result(timeout)
+    else:
+        assert job.result(timeout) == outcome
+
+
+def test_run_all_keeps_the_order_and_raises_the_first_error():
+    assert calls.run_all(lambda x: x * 2, [3, 1, 2], 2) == [6, 2, 4]
+    assert calls.run_all(_fail, [], 8) == []
+    with pytest.raises(KeyError):
+        calls.run_all(lambda x: _fail() if x == 2 else x, [1, 2, 3], 2)

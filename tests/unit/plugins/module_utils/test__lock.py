@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _lock
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import lock as _lock
 
 
 @pytest.mark.parametrize("containers, gpus, exclusive, expected", [

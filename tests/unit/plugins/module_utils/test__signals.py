@@ -11,21 +11,22 @@ import time
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _signals
-from ansible_collections.gpuops.gpu.plugins.module_utils._procs import read_identity
+from ansible_collections.gpuops.gpu.plugins.module_utils import _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import signals as _signals
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.procs import read_identity
 
 
 @pytest.mark.parametrize("value, expected", [
     ("SIGTERM", 15), ("TERM", 15), ("sigint", 2), ("9", 9), (15, 15), (" SIGKILL ", 9), ("SIGUSR1", 10),
 ])
 def test_signal_number(value, expected):
-    assert _signals.signal_number(value) == expected
+    assert _validate.signal_number(value) == expected
 
 
 @pytest.mark.parametrize("value", ["SIGFOO", "", "0", "999", "-1", "TERM!"])
 def test_signal_number_rejects(value):
     with pytest.raises(ValueError, match="signal"):
-        _signals.signal_number(value)
+        _validate.signal_number(value)
 
 
 @pytest.fixture

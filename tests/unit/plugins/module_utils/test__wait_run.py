@@ -18,6 +18,7 @@ import pytest
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _wait
 from ansible_collections.gpuops.gpu.plugins.module_utils._holding import verdict
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.protocols import WaitHost
 
 
 def gpu(index=0, used=0, procs=(), holders=(), in_container=False, **fields):
@@ -61,7 +62,7 @@ class FakeHost:
         self.timeline = timeline
         self.smi = list(smi or [])          # nvidia-smi's answers ({"gpus": [...]} or an exception), in order
         self.path = smi_path
-        self.holders = node_holders or {}   # {index: [{pid, name, protected}]}
+        self.holders = node_holders or {}   # {index: [{pid, name}]}: who holds each GPU's device node
         self.answer = run or (lambda argv: (0, "Disabled, Disabled", ""))
         self.slept, self.looks, self.commands, self.queries = [], [], [], 0
 
@@ -72,13 +73,24 @@ class FakeHost:
         self.slept.append(seconds)
         self.t += seconds
 
-    def snapshot(self, full):
+    def snapshot(self, full, processes=True):
         self.looks.append((round(self.t, 3), full))
         return copy.deepcopy(self.timeline(self.t, full))
+
+    def restrict(self, indexes):
+        self.restricted_to = indexes
+
+    @staticmethod
+    def restricted():
+        return False
 
     @staticmethod
     def alive(pid, start_time):
         return False
+
+    @staticmethod
+    def boot_id():
+        return None
 
     def confirm_path(self):
         return self.path
@@ -97,12 +109,24 @@ class FakeHost:
         self.commands.append(argv)
         return self.answer(argv)
 
-    def node_holders(self, gpus):
-        return {g["index"]: self.holders.get(g["index"], []) for g in gpus}
+    def device_holders(self):
+        return {h["pid"]: [f"/dev/nvidia{index}"] for index, held in self.holders.items() for h in held}
+
+    def read(self, pid):
+        return next(({"pid": pid, "name": h["name"], "cmdline": h["name"]} for held in self.holders.values() for h in held
+                     if h["pid"] == pid), None)
+
+    @staticmethod
+    def exe(_pid):
+        return None
 
     @staticmethod
     def background(func, *args):
         return Done(func, *args)
+
+
+def test_the_fake_is_a_wait_host():
+    assert isinstance(FakeHost(lambda t, full: []), WaitHost)
 
 
 PARAMS = {"timeout": 10.0, "delay": 0.0, "sleep": 0.5, "settle": 1.0, "msg": None, "confirm_with_nvidia_smi": None,
@@ -262,7 +286,7 @@ RESETS = [
     ("persistence mode on: refused", {"persistence_mode": True}, [], 0, False, False, "refused",
      ["persistence mode is on for GPU 2", "nvidia-smi -pm 0 -i 2"]),
     ("a daemon holds the node: refused", {},
-     [{"pid": 9, "name": "nvidia-persistenced", "protected": True}], 0, False, False, "refused",
+     [{"pid": 9, "name": "nvidia-persistenced"}], 0, False, False, "refused",
      ["pid 9 (nvidia-persistenced, an NVIDIA daemon: systemctl stop nvidia-persistenced) holds the device node of GPU 2"]),
     ("nvidia-smi -r fails: refused with its output", {}, [], 255, False, False, "refused",
      ["nvidia-smi -r -i 2 failed (exit 255): GPU 00000000:12:00.0 is currently in use by another process."]),

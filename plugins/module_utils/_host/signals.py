@@ -30,33 +30,12 @@ import signal
 import time
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
-from ansible_collections.gpuops.gpu.plugins.module_utils._procs import read_identity, user_name
+from ansible_collections.gpuops.gpu.plugins.module_utils._validate import signal_name
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.procs import read_identity, user_name
 
-SIGKILL = int(signal.SIGKILL)
 HAS_PIDFD = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
 POLL_FALLBACK_S = 0.01
 POLL_MAX_S = 0.25
-
-
-def signal_number(value) -> int:
-    """'SIGTERM', 'TERM', 'sigint', 15 or '15' -> the number; ValueError naming the value otherwise."""
-    text = str(value).strip()
-    if text.isdigit() and not (text.isascii() and len(text) <= 3):
-        raise _errors.InvalidOption(f"signal: {value!r} is not a valid signal number", option="signal")
-    if text.isdigit():
-        num = int(text)
-        valid = {int(s) for s in signal.valid_signals()}
-        if num not in valid or num == 0:
-            raise _errors.InvalidOption(f"signal: {value!r} is not a valid signal number", option="signal")
-        return num
-    name = text.upper()
-    if not name.startswith("SIG"):
-        name = "SIG" + name
-    sig = getattr(signal.Signals, name, None) if name in signal.Signals.__members__ else None
-    if sig is None:
-        raise _errors.InvalidOption(f"signal: {value!r} is not a signal name (like SIGTERM, SIGINT, SIGKILL)",
-                                    option="signal")
-    return int(sig)
 
 
 def describe(pid: int, info=None) -> str:
@@ -84,13 +63,6 @@ def check_may_signal(procs) -> None:
             continue
         except PermissionError as exc:
             raise not_permitted(info["pid"], info, exc) from None
-
-
-def signal_name(num: int) -> str:
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return str(num)
 
 
 def _cannot_tell(exc: OSError) -> str:

@@ -30,7 +30,6 @@ ProcStat = namedtuple("ProcStat", ["pid", "comm", "state", "ppid", "pgrp", "sess
 # Proxmox VE >= 6.2 puts a container's payload under /lxc/<vmid>/ns/...; plain LXC 4+ uses
 # lxc.payload.<name>. The monitor (lxc.monitor/<vmid>, lxc.monitor.<name>) is not the payload.
 _LXC_CGROUP = re.compile(r"(?:^|/)lxc(?:/|\.payload\.)(\d+)(?:/|$)")
-_PAYLOAD_CGROUP = re.compile(r"^(.*?/lxc/\d+/ns|.*?/lxc\.payload\.\d+)(?:/|$)")
 
 
 def parse_stat(text: str) -> ProcStat:
@@ -101,13 +100,6 @@ def container_from_cgroup(text: str):
         if match:
             return int(match.group(1))
     return None
-
-
-def payload_cgroup(path: str):
-    """The root of the container payload cgroup that ``path`` lies in (``/lxc/129/ns``, ``/lxc.payload.129``), or
-    None."""
-    match = _PAYLOAD_CGROUP.match(path or "")
-    return match.group(1) if match else None
 
 
 def cgroup_path(text: str):
