@@ -992,6 +992,10 @@ class ReleaseFailed(_errors.GpuError):
         self.partial = partial
 
 
+COUNTED = ("released", "survivors", "respawned", "protected", "skipped_processes", "stopped_units", "unstopped_units",
+           "left_holders")
+
+
 def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False, diff=False, lock=None) -> dict:
     """One release, as gpu_release and the fence run it: a snapshot, the GPU count, the
     selection, the plan through the gate, then check mode's report or the release itself.
@@ -1033,6 +1037,8 @@ def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False,
         for warning in release.warnings:
             io.warn(warning)
     result["elapsed"] = round(io.now() - start, 3)
+    # How many of each, whole: a result in summary caps the lists (_bound), a reader of the outcome counts here.
+    result["counts"] = {k: len(result.get(k) or ()) for k in COUNTED}
     if others:
         result["gpu_errors"] = others
     if release.failure:

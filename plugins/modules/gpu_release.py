@@ -326,6 +326,15 @@ gpus:
   returned: when the release ran
   type: list
   elements: dict
+counts:
+  description:
+    - How many entries each list of the outcome has in the whole result - C(released), C(survivors), C(respawned),
+      C(protected), C(skipped_processes), C(stopped_units), C(unstopped_units) and C(left_holders) - whatever
+      O(detail) left in the lists themselves.
+  returned: when the release ran (in check mode too)
+  type: dict
+  sample: {"released": 260, "survivors": 0, "respawned": 0, "protected": 1, "skipped_processes": 12,
+           "stopped_units": 1, "unstopped_units": 0, "left_holders": 0}
 elapsed:
   description: Seconds the release took.
   returned: always

@@ -348,8 +348,8 @@ release:
   description:
     - With O(state=released), when a selected container runs - the outcome of the release of its GPU holders, as
       M(gpuops.gpu.gpu_release) returns it (C(released), C(survivors), C(respawned), C(protected),
-      C(skipped_processes), C(stopped_units), C(unstopped_units), C(left_holders), C(quiet_since), C(elapsed),
-      C(gpu_errors), C(holder_processes)) with its GPUs before and after as records (C(gpus_before) and C(gpus) in
+      C(skipped_processes), C(stopped_units), C(unstopped_units), C(left_holders), C(quiet_since), C(counts),
+      C(elapsed), C(gpu_errors), C(holder_processes)) with its GPUs before and after as records (C(gpus_before) and C(gpus) in
       the shape of M(gpuops.gpu.gpu_release#module:gpus_before) - not the snapshot: the wait after the fence takes its
       own) and without its diff (the fence's diff shows it); in check mode what would be released. On a failure of
       the release, what it did until then.

@@ -164,6 +164,10 @@ def test_every_result_is_bounded_at_64_gpus_and_whole_on_request(gpusim_factory,
         # scenario makes (past the limit but for the facts, which have one GPU list).
         assert sizes[name][0] < RUNNER_LIMIT // 2, sizes
         assert sizes[name][1] > RUNNER_LIMIT or name == "gpu_facts", sizes
+        # a message at most 2,000 characters in summary; the whole of it in full (the wait names every busy GPU)
+        assert len(summary.get("msg") or "") <= 2000, (name, len(summary["msg"]))
+        if name == "gpu_wait_idle":
+            assert len(full["msg"]) > 2000 and summary["detail"]["more"]["msg"] == len(full["msg"]) - 1900
     facts = run_module(host, collection, "gpu_facts", runs["gpu_facts"][0])["ansible_facts"]
     assert_verdicts_kept(facts["gpu_devices"], facts["gpu_holder_processes"])
     release = run_module(host, collection, "gpu_release", runs["gpu_release"][0], check_mode=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _procs, _release, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _procs, _release, _validate
 
 SIGTERM, SIGKILL = 15, 9
 
@@ -463,6 +463,21 @@ def test_a_frozen_container_is_refused_before_anything_is_stopped_or_signalled(c
     assert exc.value.msg.endswith("Nothing was signalled."), exc.value.msg
     assert host.signalled == [] and host.commands == []
     assert exc.value.partial["frozen"] == [{"container": 129, "pids": [101, 102]}] and not exc.value.partial["changed"]
+
+
+@pytest.mark.parametrize("check_mode", [False, True], ids=["run", "check mode"])
+def test_the_outcome_counts_each_list_whole(check_mode):
+    """counts: what each list has before a summary caps it (the fence carries it in its release's outcome)."""
+    host = SlowHost([proc(100 + i) for i in range(30)] + [proc(200, ct=130)], {**{100 + i: [i % 8] for i in range(30)}, 200: [7]},
+                    exit_after={100 + i: {SIGTERM: 0.0} for i in range(30)})
+    p = params(containers=[129], diff=True)
+    res = _release.run_release(p, _validate.release(p), host, SIGTERM, check_mode=check_mode, diff=True)
+    assert res["counts"] == {k: len(res[k]) for k in _release.COUNTED}
+    assert res["counts"]["released"] == 30 and res["counts"]["skipped_processes"] == 1
+    # a summary caps the lists, never the counts
+    assert _bound.bound(res)["counts"]["released"] == 30
+    assert ("gpus_before" in res) is not check_mode  # check mode: one look, in gpus
+    assert len(res["diff"]["before"].splitlines()) == 8  # one line per GPU
 
 
 def test_a_container_frozen_after_the_plan_is_not_signalled_and_the_release_fails():
