@@ -292,11 +292,11 @@ holder_processes:
 gpus_before:
   description:
     - The selected GPUs at the first look, one record per GPU of what a before and after table reads (the result
-      carries the snapshot once, RV(gpus)), as M(gpuops.gpu.gpu_release#module:gpus_before) - with RV(gpus), the
+      carries the snapshot once, RV(gpus)), as RV(gpuops.gpu.gpu_release#module:gpus_before) - with RV(gpus), the
       before and after of the wait without another M(gpuops.gpu.gpu_facts) call (the filter
       P(gpuops.gpu.gpu_table#filter) renders both).
-  returned: when the first look succeeded and a later one was taken (in check mode, with O(reset_leaked) only:
-    its one look is RV(gpus))
+  returned: when the first look succeeded and a later one was taken (in check mode only with O(reset_leaked) - its one
+    look is RV(gpus))
   type: list
   elements: dict
 samples:

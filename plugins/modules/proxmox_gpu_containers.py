@@ -350,8 +350,8 @@ release:
       M(gpuops.gpu.gpu_release) returns it (C(released), C(survivors), C(respawned), C(protected),
       C(skipped_processes), C(stopped_units), C(unstopped_units), C(left_holders), C(quiet_since), C(counts),
       C(elapsed), C(gpu_errors), C(holder_processes)) with its GPUs before and after as records (C(gpus_before) and C(gpus) in
-      the shape of M(gpuops.gpu.gpu_release#module:gpus_before) - not the snapshot: the wait after the fence takes its
-      own) and without its diff (the fence's diff shows it); in check mode what would be released. On a failure of
+      the shape of RV(gpuops.gpu.gpu_release#module:gpus_before) - not the snapshot, as the wait after the fence takes
+      its own) and without its diff (the fence's diff shows it); in check mode what would be released. On a failure of
       the release, what it did until then.
     - The release selects the GPUs of the running containers (RV(gpus)) unless O(gpus) is set (every GPU when RV(gpus)
       is null or empty) - a GPU they do not have whose process list cannot be read is in C(gpu_errors) and a warning,
