@@ -281,4 +281,3 @@ def test_the_fence_with_diff_on_a_heavy_node_fits_every_event(gpusim_factory, co
         assert all(len(line) < 1000 for line in before + after) and f"in CT {FENCED_VMID}" in before[0], before[0]
         assert after[0] == "GPU 0: released" if mode == "check" else after[0].startswith("GPU 0: "), after[0]
     print(f"\nlargest event with --diff at {FENCED_GPUS} GPUs x {FENCED_SERVERS} servers in the fenced container:", largest)
-
