@@ -60,6 +60,30 @@ def describe(vmids) -> str:
     return ", ".join(str(v) for v in vmids) if vmids else "none"
 
 
+def refuse_missing(selected, vmids) -> None:
+    """The one refusal of a ``containers`` option that names a container this node does not have (the fence's and
+    gpu_release's): FenceFailed(no_such_container), before anything is stopped. ``vmids``: the node's containers."""
+    missing = [v for v in selected or () if v not in vmids]
+    if missing:
+        raise FenceFailed("no_such_container", f"containers: no container {describe(missing)} on this node (its"
+                                               f" containers: {describe(vmids)}). Nothing was stopped.", missing=missing)
+
+
+def check_node_containers(node, selected) -> None:
+    """gpu_release's ``containers`` against the node's containers (``node``: a NodeIO), refused as the fence refuses
+    them (refuse_missing); where no Proxmox VE node can be read (a plain host, a VM, a container) nothing is checked:
+    the option then names cgroups that may hold no process yet."""
+    if not selected:
+        return
+    try:
+        vmids, _running = node.node()
+    except FenceFailed as exc:
+        if exc.kind == "pve_unavailable":
+            return
+        raise
+    refuse_missing(selected, vmids)
+
+
 def _said(rc, out, err) -> str:
     return (err or out or "").strip()[:300] or f"rc {rc}"
 
@@ -117,11 +141,7 @@ class Discovery:
         """(the node's vmids, the running ones, {vmid: config file text} of the containers to read)."""
         vmids, running = self.io.node()
         selected = self.p["containers"]
-        missing = [v for v in selected if v not in vmids]
-        if missing:
-            raise FenceFailed("no_such_container",
-                              f"containers: no container {describe(missing)} on this node (its containers:"
-                              f" {describe(vmids)}). Nothing was stopped.", missing=missing)
+        refuse_missing(selected, vmids)
         wanted = selected or [v for v in vmids if v in running or self.p["include_stopped"]]
         texts = {}
         for vmid in wanted:
@@ -486,8 +506,9 @@ class Fence:
         process of the node). It selects the GPUs the fence covers (the running containers' union, when every one is
         known): a GPU the containers do not have (a sick one next door) is reported by the release, never fatal to it."""
         res = self.result
+        # The units the fence stopped (in check mode: would stop) are not the release's to stop again.
         release, failure = self.io.release([c["vmid"] for c in running], draining_gpus(looked, res["services_stopped"]),
-                                           res["gpus"] or None)
+                                           res["gpus"] or None, [(s["vmid"], s["unit"]) for s in res["services_stopped"]])
         self.release = release
         res["release"] = outcome(release)
         if failure is not None:
@@ -693,11 +714,13 @@ class NodeIO:
         only where the GPU's process list cannot be trusted), from the same snapshot as held()."""
         return _holding.workload_gpus(self._look())
 
-    def release(self, vmids: list, draining=(), gpus=None):
+    def release(self, vmids: list, draining=(), gpus=None, units_stopped=()):
         """gpu_release's path over the containers' processes: (its result, None) or (the partial result, the error).
         ``draining``: the GPUs whose memory the services just stopped are still freeing (draining_gpus); ``gpus``: the
-        containers' GPU indexes, selected when the module's O(gpus) is not set (None: every GPU)."""
-        p = dict(self.params, containers=list(vmids), draining_gpus=list(draining), **RELEASE_FIXED)
+        containers' GPU indexes, selected when the module's O(gpus) is not set (None: every GPU); ``units_stopped``:
+        [(vmid, unit)] the fence stopped, or in check mode would stop (the release does not stop them again)."""
+        p = dict(self.params, containers=list(vmids), draining_gpus=list(draining), units_stopped=list(units_stopped),
+                 **RELEASE_FIXED)
         if gpus and not p.get("gpus"):
             p["gpus"] = [str(i) for i in gpus]
         try:
