@@ -54,6 +54,7 @@ CAP = 8             # pids of a GPU's list (blockers, holders by evidence, linge
 CAP_PROCESSES = 1   # a GPU's processes (each with its details; blockers and busy_reasons name more of them)
 CAP_REASONS = 4     # a GPU's busy reasons
 CAP_ENTRIES = 16    # processes or units of a result's list (released, survivors, skipped_processes, ...), scaled too
+ENTRY_TIMES = 8     # ... up to this many times (an 8-GPU host's): a result's lists do not grow with its GPUs
 CAP_LEFT = 64       # a release's left_holders (each keeps a GPU busy: the wait fails fast on any of them), scaled
 CAP_DETAILS = 32    # holders' details (holder_processes), on any host (the blockers' first)
 CAP_SAMPLES = 16    # the points of a GPU's samples: its first (where the wait began) and the latest
@@ -66,6 +67,15 @@ DETAILS = ("holder_processes", "gpu_holder_processes")
 ENTRY_LISTS = ("released", "survivors", "respawned", "skipped_processes", "protected", "stopped_units",
                "unstopped_units", "left_blockers")
 NESTED = ("release", "ansible_facts")
+
+
+def listed(texts, level: str = SUMMARY, sep: str = ", ", limit: int = CAP) -> str:
+    """``texts`` joined with ``sep`` for a message: in summary the first ``limit`` of them and how many more (a
+    message names what a list holds, and is bounded like the lists: 2,000 pids are not a sentence); all in full."""
+    texts = list(texts)
+    if level == FULL or len(texts) <= limit:
+        return sep.join(texts)
+    return sep.join(texts[:limit]) + f"{sep}and {len(texts) - limit} more (detail: full names them)"
 
 
 def left_out(obj, key, sub=None) -> int:
@@ -221,13 +231,16 @@ def summarize(result: dict, more: dict = None, prefix: str = "") -> dict:
             if len(kept) < len(details):
                 more[prefix + key] = len(details) - len(kept)
             out[key] = {k: holder_details(details[k], times) for k in sorted(kept, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else k))}
+    # A result's own lists do not grow with its GPUs: scaled as an 8-GPU host's at most (2,000 targets of one GPU
+    # would keep 1,024 entries, 250 KB, at a one-GPU result's scale).
+    entries = min(times, ENTRY_TIMES)
     for key in ENTRY_LISTS:
         if isinstance(out.get(key), list):
-            out[key] = [_process_entry(e, times) for e in _cap(out[key], CAP_ENTRIES * times, more, prefix + key)]
+            out[key] = [_process_entry(e, entries) for e in _cap(out[key], CAP_ENTRIES * entries, more, prefix + key)]
     if isinstance(out.get("left_holders"), list):  # what the wait after a release fails fast on: any one of them will do
-        out["left_holders"] = _cap(out["left_holders"], CAP_LEFT * times, more, prefix + "left_holders")
+        out["left_holders"] = _cap(out["left_holders"], CAP_LEFT * entries, more, prefix + "left_holders")
     if isinstance(out.get("blockers"), dict):  # a wait's failure: {gpu: [holders]}
-        out["blockers"] = {k: [_process_entry(e, times) for e in _cap(v, CAP * times, more, f"{prefix}blockers.{k}")]
+        out["blockers"] = {k: [_process_entry(e, entries) for e in _cap(v, CAP * times, more, f"{prefix}blockers.{k}")]
                            if isinstance(v, list) else v
                            for k, v in out["blockers"].items()}
     if isinstance(out.get("samples"), dict):  # a wait's time series per GPU: where it began, and the latest points

@@ -465,18 +465,19 @@ class Fence:
         units = self.p["units"]
         jobs = [(c["vmid"], unit) for c in running for unit in units]
         limit = self.p["pct_timeout"]
+        watch = getattr(self.io, "exec_watch", None)  # what hangs: the container (frozen), pct, its systemd
 
         def ask(job):
             vmid, unit = job
+            argv = ["exec", str(vmid), "--", "systemctl", "is-active", unit]
             try:
-                rc, out, err = self.io.pct(["exec", str(vmid), "--", "systemctl", "is-active", unit], limit,
-                                           f"pct exec {vmid} -- systemctl is-active {unit}")
-            except _errors.QueryTimeout:
-                raise FenceFailed(
-                    "container_timeout",
+                rc, out, err = self.io.pct(argv, limit, f"pct exec {vmid} -- systemctl is-active {unit}",
+                                           **({"watch": watch(vmid, limit)(["pct"] + argv)} if watch else {}))
+            except _errors.QueryTimeout as exc:
+                raise FenceFailed("container_timeout", (exc.msg if exc.details.get("watched") else (
                     f"CT {vmid} did not answer: systemctl is-active {unit} had not returned after {limit:g} s"
-                    f" (pct_timeout); the container may be frozen (pct status {vmid}, lxc-info -n {vmid}). Nothing was"
-                    " stopped.") from None
+                    f" (pct_timeout); the container may be frozen (pct status {vmid}, lxc-info -n {vmid})"))
+                    + ". Nothing was stopped.") from None
             state, active = _pct.parse_is_active(out)
             if state is None:
                 raise FenceFailed("service_state_unknown",
@@ -500,8 +501,10 @@ class Fence:
                     self.result["services_stopped"].append(dict(vmid=vmid, unit=unit, state_before=state, rc=None,
                                                                 seconds=None))
                     continue
-                stop = _release.stop_unit(lambda argv, timeout, what: self.io.pct(argv[1:], timeout, what), "pct", vmid,
-                                          unit, self.p["stop_timeout"], now=self.io.now)
+                watch = getattr(self.io, "exec_watch", None)
+                stop = _release.stop_unit(lambda argv, timeout, what, **kw: self.io.pct(argv[1:], timeout, what, **kw),
+                                          "pct", vmid, unit, self.p["stop_timeout"], now=self.io.now,
+                                          watch=watch(vmid, self.p["pct_timeout"]) if watch else None)
                 if stop["rc"] is not None:
                     self.result["services_stopped"].append(dict(vmid=vmid, unit=unit, state_before=state, rc=stop["rc"],
                                                                 seconds=stop["seconds"]))
@@ -543,7 +546,9 @@ class Fence:
         if running and (self.p["state"] != "present" or self.p["units"]) and not self.check_mode:
             # One release at a time per container (and node): taken before the services' states are read, so a
             # second fence that waited sees what the first left, not what it stopped.
-            self.io.take_locks([c["vmid"] for c in running])
+            waited = self.io.take_locks([c["vmid"] for c in running])
+            if waited:
+                self.result["waited_for_lock"] = waited  # what it finds is what another run left (_lock.waited_text)
         states = self._service_states(running)
         units = self.p["units"]
         self.before = {str(c["vmid"]): dict(status=c["status"], services={u: states[(c["vmid"], u)][0] for u in units}
@@ -690,8 +695,12 @@ class NodeIO:
         self._gpus = None
         self._look_gpus = None
 
-    def pct(self, argv, timeout, what):
-        return self.runner([self.pct_path] + list(argv), timeout, what, C_LOCALE)
+    def pct(self, argv, timeout, what, watch=None):
+        """pct ``argv`` under ``timeout``; ``watch``: what to watch while it runs (exec_watch)."""
+        return self.runner([self.pct_path] + list(argv), timeout, what, C_LOCALE, **({"watch": watch} if watch else {}))
+
+    def exec_watch(self, vmid, pct_limit):
+        return self.release_io.exec_watch(vmid, pct_limit)
 
     def pct_calls(self) -> int:
         return self.runner.calls
@@ -746,11 +755,14 @@ class NodeIO:
             raise FenceFailed("pve_unavailable", f"cannot read CT {vmid}'s config in {self.pve_dir} ({said})."
                                                  " Nothing was stopped.") from None
 
-    def take_locks(self, vmids) -> None:
-        """The release locks of these containers, held until the module exits (their GPUs' are the release's). A wait
-        for another run's makes the discovery's look stale (release() then takes a snapshot of its own)."""
-        if _lock.Locks("proxmox_gpu_containers", vmids, self.params["lock_timeout"], self.warn).acquire():
+    def take_locks(self, vmids) -> dict:
+        """The release locks of these containers, held until the module exits (their GPUs' are the release's); when it
+        waited for another run, what it waited for (_lock.Locks.waited). A wait for another run's makes the discovery's
+        look stale (release() then takes a snapshot of its own)."""
+        waited = _lock.Locks("proxmox_gpu_containers", vmids, self.params["lock_timeout"], self.warn).acquire()
+        if waited:
             self._look_gpus = None
+        return waited
 
     def _gpu_locks(self, _containers, gpus) -> None:
         """The release's GPU locks, shared (a release narrowed to the containers whose locks take_locks holds)."""

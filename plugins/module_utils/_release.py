@@ -30,6 +30,7 @@ RESPAWN_WATCH_S = 2.0
 # outside systemd (busybox init, a shell loop, supervisord) restarts within it.
 NEWCOMER_WATCH_S = 0.5
 RESPAWN_POLL_S = 0.1
+UNIT_CALL_S = 10.0  # a unit stop's allowance for pct itself (its start, the attach) where no pct_timeout is set
 REPORT_KEYS = ("pid", "name", "cmdline", "user", "container", "unit", "gpus", "via", "evidence", "why")
 
 
@@ -106,14 +107,16 @@ def unit_text(entry: dict) -> str:
     return entry["unit"] + (f" in CT {entry['container']}" if entry["container"] is not None else "")
 
 
-def stop_unit(run_command, pct, vmid, unit, timeout, systemctl="systemctl", now=time.monotonic, command=None) -> dict:
+def stop_unit(run_command, pct, vmid, unit, timeout, systemctl="systemctl", now=time.monotonic, command=None,
+              watch=None) -> dict:
     """Stop one systemd unit, in CT ``vmid`` through ``pct exec <vmid> -- systemctl stop <unit>`` (on the host
     when ``vmid`` is None), for at most ``timeout`` s. The one way every module stops a unit. Raises nothing.
 
     ``run_command(argv, timeout, what) -> (rc, stdout, stderr)`` raises _errors.QueryTimeout when the time is
-    up (_host.calls.run_in_group). Returns {unit, container, command, rc, seconds, error}: ``error`` is '' when the
-    unit stopped (rc 0), else one sentence: the container did not answer in time (frozen, or its systemd
-    hung: rc None), systemctl failed (its rc and output), or there is no pct here.
+    up (_host.calls.run_in_group); ``watch(argv)``, when given, makes the watch the command runs under (the container
+    frozen, the node's pct hung, the container's systemd hung: _host.calls.ExecWatch), whose sentence ends it at once.
+    Returns {unit, container, command, rc, seconds, error}: ``error`` is '' when the unit stopped (rc 0), else one
+    sentence: what did not answer in time (rc None), systemctl failed (its rc and output), or there is no pct here.
     """
     entry = {"unit": unit, "container": vmid}
     argv = list(command) if command else unit_command(entry, systemctl or "systemctl", pct)
@@ -124,9 +127,12 @@ def stop_unit(run_command, pct, vmid, unit, timeout, systemctl="systemctl", now=
         return out
     started = now()
     try:
-        rc, stdout, stderr = run_command(argv, timeout, " ".join(argv[:3]))
-    except _errors.QueryTimeout:
+        rc, stdout, stderr = run_command(argv, timeout, " ".join(argv[:3]), **({"watch": watch(argv)} if watch else {}))
+    except _errors.QueryTimeout as exc:
         out["seconds"] = round(now() - started, 3)
+        if exc.details.get("watched"):
+            out["error"] = f"stopping {where}: {exc.msg}."
+            return out
         who = f"CT {vmid}" if vmid is not None else "systemd on the host"
         out["error"] = (f"stopping {where} did not finish within {timeout:g} s: {who} did not answer ("
                         + " ".join([os.path.basename(argv[0])] + argv[1:]) + " was killed), so the unit was not"
@@ -195,9 +201,8 @@ def gpu_line(gpu: dict, without=(), limit=None, memory=True) -> str:
     blockers = _holding.holders_of(gpu)
     held = [p for p in blockers if p["pid"] not in without]
     if held:
-        named = held if limit is None else held[:limit]
-        more = len(held) - len(named)
-        return head + ", ".join(_holding.describe(p) for p in named) + (f", +{more} more" if more else "")
+        level = _bound.FULL if limit is None else _bound.SUMMARY
+        return head + _bound.listed([_holding.describe(p) for p in held], level, limit=limit or _bound.CAP)
     if blockers:
         return head + "released"
     if gpu.get("idle") is not False:
@@ -319,10 +324,13 @@ def choose(scope, candidates: list, contexts: dict, holder_ids: set, tree: bool,
     if not (tree and read):
         return
     children = children or {}
+    below_of = {}  # ancestor pid -> the GPU holders below it (thousands of holders share one root: once each)
     for holder in list(scope.targets):
         for anc, why in roots.get(_scope.identity(holder), ()):
-            below = descendants(anc["pid"], children)
-            holders_below = {h for h in holder_ids if h[0] in below}
+            if anc["pid"] not in below_of:
+                below = descendants(anc["pid"], children)
+                below_of[anc["pid"]] = {h for h in holder_ids if h[0] in below}
+            holders_below = below_of[anc["pid"]]
             anc = dict(anc, context_gpus=sorted(contexts.get(anc["pid"], ())))
             if not scope.admit(anc, _scope.ROOT, via=holder, holders_below=holders_below, why=why):
                 break
@@ -581,6 +589,7 @@ class _StopMixin:
             for target in alive:
                 sent |= target.send(SIGKILL)
             alive = io.wait_gone(alive, p["kill_timeout"])
+        alive = set(alive)  # (thousands of targets: each looked up once)
         for target in pinned:
             gone_at = target.gone_at
             if gone_at is not None and target not in alive:
@@ -589,7 +598,9 @@ class _StopMixin:
                            seconds=round(gone_at - self.t0, 3) if gone_at is not None else None)
             if target in alive:
                 entry["state"] = io.state(target.pid)
-                why = self._why_alive(target, signal_name(sig), killed="SIGKILL" in target.signals)
+                unread = getattr(target, "unread", "")  # EMFILE, EACCES, ...: never taken for gone (DESIGN 5a)
+                why = (f"not told apart from another process: {unread}, so whether it still runs cannot be told" if unread
+                       else self._why_alive(target, signal_name(sig), killed="SIGKILL" in target.signals))
                 if why:
                     entry["why_alive"] = why
                 self.result["survivors"].append(entry)
@@ -623,7 +634,10 @@ class _StopMixin:
 
     def _stop_units(self) -> tuple:
         sent, stopped = False, set()
-        budget = self.p["grace_period"] + self.p["kill_timeout"] + 10
+        # A unit's stop may take its holders' time (grace_period + kill_timeout), and pct one call's (pct_timeout).
+        call_limit = self.p.get("pct_timeout") or UNIT_CALL_S
+        budget = self.p["grace_period"] + self.p["kill_timeout"] + call_limit
+        watch = getattr(self.io, "exec_watch", None)  # what hangs in a pct exec: the container, pct, its systemd
         for entry in self.plan_units:
             if not entry["command"]:
                 # Not stopped: the release fails (_judge_outcome), its processes are signalled all the same.
@@ -634,7 +648,7 @@ class _StopMixin:
                 continue
             done = stop_unit(self.io.run_command, self.io.bins("pct"), entry["container"], entry["unit"], budget,
                              systemctl=self.io.bins("systemctl") or "systemctl", now=self.io.now,
-                             command=entry["command"])
+                             command=entry["command"], watch=watch(entry["container"], call_limit) if watch else None)
             if done["error"]:
                 # Not stopped: not in stopped_units (what the summaries list as stopped); the release fails
                 # (_judge_outcome: its supervisor can restart the work), its processes are signalled all the same.
@@ -916,7 +930,7 @@ def frozen_message(frozen: dict, done: str = "Nothing was signalled") -> str:
     """Why a release with frozen targets does not proceed: the reason first, what to do, then what was done."""
     parts = []
     for ct, pids in frozen.items():
-        held = f"pid {', '.join(map(str, pids))}"
+        held = f"pid {_bound.listed(map(str, pids))}"
         if ct is not None:
             parts.append(f"CT {ct} is frozen (a suspend-mode backup, or lxc-freeze; its GPU holders: {held}): wait for the"
                          f" backup to finish, or thaw it with `lxc-unfreeze -n {ct}`, then run again")
@@ -964,9 +978,9 @@ def survivor_message(survivors: list, p: dict, first_signal: int) -> str:
             by_state.setdefault(s.get("state") or "?", []).append(s)
             if s.get("why_alive"):
                 known.append(s)
-    parts = []
+    parts, level = [], p.get("detail")
     for state, procs in sorted(by_state.items()):
-        names = ", ".join(_holding.describe(s) for s in procs)
+        names = _bound.listed((_holding.describe(s) for s in procs), level)
         if state == "D":
             parts.append(f"{names} (state D) is stuck in the kernel, often in the GPU driver, {waited}: check dmesg for"
                          " Xid errors; if it does not exit, a reboot may be needed")
@@ -976,9 +990,10 @@ def survivor_message(survivors: list, p: dict, first_signal: int) -> str:
         else:
             parts.append(f"{names} (state {state}) is still exiting, {waited}: a large teardown (pinned host memory)"
                          f" can take 20-40 s; {raise_it}")
-    for s in known:
-        parts.append(f"{_holding.describe(s)} is {s['why_alive']}" + ("" if p["escalate"] else ", or set escalate: true"))
-    return f"{len(survivors)} process(es) survived {what}: " + "; ".join(parts) + "."
+    parts.append(_bound.listed((f"{_holding.describe(s)} is {s['why_alive']}" + ("" if p["escalate"] else ", or set"
+                                                                                 " escalate: true") for s in known),
+                               level, "; "))
+    return f"{len(survivors)} process(es) survived {what}: " + "; ".join(x for x in parts if x) + "."
 
 
 class ReleaseFailed(_errors.GpuError):
@@ -1005,10 +1020,12 @@ def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False,
     all_gpus = io.snapshot(p["include_device_holders"])
     _snapshot.check_count(all_gpus, p.get("expected_count"), ". Nothing was signalled.")
     before = _snapshot.select_gpus(all_gpus, p["gpus"])
+    waited = None
     if lock is not None and not check_mode:
         # One release at a time per container and GPU (_lock), taken once the selection is known and before anything
-        # is planned or signalled: a second run that waited sees what the first left.
-        if lock(filters.get("containers"), [g["index"] for g in before]):
+        # is planned or signalled: a second run that waited sees what the first left (and says it waited).
+        waited = lock(filters.get("containers"), [g["index"] for g in before])
+        if waited:
             # It waited for another release: what it read before is stale - read the GPUs again.
             all_gpus = io.snapshot(p["include_device_holders"])
             before = _snapshot.select_gpus(all_gpus, p["gpus"])
@@ -1036,6 +1053,8 @@ def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False,
         result = release.run(first_signal, diff)
         for warning in release.warnings:
             io.warn(warning)
+    if waited:
+        result["waited_for_lock"] = waited  # what it released is what another run left (_lock.waited_text)
     result["elapsed"] = round(io.now() - start, 3)
     # How many of each, whole: a result in summary caps the lists (_bound), a reader of the outcome counts here.
     result["counts"] = {k: len(result.get(k) or ()) for k in COUNTED}

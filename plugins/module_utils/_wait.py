@@ -19,7 +19,7 @@ not when the memory is freed, and any holder that appears restarts it.
 
 from __future__ import annotations
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _holding, _smi
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _health, _holding, _smi
 from ansible_collections.gpuops.gpu.plugins.module_utils._host import calls as _host_calls
 
 
@@ -72,15 +72,16 @@ def left_blockers(gpus: list, left: dict) -> list:
     return out
 
 
-def blocked_text(found: list, elapsed: float, timeout: float, grace: float) -> str:
-    """Why the wait fails fast: each GPU kept busy by a process the release left, why it left it, and what to do."""
+def blocked_text(found: list, elapsed: float, timeout: float, grace: float, level: str = _bound.SUMMARY) -> str:
+    """Why the wait fails fast: each GPU kept busy by a process the release left, why it left it, and what to do (in
+    summary the first few: _bound.listed)."""
     parts = []
     for index, h, why in found:
         parts.append(f"GPU {index} is used by {_holding.describe(h)}, which the release before this wait left ({why}):"
                      f" nothing in this hook will stop it. See it: `ps -o pid,user,etime,args -p {h['pid']}`. When it may"
                      f" be stopped: {_holding.stop_advice(h)}; or leave GPU {index} out of the GPUs to wait for")
     return (f"blocked after {elapsed:.1f} s of {timeout:g} s (still there after blocker_grace, {grace:g} s): "
-            + "; ".join(parts))
+            + _bound.listed(parts, level, "; "))
 
 
 # The drain rate is measured over the samples of the last few seconds.
@@ -180,7 +181,8 @@ def _unchanged_text(entries: list, leak_after: float, hidden: bool) -> str:
             " raise timeout (gpu_idle_timeout) to give the driver time to free it")
 
 
-def diagnosis(gpus: list, max_memory_used_mib: int, memory=None, leak_after: float = LEAK_AFTER) -> str:
+def diagnosis(gpus: list, max_memory_used_mib: int, memory=None, leak_after: float = LEAK_AFTER,
+              level: str = _bound.SUMMARY) -> str:
     """'GPU 2: 1200 MiB used and no process holds it: ...; GPU 5 is used by pid 8812 (python3) in CT 129'.
 
     One sentence per cause, with the GPUs it applies to (the same cause on several GPUs is named once):
@@ -188,9 +190,10 @@ def diagnosis(gpus: list, max_memory_used_mib: int, memory=None, leak_after: flo
     unchanged for less than ``leak_after`` (a release lag or a leak to come) and a leak (reset the GPU), each
     with its MiB figures; the failing health checks are named once per check and detail, with the GPUs they fail
     on and what to do. A process that holds only a GPU's device node, with no context, is named as lingering,
-    never as the GPU's user (docs/holding-model.md).
+    never as the GPU's user (docs/holding-model.md). ``level`` (the detail option): in summary a GPU's users are
+    named up to a few, and counted beyond (_bound.listed).
     """
-    causes = _Causes(max_memory_used_mib, memory)
+    causes = _Causes(max_memory_used_mib, memory, level)
     for g in gpus:
         if not g["idle"]:
             causes.gpu(g)
@@ -201,8 +204,8 @@ class _Causes:
     """The causes diagnosis names, gathered one busy GPU at a time (``gpu``): each cause with its GPUs, in the order
     of the GPUs; then said as sentences (the GPUs' own causes, their health checks, their memory, what lingers)."""
 
-    def __init__(self, max_memory_used_mib: int, memory):
-        self.max_memory_used_mib, self.memory = max_memory_used_mib, memory or {}
+    def __init__(self, max_memory_used_mib: int, memory, level: str = _bound.SUMMARY):
+        self.max_memory_used_mib, self.memory, self.level = max_memory_used_mib, memory or {}, level
         self.each = []  # [verb, text, [indexes]]
         self.draining, self.leaked, self.unchanged, self.hidden = [], [], [], []
         self.health, self.lingering = {}, {}
@@ -239,9 +242,9 @@ class _Causes:
         elif g.get("processes_error") and not hs:
             self.add(":", g["processes_error"], i)
         elif hs:
-            self.add("is", "used by " + ", ".join(
+            self.add("is", "used by " + _bound.listed((
                 _holding.describe(h) + (f", {_holding.mps_server_text(h['mps_server'])}" if h.get("mps_server") else "")
-                for h in hs), i)
+                for h in hs), self.level), i)
         elif trend and used is not None:
             kinds = {"draining": self.draining, "leaked": self.leaked}
             kinds.get(trend["kind"], self.hidden if unseen else self.unchanged).append((i, trend))
@@ -292,7 +295,7 @@ class _Causes:
         resettable = {i for i, _t in self.leaked + self.unchanged}
         for who, indexes in self.lingering.items():
             node = "the device node" if len(indexes) == 1 else "their device nodes"
-            parts.append(f"{_gpu_list(indexes)}: {', '.join(who)} {'holds' if len(who) == 1 else 'hold'} only {node}, with"
+            parts.append(f"{_gpu_list(indexes)}: {_bound.listed(who, self.level)} {'holds' if len(who) == 1 else 'hold'} only {node}, with"
                          f" no context (lingering: not what keeps {_them(indexes)} busy"
                          + ("; a reset waits until nothing holds the node)" if resettable & set(indexes) else ")"))
         return parts
@@ -576,7 +579,7 @@ def short(text, limit=240) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def agreement(gpus: list, raw: dict, max_memory_used_mib: int):
+def agreement(gpus: list, raw: dict, max_memory_used_mib: int, level: str = _bound.SUMMARY):
     """What nvidia-smi's snapshot ``raw`` (_smi.query) says of the GPUs that NVML found idle.
 
     Returns (seen, disagreement): per GPU index its used MiB and pids; '' when it agrees, else one clause per GPU."""
@@ -594,7 +597,7 @@ def agreement(gpus: list, raw: dict, max_memory_used_mib: int):
         pids = [x["pid"] for x in other["processes"] if x["pid"] not in others]
         seen[str(g["index"])] = {"used_mib": used, "pids": pids}
         if pids:
-            disagree.append(f"nvidia-smi shows GPU {g['index']} used by pid(s) {', '.join(map(str, pids))}")
+            disagree.append(f"nvidia-smi shows GPU {g['index']} used by pid(s) {_bound.listed(map(str, pids), level)}")
         elif used is not None and used > max_memory_used_mib:
             disagree.append(f"nvidia-smi shows GPU {g['index']} with {used} MiB used")
     return seen, "; ".join(disagree)
@@ -616,14 +619,25 @@ class _PollMixin:
         if not self.carried and self.p["delay"] and not self.check_mode:
             self.io.sleep(self.p["delay"])  # before the first look; not counted in timeout, as in wait_for
         self.t0 = self.io.now()
+        if not self.check_mode:
+            self._deadline(0.0)
         if not self.carried and not self.check_mode:
             self._credit()
         try:
             return self._look() if self.check_mode else self._poll()
         except _errors.GpuError as exc:
+            if isinstance(exc, _errors.QueryTimeout) and not self.check_mode and self.elapsed() >= self.p["timeout"]:
+                exc.msg = f"timed out after {self.p['timeout']:g} s: {exc.msg}"  # a call cut at the wait's deadline
             out = exc.result()
             out.update({k: v for k, v in self.result.items() if k != "changed"})
             return False, out
+
+    def _deadline(self, extra: float) -> None:
+        """Every call of the host (NVML, nvidia-smi) ends by the wait's timeout (``extra`` s past it: the diagnosis's
+        look once the time is up): each call's limit is min(query_timeout, the time left)."""
+        set_deadline = getattr(self.io, "set_deadline", None)
+        if set_deadline is not None:
+            set_deadline(self.t0 - self.offset + self.p["timeout"] + extra)
 
     def _credit(self) -> None:
         """Count the settle window from the moment the release that ran just before last saw a holder
@@ -661,7 +675,8 @@ class _PollMixin:
             self._resets_into(self.result)
         looked = dict(self.result, would_wait=not all(g["idle"] for g in gpus), elapsed=round(self.elapsed(), 3),
                       polls=polls, idle_gpus=[g["index"] for g in gpus if g["idle"]], gpus=gpus, samples=samples,
-                      confirmation=None, msg=diagnosis(gpus, p["max_memory_used_mib"]) or "all selected GPUs are idle")
+                      confirmation=None,
+                      msg=diagnosis(gpus, p["max_memory_used_mib"], level=p.get("detail")) or "all selected GPUs are idle")
         if before is not gpus:  # one look: it is gpus, said once
             looked["gpus_before"] = before
         return True, looked
@@ -755,11 +770,13 @@ class _JudgeMixin:
         gpus = result["gpus"]
         result.update(elapsed=round(elapsed, 3), confirmation=None, blockers=blockers(gpus),
                       left_blockers=[{"gpu": i, "pid": h["pid"], "reason": why} for i, h, why in found])
-        text = ((p["msg"] + ": ") if p["msg"] else "") + blocked_text(found, elapsed, p["timeout"], p["blocker_grace"])
+        text = ((p["msg"] + ": ") if p["msg"] else "") + blocked_text(found, elapsed, p["timeout"], p["blocker_grace"],
+                                                                      p.get("detail"))
         return False, dict(_errors.Blocked(text).result(), **result)
 
     def _timed_out(self, elapsed: float):
         p, state, result = self.p, self.state, self.result
+        self._deadline(p.get("query_timeout") or 0.0)  # one more look, for the diagnosis: one query's time at most
         gpus = self.io.snapshot(True)  # the diagnosis names device-file holders too
         for g in gpus:
             record_sample(state, elapsed, g, len(memory_holders(g)))
@@ -768,7 +785,7 @@ class _JudgeMixin:
                       elapsed=round(elapsed, 3), confirmation=None, blockers=blockers(gpus), memory=memory)
         refusals = reset_summary(state.get("resets"))
         text = ((p["msg"] + ": ") if p["msg"] else "") + f"timed out after {p['timeout']:g} s: " + (
-            diagnosis(gpus, p["max_memory_used_mib"], memory, p["leak_after"])
+            diagnosis(gpus, p["max_memory_used_mib"], memory, p["leak_after"], p.get("detail"))
             or f"a holder appeared within the last {p['settle']:g} s (settle)") + (f"; {refusals}" if refusals else "")
         return False, dict(_errors.WaitTimeout(text).result(), **result)
 
@@ -793,13 +810,16 @@ class _JudgeMixin:
                 raw = self.io.smi_query(path)
                 break
             except (_errors.GpuError, ValueError) as exc:
-                if attempt == 2:
+                # No second try that would begin at or past the wait's timeout.
+                late = self.t0 is not None and self.elapsed() + min(p["sleep"], 1.0) >= p["timeout"]
+                if attempt == 2 or late:
+                    tries = "twice" if attempt == 2 else f"before the wait's timeout ({p['timeout']:g} s)"
                     raise _errors.BackendError(
-                        f"confirm_with_nvidia_smi: nvidia-smi failed twice on GPU(s) {', '.join(str(g['index']) for g in gpus)}"
+                        f"confirm_with_nvidia_smi: nvidia-smi failed {tries} on GPU(s) {', '.join(str(g['index']) for g in gpus)}"
                         f" ({short(getattr(exc, 'msg', exc))}) after NVML found them idle. Retry, or set"
                         " confirm_with_nvidia_smi=false to trust NVML alone.", backend="nvidia-smi") from None
                 self.io.sleep(min(p["sleep"], 1.0))
-        return agreement(gpus, raw, p["max_memory_used_mib"])
+        return agreement(gpus, raw, p["max_memory_used_mib"], p.get("detail"))
 
 
 class _ResetMixin:

@@ -53,7 +53,7 @@ attributes:
       - Shows the units it stops (V(unit sglang.service in CT 129 - active), then V(stopped)) and one line per selected
         GPU before and after - its memory in use and what keeps it busy (V(GPU 0 - 130048 MiB used, pid 8812 (python3)
         in CT 129)), then V(idle), V(released) or what is left. With O(detail=summary) each line names at most 8
-        holders and the diff at most 8 units, the rest counted (V(+12 more)).
+        holders (V(and 12 more)) and the diff at most 8 units, the rest counted.
 options:
   containers:
     description:
@@ -342,6 +342,16 @@ counts:
   type: dict
   sample: {"released": 260, "survivors": 0, "respawned": 0, "protected": 1, "skipped_processes": 12,
            "stopped_units": 1, "unstopped_units": 0, "left_holders": 0}
+waited_for_lock:
+  description:
+    - This run waited for another run's release or fence of the same container or GPU (O(lock_timeout)) - what it
+      found, stopped and released is what the other run left. C(seconds) it waited, C(for) what (C(CT 129),
+      C(GPU 3)), the other run's C(pid) and C(module), and C(text), the sentence that says it (also a warning).
+  returned: when it waited
+  type: dict
+  sample: {"seconds": 3.1, "for": "CT 129", "pid": 4242, "module": "proxmox_gpu_containers",
+           "text": "waited 3.1 s for another run's fence of CT 129 (pid 4242, proxmox_gpu_containers), which ran first:
+                    what it stopped and released is in its own result; this run found what it left"}
 elapsed:
   description: Seconds the release took.
   returned: always

@@ -307,6 +307,13 @@ check_mode:
       when check mode was set on a block or an include, which C(ansible_check_mode) does not reflect.
   returned: after the containers were read
   type: bool
+waited_for_lock:
+  description:
+    - This fence waited for another run on one of its containers (O(lock_timeout)) before it read their services, as
+      M(gpuops.gpu.gpu_release)'s RV(gpuops.gpu.gpu_release#module:waited_for_lock) says it (its keys are the same; the
+      role's summary starts with its C(text)); C(release.waited_for_lock) is the release's own wait for a GPU.
+  returned: when it waited
+  type: dict
 pct_calls:
   description:
     - How many C(pct) processes this run started (each one loads the PVE libraries first) - the discovery starts none;

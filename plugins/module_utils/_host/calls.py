@@ -5,14 +5,15 @@
 # Note that this module util is **PRIVATE** to the collection. It can have breaking changes at any time.
 # Do not use this from other collections or standalone plugins/modules!
 
-"""The real host's calls: time-limited calls and commands (in a process group of their own), calls in the
-background, a monotonic clock. No AnsibleModule."""
+"""The real host's calls: time-limited calls and commands (in a process group of their own; a ``pct exec`` watched
+for what hangs: ExecWatch), calls in the background, a monotonic clock. No AnsibleModule."""
 
 from __future__ import annotations
 
 import threading
 import time
 
+from ansible_collections.gpuops.gpu.plugins.module_utils import _procs
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import QueryTimeout
 
 
@@ -78,13 +79,17 @@ def _kill_running() -> None:
             _kill_group(proc)
 
 
-def run_in_group(argv, timeout: float, what: str, env_update=None):
+def run_in_group(argv, timeout: float, what: str, env_update=None, watch=None):
     """Run ``argv`` (a list, no shell) for at most ``timeout`` s; returns (rc, stdout, stderr).
 
     The program runs in a session and process group of its own, so that on timeout the whole
     group (the program and anything it started) is killed with SIGKILL and reaped: a hung
     nvidia-smi never outlives the module. Then QueryTimeout names ``what``. A program that cannot
     be started answers (127, "", the reason), as a shell would.
+
+    ``watch(pid, elapsed, done) -> sentence`` (ExecWatch) is asked every WATCH_S s while the program runs, and once
+    more when the time is up (``done``): a sentence ends the call at once (the group killed), in a QueryTimeout whose
+    message it is (details ``watched``): what hung, said while the program still runs.
     """
     import atexit
     import os
@@ -104,18 +109,78 @@ def run_in_group(argv, timeout: float, what: str, env_update=None):
         except OSError as exc:
             return 127, "", f"{argv[0]}: {exc.strerror or exc}"
         _RUNNING.add(proc)
+    started = time.monotonic()
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        raise QueryTimeout(
-            f"{what} did not answer within {timeout:g} s and was killed: the driver may be hung (check dmesg for Xid"
-            " errors and `nvidia-smi` on the host); raise query_timeout if the host is merely slow.",
-            timeout=timeout, call=what) from None
+        while True:
+            left = timeout - (time.monotonic() - started)
+            try:
+                out, err = proc.communicate(timeout=max(0.0, min(left, WATCH_S)) if watch else timeout)
+                break
+            except subprocess.TimeoutExpired:
+                elapsed = time.monotonic() - started
+                said = watch(proc.pid, elapsed, elapsed >= timeout) if watch else ""
+                if not said and elapsed < timeout:
+                    continue
+                _kill_group(proc)
+                raise QueryTimeout(said or (
+                    f"{what} did not answer within {timeout:g} s and was killed: the driver may be hung (check dmesg for"
+                    " Xid errors and `nvidia-smi` on the host); raise query_timeout if the host is merely slow."),
+                    timeout=timeout, call=what, watched=bool(said)) from None
     finally:
         with _RUNNING_LOCK:
             _RUNNING.discard(proc)
     return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+
+WATCH_S = 0.5   # how often a watched command's watch is asked
+
+
+class ExecWatch:
+    """What hangs while ``pct exec <vmid> -- <command>`` runs (run_in_group's ``watch``): the container frozen (said
+    at once: nothing runs in it until it is thawed), the node's pct (the command has not reached the container after
+    ``pct_limit`` s: pct loads the PVE libraries and reads /etc/pve before it attaches), or, when the time is up with
+    the command running in the container, the container's systemd. ``text`` is the command line, as it is said."""
+
+    def __init__(self, vmid: int, text: str, pct_limit: float, frozen=None, attached=None):
+        self.vmid = int(vmid)
+        self.text = text
+        self.pct_limit = pct_limit
+        self.frozen = frozen or container_frozen
+        self.attached = attached or attached_in_container
+
+    def __call__(self, pid: int, elapsed: float, done: bool) -> str:
+        vmid, text = self.vmid, self.text
+        if self.frozen(vmid):
+            return (f"CT {vmid} is frozen (a suspend-mode backup, or lxc-freeze): `{text}` cannot run in it and was killed"
+                    f" after {elapsed:.1f} s. Wait for the backup to finish or thaw it (lxc-unfreeze -n {vmid}), then run"
+                    " again")
+        if (done or elapsed >= self.pct_limit) and not self.attached(pid, vmid):
+            return (f"the node's pct hung: `{text}` had not reached CT {vmid} after {elapsed:.0f} s (pct_timeout"
+                    f" {self.pct_limit:g} s) and was killed. pct loads the PVE libraries and reads /etc/pve before it"
+                    " attaches: look at the cluster filesystem (systemctl status pve-cluster) and the node's load")
+        if done:
+            return (f"CT {vmid}'s systemd did not finish `{text}` within {elapsed:.0f} s (the command ran in the container,"
+                    f" which is not frozen) and it was killed: look at the unit there (pct enter {vmid}; systemctl"
+                    " status; journalctl -e)")
+        return ""
+
+
+def container_frozen(vmid: int) -> bool:
+    """Whether CT ``vmid``'s cgroup is frozen (lxc-freeze: cgroup2's cgroup.events, or the v1 freezer), as a process
+    of its payload sees it; False when none runs there."""
+    pids = _procs.cgroup_procs(f"/lxc/{int(vmid)}/ns")
+    return bool(pids) and _procs.cgroup_frozen(pids[0])
+
+
+def attached_in_container(pid: int, vmid: int) -> bool:
+    """Whether a process of session ``pid`` (a command this module started: run_in_group's own session) runs in CT
+    ``vmid`` (lxc-attach puts what pct exec runs in lxc/<vmid>/ns/.lxc, in the caller's session)."""
+    for path in (f"/lxc/{int(vmid)}/ns/.lxc", f"/lxc/{int(vmid)}/ns", f"/lxc/{int(vmid)}"):
+        for member in _procs.cgroup_procs(path):
+            st = _procs.read_stat(member)
+            if st is not None and st.session == pid:
+                return True
+    return False
 
 
 def clock(total: float, interval: float, now=time.monotonic, sleep=time.sleep):

@@ -22,6 +22,7 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import call
 KERNEL_LOG_ENV = "GPUOPS_KERNEL_LOG"
 
 SBIN_DIRS = ["/usr/bin", "/usr/sbin", "/sbin", "/usr/local/bin"]
+MIN_CALL_S = 0.2  # the least time a call gets when a deadline is (nearly) up
 
 
 class SnapshotTaker:
@@ -46,6 +47,15 @@ class SnapshotTaker:
         self._smi_health = None  # nvidia-smi's health rows, refreshed at each full snapshot
         self._smi_health_fields = {}  # the health fields this nvidia-smi accepts (_smi.health_query)
         self.kernel_log = None  # what read_xid_events read last (_health.read_kernel_log)
+        self.deadline = None  # time.monotonic() by which every call must end (a wait's timeout), or None
+
+    def call_limit(self) -> float:
+        """One call's time limit: query_timeout, or what is left before ``deadline`` when that is less (a wait with
+        timeout T ends by T, a hung nvidia-smi or NVML call included; a floor of MIN_CALL_S)."""
+        limit = self.params["query_timeout"]
+        if self.deadline is not None:
+            limit = min(limit, round(max(self.deadline - time.monotonic(), MIN_CALL_S), 1))
+        return limit
 
     def run_smi(self, argv):
         """One nvidia-smi run (argv list, no shell, LC_ALL=C) under query_timeout, in its own process group.
@@ -57,7 +67,7 @@ class SnapshotTaker:
         what = f"{argv[0]} {argv[1].split('=', 1)[0] if len(argv) > 1 else ''}".strip()
         if self.smi_ids:
             argv = [argv[0], "--id=" + ",".join(self.smi_ids)] + argv[1:]
-        return run_in_group(argv, self.params["query_timeout"], what, {"LC_ALL": "C"})
+        return run_in_group(argv, self.call_limit(), what, {"LC_ALL": "C"})
 
     def read_process(self, pid: int):
         """_procs.read_process with this run's redaction (O(redact), O(cmdline)); the raw text stays here."""
@@ -140,7 +150,7 @@ class SnapshotTaker:
         wanted = self.params["backend"]
         if wanted in ("nvml", "auto"):
             try:
-                call_with_timeout(_nvml.init, self.params["query_timeout"], "NVML initialisation")
+                call_with_timeout(_nvml.init, self.call_limit(), "NVML initialisation")
                 return "nvml"
             except _errors.LibraryNotFound:
                 if wanted == "nvml":
@@ -152,7 +162,7 @@ class SnapshotTaker:
         if self.backend is None:
             self.backend = self._choose_backend()
         if self.backend == "nvml":
-            timeout = self.params["query_timeout"]
+            timeout = self.call_limit()
             deadline = time.monotonic() + timeout
             return call_with_timeout(lambda: _nvml.query(deadline=deadline), timeout, "NVML query")
         thread, box = None, {}
@@ -197,7 +207,7 @@ class SnapshotTaker:
             found = self.module.get_bin_path(argv[0], required=False, opt_dirs=SBIN_DIRS)
             if not found:
                 return 127, "", f"{argv[0]}: not found"
-            return run_in_group([found] + argv[1:], self.params["query_timeout"], "dmesg", {"LC_ALL": "C"})
+            return run_in_group([found] + argv[1:], self.call_limit(), "dmesg", {"LC_ALL": "C"})
 
         self.kernel_log = _health.read_kernel_log(path, dmesg)
         text = self.kernel_log["text"]

@@ -57,12 +57,19 @@ class WaitIO:
 
     @staticmethod
     def alive(pid, start_time) -> bool:
-        ident = _procs.read_identity(pid)
+        try:
+            ident = _procs.read_identity(pid, strict=True)
+        except OSError:
+            return True  # cannot tell (EMFILE, EACCES, ...): never taken for gone
         return ident is not None and (start_time is None or ident[1] == start_time)
 
     @staticmethod
     def now() -> float:
         return time.monotonic()
+
+    def set_deadline(self, deadline) -> None:
+        """Every call of the snapshots and of nvidia-smi ends by ``deadline`` (time.monotonic(); None: none)."""
+        self.taker.deadline = deadline
 
     @staticmethod
     def boot_id():

@@ -184,3 +184,26 @@ def test_a_smaller_host_keeps_more_per_gpu(gpus, processes_kept):
     out = _bound.summarize(result)
     assert {len(g["processes"]) for g in out["gpus"]} == {processes_kept}
     assert {g["more"]["processes"] for g in out["gpus"]} == {200 - processes_kept}
+
+
+@pytest.mark.parametrize("count, level, expected", [
+    (3, "summary", "a0, a1, a2"),
+    (_bound.CAP, "summary", ", ".join(f"a{i}" for i in range(_bound.CAP))),
+    (_bound.CAP + 5, "summary", ", ".join(f"a{i}" for i in range(_bound.CAP)) + ", and 5 more (detail: full names them)"),
+    (2000, "summary", ", ".join(f"a{i}" for i in range(_bound.CAP)) + ", and 1992 more (detail: full names them)"),
+    (20, "full", ", ".join(f"a{i}" for i in range(20))),
+    (0, "summary", ""),
+])
+def test_a_message_names_a_few_and_counts_the_rest(count, level, expected):
+    assert _bound.listed((f"a{i}" for i in range(count)), level) == expected
+
+
+def test_a_one_gpu_result_of_2000_released_stays_small():
+    # The result's own lists do not grow with its GPUs: a release of 2,000 processes on one GPU (250 KB when scaled
+    # as a one-GPU result's) keeps an 8-GPU host's share.
+    whole = {"gpus_before": [busy_gpu(0, [], [])], "released": [
+        {"pid": 1000 + i, "name": "sleep", "cmdline": "x" * 200, "signals": ["SIGTERM"]} for i in range(2000)]}
+    out = _bound.bound(whole)
+    assert len(out["released"]) == _bound.CAP_ENTRIES * _bound.ENTRY_TIMES
+    assert out["detail"]["more"]["released"] == 2000 - len(out["released"])
+    assert len(json.dumps(out)) < 60_000

@@ -63,3 +63,38 @@ def test_kill_running_stops_what_is_still_running(tmp_path):
     calls._kill_running()
     assert proc.poll() is not None and not calls._RUNNING
     assert os.getpgid(os.getpid()) != proc.pid
+
+
+# --- a pct exec watched while it runs: what hung, said at once -------------------------------------------------------
+@pytest.mark.parametrize("frozen, attached, elapsed, done, says", [
+    (False, False, 1.0, False, ""),                                   # pct still starting, within its limit
+    (False, True, 40.0, False, ""),                                   # in the container, still within the stop's limit
+    (True, True, 0.5, False, "CT 129 is frozen (a suspend-mode backup, or lxc-freeze): `pct exec 129 -- systemctl stop"
+                             " sglang` cannot run in it and was killed after 0.5 s"),
+    (False, False, 30.0, False, "the node's pct hung: `pct exec 129 -- systemctl stop sglang` had not reached CT 129"
+                                " after 30 s (pct_timeout 30 s)"),
+    (False, False, 12.0, True, "the node's pct hung"),                # the time is up before pct attached
+    (False, True, 85.0, True, "CT 129's systemd did not finish `pct exec 129 -- systemctl stop sglang` within 85 s"),
+])
+def test_an_exec_watch_names_what_hangs(frozen, attached, elapsed, done, says):
+    # Fakes of the container's freeze state and of the attach (the functional tests drive real ones: lxc-freeze, a
+    # hanging pct, a stop that hangs in the container, tests/functional/test_proxmox_gpu_containers.py).
+    watch = calls.ExecWatch(129, "pct exec 129 -- systemctl stop sglang", 30.0, frozen=lambda vmid: frozen,
+                            attached=lambda pid, vmid: attached)
+    said = watch(4242, elapsed, done)
+    assert said.startswith(says) if says else said == ""
+
+
+def test_a_watch_ends_a_command_at_once_with_its_sentence():
+    seen = []
+
+    def watch(pid, elapsed, done):
+        seen.append((pid, done))
+        return "it hung: said by the watch" if elapsed >= 0.4 else ""
+
+    t0 = time.monotonic()
+    with pytest.raises(QueryTimeout, match="^it hung: said by the watch$") as info:
+        calls.run_in_group([sys.executable, "-c", "import time; time.sleep(60)"], 30, "sleeper", watch=watch)
+    assert time.monotonic() - t0 < 10 and info.value.details["watched"] is True
+    assert seen and not any(done for _pid, done in seen)
+    assert calls.run_in_group([sys.executable, "-c", "print('ok')"], 30, "quick", watch=watch)[:2] == (0, "ok\n")

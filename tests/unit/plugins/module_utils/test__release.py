@@ -268,7 +268,8 @@ def diff_gpu(index, used, blockers, idle=None, reasons=()):
     (diff_gpu(0, 2048, [11, 12]), (), 8, True, "GPU 0: 2048 MiB used, pid 11 (python3) in CT 129, pid 12 (python3) in CT 129"),
     (diff_gpu(0, 0, []), (), 8, True, "GPU 0: 0 MiB used, idle"),
     # bounded: at most ``limit`` named, the rest counted (None with detail: full - all of them)
-    (diff_gpu(3, 9, range(100, 112)), (), 2, True, "GPU 3: 9 MiB used, pid 100 (python3) in CT 129, pid 101 (python3) in CT 129, +10 more"),
+    (diff_gpu(3, 9, range(100, 112)), (), 2, True,
+     "GPU 3: 9 MiB used, pid 100 (python3) in CT 129, pid 101 (python3) in CT 129, and 10 more (detail: full names them)"),
     (diff_gpu(3, 9, range(100, 112)), (), None, False, "GPU 3: " + ", ".join(f"pid {p} (python3) in CT 129" for p in range(100, 112))),
     # check mode's after: the targets gone, what the release leaves
     (diff_gpu(1, 4096, [11, 12]), {11, 12}, 8, False, "GPU 1: released"),

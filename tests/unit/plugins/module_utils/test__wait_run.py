@@ -494,3 +494,45 @@ def test_the_progress_line_says_the_hook_will_not_stop_it():
     ok, result, _host = wait(other_tenant, left_holders=LEFT, blocker_grace=60.0, timeout=120.0, progress_slice=2.0)
     assert ok and result["pending"]
     assert "pid 872 python3, CT 130, left by the release: the hook will not stop it" in result["progress"], result["progress"]
+
+
+class DeadlineHost(FakeHost):
+    """A FakeHost that records the deadlines the wait sets for its calls (WaitIO.set_deadline)."""
+
+    def __init__(self, timeline, **kwargs):
+        super().__init__(timeline, **kwargs)
+        self.deadlines = []
+
+    def set_deadline(self, deadline):
+        self.deadlines.append((round(self.t, 3), deadline))
+
+
+def test_every_call_of_a_wait_ends_by_its_timeout_and_the_diagnosis_gets_one_query_more():
+    host = DeadlineHost(busy_until(100.0))
+    ok, res, _host = wait(None, host=host, timeout=4.0, query_timeout=10.0)
+    assert not ok and res["error"] == "wait_timeout", res
+    # At the start: the wait's timeout; once the time is up, one look more for the diagnosis: one query's limit.
+    assert host.deadlines == [(0.0, 4.0), (4.0, 14.0)], host.deadlines
+
+
+def test_a_slice_of_a_wait_ends_by_the_whole_waits_timeout():
+    # A later progress slice (the action plugin's): 3 s of the 10 s already went by in the slices before it.
+    host = DeadlineHost(busy_until(100.0))
+    state = {"wait": _wait.new_state(), "offset": 3.0}
+    wait(None, host=host, progress_state=state, progress_slice=1.0, query_timeout=10.0)
+    assert host.deadlines[0] == (0.0, 7.0), host.deadlines
+
+
+def test_no_second_nvidia_smi_try_past_the_timeout():
+    from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
+
+    class Late(DeadlineHost):
+        def smi_query(self, path):
+            self.queries += 1
+            self.t += 3.0  # hung until the call's limit: the time left of the wait's timeout
+            raise _errors.QueryTimeout("nvidia-smi --query-gpu did not answer within 3 s and was killed")
+
+    host = Late(idle)
+    ok, res, _host = wait(None, host=host, timeout=3.0, confirm_with_nvidia_smi=True, query_timeout=10.0)
+    assert not ok and host.queries == 1, (host.queries, res)
+    assert res["msg"].startswith("confirm_with_nvidia_smi: nvidia-smi failed before the wait's timeout (3 s)"), res["msg"]
