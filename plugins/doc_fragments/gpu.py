@@ -115,18 +115,19 @@ options:
         700,000 characters, and a host with many GPUs and many processes per GPU returns more than that in full.
       - V(summary) keeps every GPU and every verdict whole (C(idle), C(busy_reasons) not empty, C(blockers) not empty,
         C(fits), C(health), C(idle_gpus)) and caps each list that grows with the processes - a GPU's C(processes)
-        (2), C(holders) by evidence, C(blockers) and C(lingering) (8 pids each), C(busy_reasons) (4, each cut at
-        200 characters); the holders' details (64, the blockers' first, each with 8 files per directory and 8
+        (1), C(holders) by evidence, C(blockers) and C(lingering) (8 pids each), C(busy_reasons) (4, each cut at
+        200 characters); the holders' details (32, the blockers' first, each with 8 files per directory and 8
         GPUs); the processes and units released, surviving, respawned, skipped or protected, and a wait's
         C(left_blockers) (16); a release's C(left_holders) (64); a wait's C(blockers) (8 per GPU) and C(samples)
         (16 per GPU - the first, where the wait began, and the latest 15). What is kept comes first by what matters
-        (a GPU's blockers first); command lines are cut at 100 characters.
+        (a GPU's blockers first); command lines are cut at 100 characters; a failure's C(msg) at 2,000; the diff
+        names 8 holders per GPU and 8 units.
       - Those caps (but the number of holders' details and of samples) are a host's of 64 GPUs or more; a host of N GPUs
         gets 64 / N times as many (rounded down), so a small host's lists are cut only where a large host's would be.
       - 'An object whose lists were cut carries C(more), the entries left out by key (C({"processes": 12, "holders":
         {"lingering": 1000}})); the lists of the result itself that were cut are counted in C(detail.more).'
-      - A result of 64 GPUs with 16 processes on each stays well under 700,000 characters (the collection's
-        C(benchmarks/bench_output.py) prints the sizes).
+      - A result of 64 GPUs with 16 processes on each stays under 200,000 characters, with C(--diff) too (the
+        collection's C(benchmarks/bench_output.py) prints the sizes).
       - V(full) returns the whole result, as big as the host makes it.
     type: str
     choices: [summary, full]

@@ -17,8 +17,8 @@ description:
     or O(release_required)) returned a success, and the fence (O(fence)) has no error.
   - A module result is a success only when it has the keys a success of that module has and no sign of a failure -
     for M(gpuops.gpu.gpu_wait_idle) C(ready=true) and C(gpus), the GPUs it checked, each of them idle and in
-    C(idle_gpus) (in check mode C(would_wait) and C(gpus)); for M(gpuops.gpu.gpu_release) C(released), C(survivors),
-    C(gpus_before) and C(gpus), and no C(msg); for M(gpuops.gpu.proxmox_gpu_containers) (judged the same way by
+    C(idle_gpus) (in check mode C(would_wait) and C(gpus)); for M(gpuops.gpu.gpu_release) C(released), C(survivors)
+    and C(gpus), and no C(msg); for M(gpuops.gpu.proxmox_gpu_containers) (judged the same way by
     P(gpuops.gpu.proxmox_fence_result#filter)) C(containers), C(running), C(skipped_containers), C(services_stopped),
     C(shut_down) and C(check_mode), and no C(msg); for M(gpuops.gpu.gpu_facts) C(ansible_facts) with C(gpu_devices),
     C(gpu_count) and C(gpu_driver).
@@ -200,8 +200,8 @@ def _success_checks(r, module):
             return (("would_wait", isinstance(r["would_wait"], bool)), ("gpus", _gpu_list(r.get("gpus"))))
         return (("ready: true", r.get("ready") is True), ("gpus (the GPUs it checked)", _gpu_list(r.get("gpus"))),
                 ("idle_gpus", isinstance(r.get("idle_gpus"), list)))
-    if module == "gpu_release":  # gpus: null when its last look failed
-        lists = ("released", "survivors", "gpus_before")
+    if module == "gpu_release":  # gpus: null when its last look failed (gpus_before: not in check mode)
+        lists = ("released", "survivors")
         return tuple((k, isinstance(r.get(k), list)) for k in lists) + (("gpus", "gpus" in r),)
     if module == "proxmox_gpu_containers":
         lists = ("containers", "running", "skipped_containers", "services_stopped", "shut_down")

@@ -77,8 +77,8 @@ EXAMPLES = r"""
 - name: Show what a release changed
   ansible.builtin.debug:
     msg: >-
-      {{ released.gpus | gpuops.gpu.gpu_table(before=released.gpus_before, holder_processes=released.holder_processes,
-         host=inventory_hostname, title='after') }}
+      {{ released.gpus | gpuops.gpu.gpu_table(before=released.gpus_before | default(none),
+         holder_processes=released.holder_processes, host=inventory_hostname, title='after') }}
 
 - name: Fail with the busy GPUs, one line each
   ansible.builtin.fail:

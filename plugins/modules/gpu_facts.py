@@ -445,7 +445,9 @@ detail:
       description:
         - How many entries the summary left out of each list or mapping of the result itself, by its dotted key
           (C(holder_processes), C(released), C(release.released), C(ansible_facts.gpu_holder_processes),
-          C(blockers.3), C(samples.0)); empty when nothing was left out (and always with V(full)).
+          C(blockers.3), C(samples.0)); empty when nothing was left out (and always with V(full)). C(msg) counts the
+          characters cut from a failure's message, which a summary keeps under 2,000 characters (the whole of it with
+          V(full) and in O(detail_file)).
         - A GPU's own lists that were cut are counted in its C(more) - C(processes), C(blockers), C(busy_reasons),
           C(lingering), and C(holders) by evidence - and a process's (or a holder's details') in its C(more) -
           C(files) by directory, C(gpus); the GPUs themselves, their C(idle), C(fits), C(health) and C(idle_gpus) are

@@ -284,16 +284,19 @@ gpus:
   elements: dict
 holder_processes:
   description:
-    - The details of every process named in the C(holders) of RV(gpus_before) and RV(gpus), once each, keyed by its
+    - The details of every process named in the C(holders) of RV(gpus_before) (its blockers) and RV(gpus), once each, keyed by its
       pid (a string), as M(gpuops.gpu.gpu_release) returns them; give it to P(gpuops.gpu.gpu_table#filter) and
       P(gpuops.gpu.gpu_blockers#filter) as their C(holder_processes).
   returned: when the GPUs could be read
   type: dict
 gpus_before:
   description:
-    - The selected GPUs at the first look, in the same shape as RV(gpus) - with RV(gpus), the before and after
-      of the wait without another M(gpuops.gpu.gpu_facts) call (the filter P(gpuops.gpu.gpu_table#filter) renders both).
-  returned: when the first look succeeded
+    - The selected GPUs at the first look, one record per GPU of what a before and after table reads (the result
+      carries the snapshot once, RV(gpus)), as RV(gpuops.gpu.gpu_release#module:gpus_before) - with RV(gpus), the
+      before and after of the wait without another M(gpuops.gpu.gpu_facts) call (the filter
+      P(gpuops.gpu.gpu_table#filter) renders both).
+  returned: when the first look succeeded and a later one was taken (in check mode only with O(reset_leaked) - its one
+    look is RV(gpus))
   type: list
   elements: dict
 samples:
@@ -370,7 +373,9 @@ detail:
       description:
         - How many entries the summary left out of each list or mapping of the result itself, by its dotted key
           (C(holder_processes), C(released), C(release.released), C(ansible_facts.gpu_holder_processes),
-          C(blockers.3), C(samples.0)); empty when nothing was left out (and always with V(full)).
+          C(blockers.3), C(samples.0)); empty when nothing was left out (and always with V(full)). C(msg) counts the
+          characters cut from a failure's message, which a summary keeps under 2,000 characters (the whole of it with
+          V(full) and in O(detail_file)).
         - A GPU's own lists that were cut are counted in its C(more) - C(processes), C(blockers), C(busy_reasons),
           C(lingering), and C(holders) by evidence - and a process's (or a holder's details') in its C(more) -
           C(files) by directory, C(gpus); the GPUs themselves, their C(idle), C(fits), C(health) and RV(idle_gpus) are

@@ -81,7 +81,9 @@ attributes:
   diff_mode:
     support: full
     details:
-      - Shows the status of each container and the state of each named service before and after.
+      - A list of diffs - the status of each container and the state of each named service before and after
+        (V(containers)); with O(state=released), the release's - the units it stops and one line per GPU before and
+        after, as M(gpuops.gpu.gpu_release) shows them.
 options:
   containers:
     description:
@@ -372,10 +374,13 @@ shut_down:
   sample: [129]
 release:
   description:
-    - With O(state=released), when a selected container runs - the result of the release of its GPU holders, as
+    - With O(state=released), when a selected container runs - the outcome of the release of its GPU holders, as
       M(gpuops.gpu.gpu_release) returns it (C(released), C(survivors), C(respawned), C(protected),
-      C(skipped_processes), C(stopped_units), C(gpus_before), C(gpus), C(elapsed), C(gpu_errors)); in check mode what
-      would be released. On a failure of the release, what it did until then.
+      C(skipped_processes), C(stopped_units), C(unstopped_units), C(left_holders), C(quiet_since), C(counts),
+      C(elapsed), C(gpu_errors), C(holder_processes)) with its GPUs before and after as records (C(gpus_before) and C(gpus) in
+      the shape of RV(gpuops.gpu.gpu_release#module:gpus_before) - not the snapshot, as the wait after the fence takes
+      its own) and without its diff (the fence's diff shows it); in check mode what would be released. On a failure of
+      the release, what it did until then.
     - The release selects the GPUs of the running containers (RV(gpus)) unless O(gpus) is set (every GPU when RV(gpus)
       is null or empty) - a GPU they do not have whose process list cannot be read is in C(gpu_errors) and a warning,
       and does not fail the fence.
@@ -406,7 +411,9 @@ detail:
       description:
         - How many entries the summary left out of each list or mapping of the result itself, by its dotted key
           (C(holder_processes), C(released), C(release.released), C(ansible_facts.gpu_holder_processes),
-          C(blockers.3), C(samples.0)); empty when nothing was left out (and always with V(full)).
+          C(blockers.3), C(samples.0)); empty when nothing was left out (and always with V(full)). C(msg) counts the
+          characters cut from a failure's message, which a summary keeps under 2,000 characters (the whole of it with
+          V(full) and in O(detail_file)).
         - A GPU's own lists that were cut are counted in its C(more) - C(processes), C(blockers), C(busy_reasons),
           C(lingering), and C(holders) by evidence - and a process's (or a holder's details') in its C(more) -
           C(files) by directory, C(gpus); the GPUs themselves, their C(idle), C(fits), C(health) and C(idle_gpus) are
