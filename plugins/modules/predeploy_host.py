@@ -24,7 +24,7 @@ description:
     from the host's variables - a C(proxmox_fence_*) variable the host does not set is taken from the node's - and
     checked against the roles' argument specs (their types, choices and defaults), the wait's bounds too, before
     anything runs. A bad value fails the task naming the variable.
-  - Records the facts C(proxmox_fence_result) and C(gpu_idle_result) (see RV(ansible_facts)) and prints the GPUs
+  - Records the facts C(proxmox_fence_result) and C(gpu_idle_result) (see the return values) and prints the GPUs
     before and after, one line per GPU (every process released, left alive or respawned with C(-v)); no printed
     line is over 2,000 characters. With C(--diff) the modules' per-GPU before and after (and the units) go to
     Ansible's diff display.
@@ -68,16 +68,22 @@ options:
         (under a lock) when its answer is known, so it is whole after the last one, on failure too.
       - Unset - the variable C(predeploy_result_file) (C(-e predeploy_result_file=/path)), else none is written.
     type: path
+extends_documentation_fragment:
+  - gpuops.gpu._attributes
 attributes:
   check_mode:
     support: full
-    description: Each module runs in check mode - nothing is signalled or stopped; busy GPUs are C(would_wait).
+    details:
+      - Each module runs in check mode - nothing is signalled or stopped; busy GPUs are C(would_wait).
   diff_mode:
     support: full
-    description: The modules' diffs (per GPU before and after, the units) are shown through Ansible's diff display.
-  platform:
-    platforms: posix
-    description: The modules run on the delegate; the recording runs on the controller.
+    details:
+      - The modules' diffs (per GPU before and after, the units) are shown through Ansible's diff display.
+  action:
+    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
+    support: full
+    details:
+      - It is an action plugin only - the modules run on the delegate, the recording on the controller.
 notes:
   - Where the task's count matters (a fleet, AWX), this is what makes the pre-deploy hook one task per GPU host -
     docs/performance.md has the figures.
@@ -133,7 +139,7 @@ ansible_stats:
     - With O(wait=true), from the host that completes its batch - C(gpu_idle_ready) (true only when every host of the play has a ready result),
       C(gpu_idle_elapsed) (the longest), C(gpu_idle_summary) (C({host - summary})), C(proxmox_fence_summary)
       (C({host - stats}), the nodes fenced on their own too) and, when the variable C(awx_job_id) is set (AWX),
-      C(gpu_idle_job_<awx_job_id>) (C({ready, hosts, not_ready - {host - reason}}): one key per job, so that a sliced
+      C(gpu_idle_job_<awx_job_id>) (C({ready, hosts, not_ready - {host - reason}}) - one key per job, so that a sliced
       job's merged artifacts keep every slice's answer).
     - With O(wait=false) - C(proxmox_fence_summary) (C({host - stats})), merged with what earlier hosts published.
   returned: from a fence alone, and from the host that completes its batch
