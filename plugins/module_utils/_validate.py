@@ -274,6 +274,10 @@ class Regex:
     def search(self, text):
         return self._run(self._re.search, text)
 
+    def search_any_case(self, text):
+        """search, ignoring case: what tells a user why a text was missed (``VLLM::EngineCore`` and ``vllm``)."""
+        return self._run(re.compile(self.pattern, self._re.flags | re.IGNORECASE).search, text)
+
     def finditer(self, text) -> list:
         return self._run(lambda t: list(self._re.finditer(t)), text)
 
@@ -305,7 +309,7 @@ def regexes(option: str, patterns) -> list:
 
 def _device_pattern_problem(pattern):
     # Imported when a module checks its options, not with this file: the controller's plugins that need only the
-    # number checks (the gpu_wait_idle action plugin, the gpu_wait_options filter, in every forked worker) do not
+    # number checks (the gpu_wait_idle and predeploy_host action plugins, in every forked worker) do not
     # import _holding and _health. A module's payload still carries them (the AnsiballZ finder reads every import).
     # pylint: disable-next=import-outside-toplevel
     from ansible_collections.gpuops.gpu.plugins.module_utils._holding import device_pattern_problem
