@@ -262,7 +262,7 @@ class ActionModule(ActionBase):
             else:
                 wait = {"skipped": True, "skip_reason": "this run's --tags/--skip-tags leave out gpuops_wait"}
         recorded = _results.gpu_idle_result(wait, release=release, fence=fence, host=host, seen_from=node,
-                                           check_mode=check, release_required=bool(v["gpu_idle_release"]))
+                                            check_mode=check, release_required=bool(v["gpu_idle_release"]))
         for line in recorded["table"] + (recorded["processes"] if display.verbosity >= 1 else []):
             display.display(_results.line(line))
         return self._bounded(recorded, host)

@@ -436,7 +436,7 @@ def test_a_config_that_passes_every_gpu_is_fenced_by_what_its_processes_hold(sha
 
 
 def fence_result(collection, res):
-    """The filter proxmox_fence_result over a module result, as the predeploy playbook reads the fence."""
+    """proxmox_fence_result (plugin_utils._results) over a module result, as the predeploy playbook reads the fence."""
     if collection not in sys.path:
         sys.path.insert(0, collection)
     from ansible_collections.gpuops.gpu.plugins.plugin_utils._results import proxmox_fence_result  # noqa: PLC0415
