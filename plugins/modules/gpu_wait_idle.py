@@ -388,6 +388,7 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     run_module,
     validate_snapshot_params,
 )
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import files
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_in_group
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots import SBIN_DIRS, SnapshotTaker
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.wait_io import WaitIO
@@ -441,7 +442,7 @@ def main() -> None:
         # Each holder once (_snapshot.compact_result): gpus_before and gpus name pids, holder_processes has the details.
         result = _snapshot.compact_result(result)
         if p["progress_state"] and p["detail_file"]:
-            result = _bound.carry(p["detail_file"], result)  # the first slice's look stays in the file
+            result = _bound.carry(files.read_json(p["detail_file"]), result)  # the first slice's look stays in the file
         return ok, result
 
     run_module(module, body)

@@ -23,12 +23,14 @@ CASES = [
     # the records (module_outcome, the fence's and the wait's) need none of the tables' code until a table is made
     # (and the small _bound, which counts what a summary left out, and _mig, which names a container's MIG devices)
     ("plugin_utils._results", {"module_utils._redact", "module_utils._bound", "module_utils._mig"}),
-    # the wait's action plugin needs the number checks, not the holding model
+    # the wait's action plugin needs the number checks, not the holding model (and the small _host.calls, where the
+    # patterns' time budget has its timer)
     ("action.gpu_wait_idle", {"plugin_utils._slices", "module_utils._validate", "module_utils._errors",
-                              "module_utils._redact"}),
+                              "module_utils._redact", "module_utils._host", "module_utils._host.calls"}),
     # the one task of predeploy and the roles: the records and the wait's slices, not the tables until it prints one
     ("action.predeploy_host", {"plugin_utils._slices", "plugin_utils._results", "module_utils._validate",
-                               "module_utils._errors", "module_utils._redact", "module_utils._bound", "module_utils._mig"}),
+                               "module_utils._errors", "module_utils._redact", "module_utils._bound", "module_utils._mig",
+                               "module_utils._host", "module_utils._host.calls"}),
     # the redaction needs none of the validation (_validate, _holding, _health)
     ("module_utils._redact", set()),
 ]
