@@ -286,7 +286,7 @@ containers:
     wait_mig_devices:
       description:
         - The GPUs it has only through MIG devices (C(mig_devices)), by index (a string) - their MIG UUIDs; a wait after
-          the fence (P(gpuops.gpu.proxmox_fence_result#filter) C(container_gpus)) covers those MIG devices, not the
+          the fence (C(proxmox_fence_result.container_gpus), M(gpuops.gpu.predeploy_host)) covers those MIG devices, not the
           GPU's others. Empty when it has none.
       type: dict
       returned: always

@@ -485,7 +485,7 @@ def test_a_config_that_passes_every_gpu_is_fenced_by_what_its_processes_hold(sha
     timed out on B's job.)"""
     if collection not in sys.path:
         sys.path.insert(0, collection)
-    from ansible_collections.gpuops.gpu.plugins.filter.proxmox_fence_result import proxmox_fence_result  # noqa: PLC0415
+    from ansible_collections.gpuops.gpu.plugins.plugin_utils._results import proxmox_fence_result  # noqa: PLC0415
 
     node = shared_node
     server = node.hold(gpus="0-3", mib=8192, ct=4170, tree=True)
@@ -517,10 +517,10 @@ def test_a_config_that_passes_every_gpu_is_fenced_by_what_its_processes_hold(sha
 
 
 def fence_result(collection, res):
-    """The filter proxmox_fence_result over a module result, as the predeploy playbook reads the fence."""
+    """proxmox_fence_result (plugin_utils._results) over a module result, as the predeploy playbook reads the fence."""
     if collection not in sys.path:
         sys.path.insert(0, collection)
-    from ansible_collections.gpuops.gpu.plugins.filter.proxmox_fence_result import proxmox_fence_result  # noqa: PLC0415
+    from ansible_collections.gpuops.gpu.plugins.plugin_utils._results import proxmox_fence_result  # noqa: PLC0415
     return proxmox_fence_result(res, method="processes")
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from ansible.errors import AnsibleFilterError
+from ansible.errors import AnsibleError
 
-from ansible_collections.gpuops.gpu.plugins.filter.gpu_idle_result import module_outcome
+from ansible_collections.gpuops.gpu.plugins.plugin_utils._results import module_outcome
 
 
 def gpu(index, idle=True):
@@ -176,5 +176,5 @@ def test_a_long_crash_output_is_cut():
 
 
 def test_an_unknown_module_is_refused():
-    with pytest.raises(AnsibleFilterError, match="module must be one of"):
+    with pytest.raises(AnsibleError, match="module must be one of"):
         module_outcome(WAIT_OK, "gpu_wait")
