@@ -210,7 +210,9 @@ class Discovery:
         # A running one that gets every GPU (minors null) asks for the GPUs too: is another container sharing them (cover)?
         every = [v for v in up if configs[v]["minors"] is None and configs[v]["passthrough"]]
         caps = any(_mig.node_minor(d) is not None for c in configs.values() for d in c.get("devices") or ())
-        if any(c["minors"] or c["visible"] or c["mig_all"] for c in configs.values()) or unread or every or caps:
+        # A running container holds what its processes hold, whatever its config passes (none: edited while it runs):
+        # the kernel is asked whenever one runs, not only when another container's config passes GPUs.
+        if any(c["minors"] or c["visible"] or c["mig_all"] for c in configs.values()) or up or caps:
             node_gpus = self.gpus()
             if node_gpus is not None:
                 gpu_minors = {g["minor_number"]: g["index"] for g in node_gpus if g.get("minor_number") is not None}

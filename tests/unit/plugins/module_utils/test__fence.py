@@ -419,9 +419,13 @@ def test_a_toolkit_uuid_no_gpu_has_is_null_with_a_warning():
      "CT 132's processes hold GPU 3, which its config /etc/pve/lxc/132.conf does not pass"),
     # ... and one that passes and holds nothing is not fenced
     ({}, {}, {129: [0, 1], 130: [2]}, {129: [], 130: []}, [0, 1, 2], None),
+    # ... also when no container's config passes a GPU (the kernel is asked whenever one runs)
+    ({"only": [132]}, {132: [3]}, {132: [3]}, {132: [3]}, [3], "CT 132's processes hold GPU 3, which its config"),
 ])
 def test_a_running_container_holds_what_its_processes_hold(params, holds, gpus, beyond, fenced, said):
-    node = FakeNode()
+    params = dict(params)
+    only = params.pop("only", None)
+    node = FakeNode(configs=None if only is None else {v: CONFIGS[v] for v in only})
     node.holds = holds
     res = fence(node, state="released", **params).run()
     rows = {c["vmid"]: c for c in res["containers"]}
