@@ -16,8 +16,10 @@ options:
       - An empty list selects every GPU of the host.
       - On a GPU in MIG mode a MIG device's UUID (V(MIG-b9f1b336-...), C(nvidia-smi -L)) selects that MIG device alone -
         the release stops its processes only (not those of the GPU's other MIG devices), the wait waits until it has
-        no process and no memory in use; the GPU's index, UUID or bus id means all its MIG devices.
-      - Selectors are ASCII (an index is C([0-9]+), at most 4095); anything else fails before the GPUs are read. A
+        no process and no memory in use; the GPU's index, UUID or bus id means all its MIG devices, also beside one
+        of its MIG UUIDs.
+      - Selectors are ASCII (an index is C([0-9]+), at most 4095 - V(01) is GPU 1; UUIDs and bus ids in any case);
+        anything else fails before the GPUs are read. A
         selector that matches no GPU is an error that lists the GPUs the host has.
     type: list
     elements: str

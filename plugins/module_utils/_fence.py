@@ -25,7 +25,8 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _lock, _mig, _pct, _release, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import (
+    _errors, _holding, _lock, _mig, _pct, _release, _selection, _snapshot, _validate)
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_in_group
 
 STATES = ("present", "released", "shutdown")
@@ -483,8 +484,9 @@ class Fence:
         process of the node). It selects the GPUs the fence covers (the running containers' union, when every one is
         known): a GPU the containers do not have (a sick one next door) is reported by the release, never fatal to it."""
         res = self.result
-        release, failure = self.io.release([c["vmid"] for c in running], draining_gpus(looked, res["services_stopped"]),
-                                           res["gpus"] or None)
+        selection = self.p["filters"]["gpus"] or _selection.of_indexes(res["gpus"] or ())
+        filters = dict(self.p["filters"], containers=[c["vmid"] for c in running], gpus=selection)
+        release, failure = self.io.release(filters, draining_gpus(looked, res["services_stopped"]))
         res["release"] = release
         if failure is not None:
             raise failure
@@ -526,13 +528,13 @@ def _passes_every_gpu(config, gpus, node_gpus) -> bool:
 
 
 def validate(p: dict) -> dict:
-    """The fence's parameters from the module's, every one checked before anything runs."""
-    params = dict(containers=_validate.vmids(p["containers"]), units=_pct.validate_units(p["services"]),
+    """The fence's parameters from the module's, every one checked once before anything runs: ``filters`` are the
+    release's (_validate.release: the gpus option parsed, the containers validated), ``containers`` theirs."""
+    filters = _validate.release(dict(p, **RELEASE_FIXED), _validate.snapshot(p))
+    params = dict(containers=filters["containers"], units=_pct.validate_units(p["services"]), filters=filters,
                   state=p["state"], force=p["force"], include_stopped=p["include_stopped"],
                   shutdown_timeout=_validate.integer("shutdown_timeout", p["shutdown_timeout"], 0, int(_validate.DAY)),
                   pct_timeout=_validate.number("pct_timeout", p["pct_timeout"], above_low=True))
-    _validate.snapshot(p)
-    _validate.release(dict(p, containers=[], **RELEASE_FIXED))
     # A unit stop may take the unit's own stop time (TimeoutStopSec): as long as a release gives its holders.
     params["stop_timeout"] = p["grace_period"] + p["kill_timeout"] + params["pct_timeout"]
     return params
@@ -672,15 +674,13 @@ class NodeIO:
         only where the GPU's process list cannot be trusted), from the same snapshot as held()."""
         return _holding.workload_gpus(self._look())
 
-    def release(self, vmids: list, draining=(), gpus=None):
-        """gpu_release's path over the containers' processes: (its result, None) or (the partial result, the error).
-        ``draining``: the GPUs whose memory the services just stopped are still freeing (draining_gpus); ``gpus``: the
-        containers' GPU indexes, selected when the module's O(gpus) is not set (None: every GPU)."""
-        p = dict(self.params, containers=list(vmids), draining_gpus=list(draining), **RELEASE_FIXED)
-        if gpus and not p.get("gpus"):
-            p["gpus"] = [str(i) for i in gpus]
+    def release(self, filters: dict, draining=()):
+        """gpu_release's path with these filters (the fence's: its containers, their GPUs): (its result, None) or (the
+        partial result, the error). ``draining``: the GPUs whose memory the services just stopped are still freeing
+        (draining_gpus)."""
+        p = dict(self.params, draining_gpus=list(draining), **RELEASE_FIXED)
         try:
-            result = _release.run_release(p, _validate.release(p), self.release_io, self.first_signal,
+            result = _release.run_release(p, filters, self.release_io, self.first_signal,
                                           self.check_mode, self.diff, lock=self._gpu_locks)
             # Each holder once (_snapshot.compact_result), as gpu_release returns it.
             return _snapshot.compact_result(result), None

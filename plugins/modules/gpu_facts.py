@@ -479,8 +479,8 @@ def main() -> None:
     params = module.params
 
     def body():
-        validate_snapshot_params(params, module)
-        taker = SnapshotTaker(module)
+        selection = validate_snapshot_params(params, module)
+        taker = SnapshotTaker(module, selection=selection)
         try:
             snap = taker.take(gather_processes="processes" in params["gather"],
                               gather_holders="holders" in params["gather"], gather_xid="xid" in params["gather"])
@@ -490,7 +490,7 @@ def main() -> None:
                     gpu_driver={"backend": None, "driver_version": None, "cuda_driver_version": None, "nvml_version": None},
                     gpu_count=0, gpu_devices=[], gpu_kernel_log=None)))
             raise
-        selected = _snapshot.select_gpus(snap["gpus"], params["gpus"])
+        selected = selection.pick(snap["gpus"])
         for warning in facts_warnings(taker, selected, params["gather"]):
             module.warn(warning)
         kernel_log = taker.kernel_log if "xid" in params["gather"] else None

@@ -408,10 +408,10 @@ def main() -> None:
 
     def body():
         # Everything is validated before anything is read or signalled (_validate has the bounds).
-        validate_snapshot_params(p, module)
+        selection = validate_snapshot_params(p, module)
         first_signal = signal_number(p["signal"])
-        filters = _validate.release(p)
-        io = ReleaseIO(SnapshotTaker(module), run_in_group, module.warn, programs(module, find_pct(module, False)))
+        filters = _validate.release(p, selection)
+        io = ReleaseIO(SnapshotTaker(module, selection=selection), run_in_group, module.warn, programs(module, find_pct(module, False)))
 
         def lock(containers, gpus):  # one release at a time per container and GPU (held until the module exits)
             return _lock.Locks("gpu_release", containers, p["lock_timeout"], module.warn, gpus=gpus).acquire()

@@ -429,9 +429,9 @@ def main() -> None:
 
     def body():
         # Every option is checked before anything is read (_validate has the bounds).
-        validate_snapshot_params(p)
+        selection = validate_snapshot_params(p)
         _validate.wait(p)
-        taker = SnapshotTaker(module)
+        taker = SnapshotTaker(module, selection=selection)
         for warning in _validate.device_pattern_warnings(p):
             module.warn(warning)
         # The wait itself (check mode's look, the polls, nvidia-smi's confirmation, reset_leaked, the timeout's

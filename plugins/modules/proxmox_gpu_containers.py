@@ -425,7 +425,7 @@ def main() -> None:
         params = _fence.validate(p)
         first_signal = signal_number(p["signal"])
         pct = find_pct(module, required=True)
-        taker = SnapshotTaker(module)
+        taker = SnapshotTaker(module, selection=params["filters"]["gpus"])
         runner = _fence.PctCounter(run_in_group, pct)   # every pct this run starts, counted (pct_calls)
         host = ReleaseIO(taker, runner, module.warn, programs(module, pct))
         io = _fence.NodeIO(pct, taker, host, p, first_signal, module.check_mode, module._diff, runner=runner)

@@ -15,7 +15,7 @@ import threading
 import time
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import (
-    _errors, _health, _holding, _mig, _nvml, _procs, _redact, _smi, _snapshot, _validate)
+    _errors, _health, _holding, _mig, _nvml, _procs, _redact, _selection, _smi, _snapshot, _validate)
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import call_with_timeout, run_in_group
 
 # Where the simulator (tests/gpusim) points the modules at its kernel log; an unset kernel_log reads it.
@@ -27,9 +27,11 @@ SBIN_DIRS = ["/usr/bin", "/usr/sbin", "/sbin", "/usr/local/bin"]
 class SnapshotTaker:
     """Takes snapshots for one module run; keeps the backend decision and NVML initialised."""
 
-    def __init__(self, module, params=None):
+    def __init__(self, module, params=None, selection=None):
         self.module = module
         self.params = params or module.params
+        # The gpus option as _validate parsed it (_selection.Selection; None: every GPU): the MIG devices it narrows to.
+        self.selection = selection or _selection.Selection()
         self.backend = None
         self.smi = None
         self.minors = None
@@ -236,7 +238,7 @@ class SnapshotTaker:
             min_free_pct=self.params.get("min_free_pct"),
             health_checks=checks,
             xid_events=xids,
-            mig_selected=_mig.selection(raw["gpus"], self.params.get("gpus")),
+            mig_selected=self.selection.resolve(raw["gpus"])[1],
         ))
 
     def in_container(self):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _procs, _smi, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _procs, _smi, _snapshot
 from ansible_collections.gpuops.gpu.plugins.module_utils._host import calls
 
 
@@ -29,12 +29,12 @@ class WaitIO:
         self.bin_path = bin_path
         self.run_command = run_command
         self._count_checked = bool(params.get("progress_state"))  # a later slice: the first one checked it
-        self._selectors = _validate.gpu_selectors(params["gpus"])
-        indices_only = bool(self._selectors) and all(_validate.is_ascii_digits(x) for x in self._selectors)
-        if indices_only and (params["expected_count"] is None or self._count_checked):
+        self.selection = taker.selection  # the gpus option, as _validate parsed it
+        indexes = self.selection.indexes()
+        if indexes is not None and (params["expected_count"] is None or self._count_checked):
             # nvidia-smi is asked about the selected GPUs only, from the first look on: an unselected GPU
             # that is lost or failing makes nvidia-smi exit non-zero, and must not fail this wait.
-            taker.smi_ids = sorted({str(int(x)) for x in self._selectors}, key=int)
+            taker.smi_ids = [str(i) for i in indexes]
 
     def snapshot(self, full: bool) -> list:
         """The selected GPUs; ``full``: with the device-file scan (when include_device_holders)."""
@@ -44,13 +44,13 @@ class WaitIO:
             _snapshot.check_count(snap["gpus"], p["expected_count"])
             self._count_checked = True
         try:
-            selected = _snapshot.select_gpus(snap["gpus"], p["gpus"])
+            selected = self.selection.pick(snap["gpus"])
         except _errors.SelectionError:
             if not (taker.smi_ids and taker.backend == "nvidia-smi"):
                 raise
             taker.smi_ids = None  # once more, unrestricted: the message lists the GPUs the host has
-            selected = _snapshot.select_gpus(taker.take(gather_processes=False, gather_holders=False)["gpus"], p["gpus"])
-        if self._selectors:
+            selected = self.selection.pick(taker.take(gather_processes=False, gather_holders=False)["gpus"])
+        if self.selection:
             # From now on nvidia-smi (the backend, and the final confirmation) sees the selected GPUs only.
             taker.smi_ids = [str(g["index"]) for g in selected]
         return selected

@@ -19,7 +19,7 @@ import types
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _fence, _pct
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _fence, _pct, _selection
 
 # The node's containers as its files say them: which run (their LXC monitors' sockets), and each one's config file
 # (/etc/pve/lxc/<vmid>.conf).
@@ -97,10 +97,10 @@ class FakeNode:
         self.holding_calls = getattr(self, "holding_calls", 0) + 1
         return {vmid: set(gpus) for vmid, gpus in getattr(self, "busy", {}).items()}
 
-    def release(self, vmids, draining=(), gpus=None):
-        self.released.append(list(vmids))
+    def release(self, filters, draining=()):
+        self.released.append(list(filters["containers"]))
         self.draining = list(draining)
-        self.release_gpus = gpus
+        self.release_gpus = filters["gpus"].indexes()
         if self.release_failure:
             return {"released": []}, self.release_failure
         return {"changed": True, "released": [{"pid": 4242}]}, None
@@ -108,7 +108,7 @@ class FakeNode:
 
 def fence(node, check_mode=False, diff=False, **params):
     p = dict(containers=[], units=[], state="present", force=False, include_stopped=False, shutdown_timeout=60,
-             pct_timeout=30.0, stop_timeout=65.0)
+             pct_timeout=30.0, stop_timeout=65.0, filters={"gpus": _selection.Selection()})
     p.update(params)
     return _fence.Fence(p, node, check_mode=check_mode, diff=diff)
 
@@ -497,7 +497,7 @@ def test_what_the_release_saw_counts_too():
     node = SharedNode([160, 161], {160: [0], 161: [4]})
     gpu5 = {"index": 5, "minor_number": 2, "memory": {"used": 1024}, "blockers": [77],
             "processes": [{"pid": 77, "used_mib": 1024, "container": {"kind": "lxc", "id": 160}}], "holders": {}}
-    node.release = lambda vmids, draining=(), gpus=None: ({"changed": True, "released": [], "gpus_before": [gpu5],
-                                                           "holder_processes": {}}, None)
+    node.release = lambda filters, draining=(): ({"changed": True, "released": [], "gpus_before": [gpu5],
+                                                "holder_processes": {}}, None)
     res = fence(node, containers=[160], state="released").run()
     assert res["containers"][0]["wait_gpus"] == [0, 5] and res["wait_gpus"] == [0, 5]
