@@ -77,14 +77,6 @@ def user_text(proc: dict) -> str:
     return f"{proc.get('user')} (uid {own_uid(proc)} in CT {ct['id']}, node uid {proc.get('uid')})"
 
 
-def place_text(proc: dict) -> str:
-    ct = container_id(proc)
-    where = f"CT {ct}" if ct is not None else "the host"
-    if proc.get("unit"):
-        where += f", {proc['unit']}"
-    return where
-
-
 class Scope:
     """The gate. ``judge`` decides, ``admit``/``refuse`` record, ``targets``/``skipped`` report.
 
