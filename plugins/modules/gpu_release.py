@@ -148,6 +148,8 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+extends_documentation_fragment:
+  - gpuops.gpu.gpu
 released:
   description: The processes that were (in check mode - would be) signalled.
   returned: always
@@ -205,7 +207,7 @@ left_holders:
     - For O(gpuops.gpu.gpu_wait_idle#module:left_holders) of the wait that follows on this host, which then fails
       fast on them, naming each and why it was left, instead of waiting out its timeout.
     - With O(detail=summary), at most 64 of them (at 64 GPUs; 64 / N times as many on N GPUs), counted in
-      RV(detail.more) - each one keeps a GPU busy, so the wait fails fast on any one of them all the same.
+      C(detail.more) - each one keeps a GPU busy, so the wait fails fast on any one of them all the same.
   returned: when not failed
   type: list
   elements: dict
@@ -314,7 +316,7 @@ gpus:
       RV(gpus_before). Null when that look failed. Memory that the driver frees after an exit may still show here.
     - Its C(holders) are pids, as in RV(gpus_before); their details are in RV(holder_processes).
     - With O(detail=summary) a GPU's lists are capped, and its C(more) counts what was left out (see
-      M(gpuops.gpu.gpu_facts) C(gpu_devices[].more) and RV(detail)).
+      M(gpuops.gpu.gpu_facts) C(gpu_devices[].more) and C(detail)).
   returned: when the release ran
   type: list
   elements: dict
@@ -339,37 +341,6 @@ gpu_errors:
   type: list
   elements: dict
   sample: [{"index": 5, "pci_bus_id": "00000000:AB:00.0", "error": "processes could not be read: Unknown Error"}]
-detail:
-  description:
-    - What this result holds of the whole (O(detail), O(detail_file)).
-  returned: always
-  type: dict
-  contains:
-    level:
-      description:
-        - V(summary) - each list that grows with the processes is capped (see O(detail)), and what was left out is
-          counted, in C(more) of the object whose lists were cut (a GPU, a holder's details, a process) and in
-          RV(detail.more) for the lists of the result itself; V(full) - the whole result.
-      type: str
-      returned: always
-      sample: summary
-    file:
-      description: The path of O(detail_file), where the whole result was written; null when none was asked for or it could not be written.
-      type: str
-      returned: always
-      sample: /root/gpu-result.json
-    more:
-      description:
-        - How many entries the summary left out of each list or mapping of the result itself, by its dotted key
-          (C(holder_processes), C(released), C(release.released), C(ansible_facts.gpu_holder_processes),
-          C(blockers.3), C(samples.0)); empty when nothing was left out (and always with V(full)).
-        - A GPU's own lists that were cut are counted in its C(more) - C(processes), C(blockers), C(busy_reasons),
-          C(lingering), and C(holders) by evidence - and a process's (or a holder's details') in its C(more) -
-          C(files) by directory, C(gpus); the GPUs themselves, their C(idle), C(fits), C(health) and C(idle_gpus) are
-          never cut, and a busy GPU keeps at least one blocker and one busy reason.
-      type: dict
-      returned: always
-      sample: {"holder_processes": 976, "released": 1024}
 """
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _lock, _release, _snapshot, _validate
