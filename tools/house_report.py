@@ -162,11 +162,11 @@ def main(argv):
     paths = sorted(set().union(*(r["files"] for _n, r in reports)))
     print("| file | " + " | ".join(names) + " |\n| --- |" + " --- |" * len(names))
     for p in paths:
-        print(f"| {p.split('/', 1)[1]} | " + " | ".join(_cell(*r["files"][p]) if p in r["files"] else "-"
-                                                        for _n, r in reports) + " |")
-    print("| **plugins/ in all** | " + " | ".join(_cell(sum(v[0] for v in r["files"].values()),
-                                                       sum(v[1] or 0 for v in r["files"].values()))
-                                                 for _n, r in reports) + " |")
+        cells = [_cell(*r["files"][p]) if p in r["files"] else "-" for _n, r in reports]
+        print(f"| {p.split('/', 1)[1]} | " + " | ".join(cells) + " |")
+    totals = [_cell(sum(v[0] for v in r["files"].values()), sum(v[1] or 0 for v in r["files"].values()))
+              for _n, r in reports]
+    print("| **plugins/ in all** | " + " | ".join(totals) + " |")
     for name, r in reports:
         print(f"\n## {name}: the five biggest classes and functions; functions over 50 lines\n")
         for kind in ("class", "function"):

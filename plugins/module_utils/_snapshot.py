@@ -32,6 +32,8 @@ DAEMON_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin")
 # MiB on Hopper), so 64 MiB tells the two apart with margin on both sides.
 DEFAULT_MAX_MEMORY_USED_MIB = 64
 TYPE_ORDER = ("compute", "graphics", "mps")
+
+
 def check_count(gpus: list, expected, then: str = "") -> None:
     """The one GPU-count check (gpu_release before any signal, gpu_wait_idle at its first look);
     ``then`` is added to the message (what was not done)."""

@@ -497,7 +497,7 @@ def test_what_the_release_saw_counts_too():
     node = SharedNode([160, 161], {160: [0], 161: [4]})
     gpu5 = {"index": 5, "minor_number": 2, "memory": {"used": 1024}, "blockers": [77],
             "processes": [{"pid": 77, "used_mib": 1024, "container": {"kind": "lxc", "id": 160}}], "holders": {}}
-    node.release = lambda filters, draining=(): ({"changed": True, "released": [], "gpus_before": [gpu5],
-                                                "holder_processes": {}}, None)
+    node.release = lambda filters, draining=(): (
+        {"changed": True, "released": [], "gpus_before": [gpu5], "holder_processes": {}}, None)
     res = fence(node, containers=[160], state="released").run()
     assert res["containers"][0]["wait_gpus"] == [0, 5] and res["wait_gpus"] == [0, 5]

@@ -115,7 +115,7 @@ def test_release_messages_keep_their_wording():
 
 def test_good_release_edges():
     filters = release(grace_period=0.0, kill_timeout=86400.0, pids=[1, 4194304],
-                                               containers=[100, 999999999], match="sglang|vllm", exclude="jupyter")
+                      containers=[100, 999999999], match="sglang|vllm", exclude="jupyter")
     assert filters["containers"] == [100, 999999999] and filters["pids"] == {1, 4194304}
     assert filters["match"].search("python3 -m vllm") and filters["match"].pattern == "sglang|vllm"
     assert filters["exclude"].search("jupyter lab")
