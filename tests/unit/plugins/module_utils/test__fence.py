@@ -20,6 +20,7 @@ import types
 import pytest
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _fence, _pct, _selection
+from ansible_collections.gpuops.gpu.plugins.modules import proxmox_gpu_containers
 
 # The node's containers as its files say them: which run (their LXC monitors' sockets), and each one's config file
 # (/etc/pve/lxc/<vmid>.conf).
@@ -151,6 +152,20 @@ def test_a_named_container_whose_config_is_gone_fails():
         fence(node, containers=[129], state="released").run()
     assert exc.value.kind == "no_such_container" and "CT 129's config is gone" in exc.value.msg
     assert fence(FakeNode(configs={**CONFIGS, 129: None})).run()["running"] == [130]  # unnamed: left out
+
+
+@pytest.mark.parametrize("gpus, selected", [([], [0, 1, 2]), (["01"], [1])])
+def test_the_options_are_checked_once_into_the_values_the_release_takes(gpus, selected):
+    """Issue 35, item 2: the module's containers and gpus are checked once (_fence.validate: the release's filters),
+    and the release is handed those values - the running containers, and the gpus option parsed (V(01) is GPU 1),
+    else the containers' GPUs - not the options to check and read again."""
+    spec = proxmox_gpu_containers.ARGUMENT_SPEC
+    p = dict({k: v.get("default") for k, v in spec.items()}, containers="129,130", gpus=gpus, state="released")
+    params = _fence.validate(p)
+    assert params["containers"] == params["filters"]["containers"] == [129, 130]
+    node = FakeNode()
+    _fence.Fence(params, node).run()
+    assert node.released == [[129, 130]] and node.release_gpus == selected
 
 
 @pytest.mark.parametrize("state, check_mode, released, shut_down, stops", [
