@@ -23,7 +23,6 @@ import signal
 import threading
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _selection
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import InvalidOption, RegexTooSlow
 # Regular expressions see at most MATCH_CHARS characters of a command line (one constant, kept in _redact).
 from ansible_collections.gpuops.gpu.plugins.module_utils._redact import MATCH_CHARS
@@ -299,6 +298,10 @@ def _device_pattern_problem(pattern):
 def snapshot(params: dict):
     """The options of the doc fragment gpuops.gpu.gpu (and .idle where present); returns the gpus option parsed
     (_selection.Selection: the one value every part takes)."""
+    # Imported here, as _device_pattern_problem's: the controller's plugins that check numbers only do not load it.
+    # pylint: disable-next=import-outside-toplevel
+    from ansible_collections.gpuops.gpu.plugins.module_utils import _selection
+
     selection = _selection.parse(params.get("gpus"))
     number("query_timeout", params["query_timeout"], low=0.0, high=MAX_QUERY_TIMEOUT, above_low=True)
     path("nvidia_smi_path", params["nvidia_smi_path"])

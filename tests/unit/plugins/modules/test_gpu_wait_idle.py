@@ -8,7 +8,7 @@ import inspect
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _wait
+from ansible_collections.gpuops.gpu.plugins.module_utils import _selection, _wait
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import BackendError
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.wait_io import WaitIO
 from ansible_collections.gpuops.gpu.plugins.modules import gpu_wait_idle
@@ -26,6 +26,7 @@ class FakeTaker:
 
     smi = None
     smi_ids = None
+    selection = _selection.Selection()
 
     def __init__(self, answers):
         self.answers = list(answers)
