@@ -51,9 +51,11 @@ def match(kind, key, gpus, prefix=False) -> list:
         uuid = (gpu.get("uuid") or "").lower()
         if kind == MIG:
             out += [(gpu, d) for d in gpu.get("mig_devices") or [] if (d.get("uuid") or "").lower() == key]
-        elif gpu["index"] == key if kind == INDEX else (
-                (selector(gpu.get("pci_bus_id") or "") or (BUS, None))[1] == key if kind == BUS else
-                uuid.startswith(key) if prefix else uuid == key):
+        elif kind == INDEX:
+            out += [(gpu, None)] if gpu["index"] == key else []
+        elif kind == BUS:
+            out += [(gpu, None)] if (selector(gpu.get("pci_bus_id") or "") or (BUS, None))[1] == key else []
+        elif uuid == key or (prefix and uuid.startswith(key)):
             out.append((gpu, None))
     return out
 
