@@ -322,6 +322,8 @@ def _process_line(verb: str, proc: dict) -> str:
 def outside_fence(gpus, fence: dict, details=None) -> str:
     # pylint: disable-next=import-outside-toplevel  # the tables' code (and _holding, _snapshot) only where a table is made
     from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import _gpus, describe, holders
+    # pylint: disable-next=import-outside-toplevel  # (as the tables' code: the holding model's advice, stop_advice)
+    from ansible_collections.gpuops.gpu.plugins.module_utils import _holding
 
     """One sentence per process that keeps the fenced containers' GPUs busy from outside the fence (another
     container, the node), with its GPUs and its (redacted) command line, and what to do; '' when none."""
@@ -338,9 +340,12 @@ def outside_fence(gpus, fence: dict, details=None) -> str:
     out = []
     for h, indexes in found.values():
         cmd = f": {cut(h['cmdline'], 200)}" if h.get("cmdline") else ""
+        # A container's process: stop it, or fence that container too; the node's own, an MPS server: as it fits.
+        ct = (h.get("container") or {}).get("id")
+        todo = ("stop it yourself, or fence its container too (a GPU host of its own in the inventory)"
+                if ct is not None and not h.get("mps_server") else _holding.stop_advice(h))
         out.append(f"{describe(h, mib=False)} holds GPU {', '.join(str(i) for i in indexes)} and is outside the fence"
-                   f" ({where}), so it was not stopped{cmd} - stop it yourself, or fence its container too (a GPU host"
-                   " of its own in the inventory), before the deploy")
+                   f" ({where}), so it was not stopped{cmd} - {todo}, before the deploy")
     return "; ".join(out)
 
 

@@ -61,6 +61,30 @@ def describe(vmids) -> str:
     return ", ".join(str(v) for v in vmids) if vmids else "none"
 
 
+def refuse_missing(selected, vmids) -> None:
+    """The one refusal of a ``containers`` option that names a container this node does not have (the fence's and
+    gpu_release's): FenceFailed(no_such_container), before anything is stopped. ``vmids``: the node's containers."""
+    missing = [v for v in selected or () if v not in vmids]
+    if missing:
+        raise FenceFailed("no_such_container", f"containers: no container {describe(missing)} on this node (its"
+                                               f" containers: {describe(vmids)}). Nothing was stopped.", missing=missing)
+
+
+def check_node_containers(node, selected) -> None:
+    """gpu_release's ``containers`` against the node's containers (``node``: a NodeIO), refused as the fence refuses
+    them (refuse_missing); where no Proxmox VE node can be read (a plain host, a VM, a container) nothing is checked:
+    the option then names cgroups that may hold no process yet."""
+    if not selected:
+        return
+    try:
+        vmids, _running = node.node()
+    except FenceFailed as exc:
+        if exc.kind == "pve_unavailable":
+            return
+        raise
+    refuse_missing(selected, vmids)
+
+
 def _said(rc, out, err) -> str:
     return (err or out or "").strip()[:300] or f"rc {rc}"
 
@@ -118,11 +142,7 @@ class Discovery:
         """(the node's vmids, the running ones, {vmid: config file text} of the containers to read)."""
         vmids, running = self.io.node()
         selected = self.p["containers"]
-        missing = [v for v in selected if v not in vmids]
-        if missing:
-            raise FenceFailed("no_such_container",
-                              f"containers: no container {describe(missing)} on this node (its containers:"
-                              f" {describe(vmids)}). Nothing was stopped.", missing=missing)
+        refuse_missing(selected, vmids)
         wanted = selected or [v for v in vmids if v in running or self.p["include_stopped"]]
         texts = {}
         for vmid in wanted:
@@ -486,7 +506,9 @@ class Fence:
         res = self.result
         selection = self.p["filters"]["gpus"] or _selection.of_indexes(res["gpus"] or ())
         filters = dict(self.p["filters"], containers=[c["vmid"] for c in running], gpus=selection)
-        release, failure = self.io.release(filters, draining_gpus(looked, res["services_stopped"]))
+        # The units the fence stopped (in check mode: would stop) are not the release's to stop again.
+        release, failure = self.io.release(filters, draining_gpus(looked, res["services_stopped"]),
+                                           [(s["vmid"], s["unit"]) for s in res["services_stopped"]])
         res["release"] = release
         if failure is not None:
             raise failure
@@ -674,11 +696,12 @@ class NodeIO:
         only where the GPU's process list cannot be trusted), from the same snapshot as held()."""
         return _holding.workload_gpus(self._look())
 
-    def release(self, filters: dict, draining=()):
+    def release(self, filters: dict, draining=(), units_stopped=()):
         """gpu_release's path with these filters (the fence's: its containers, their GPUs): (its result, None) or (the
         partial result, the error). ``draining``: the GPUs whose memory the services just stopped are still freeing
-        (draining_gpus)."""
-        p = dict(self.params, draining_gpus=list(draining), **RELEASE_FIXED)
+        (draining_gpus); ``units_stopped``: [(vmid, unit)] the fence stopped, or in check mode would stop (the release
+        does not stop them again)."""
+        p = dict(self.params, draining_gpus=list(draining), units_stopped=list(units_stopped), **RELEASE_FIXED)
         try:
             result = _release.run_release(p, filters, self.release_io, self.first_signal,
                                           self.check_mode, self.diff, lock=self._gpu_locks)

@@ -123,7 +123,7 @@ def mps_servers(gpus: list) -> dict:
     for g in gpus:
         for p in g.get("processes") or []:
             if p.get("visible") is not False and is_mps_server(p):
-                entry = servers.setdefault(p["pid"], {"gpus": [], "clients": []})
+                entry = servers.setdefault(p["pid"], {"gpus": [], "clients": [], "container": p.get("container")})
                 if g["index"] not in entry["gpus"]:
                     entry["gpus"].append(g["index"])
     for pid, entry in servers.items():
@@ -134,7 +134,7 @@ def mps_servers(gpus: list) -> dict:
             for p in g.get("processes") or []:
                 if p["pid"] != pid and is_mps_client(p):
                     c = clients.setdefault(p["pid"], {"pid": p["pid"], "start_time": p.get("start_time"), "gpus": [],
-                                                      "visible": p.get("visible")})
+                                                      "visible": p.get("visible"), "container": p.get("container")})
                     c["gpus"].append(g["index"])
         entry["gpus"].sort()
         entry["clients"] = [clients[k] for k in sorted(clients)]
@@ -144,6 +144,25 @@ def mps_servers(gpus: list) -> dict:
 def _gpu_text(indexes) -> str:
     indexes = sorted(indexes)
     return ("GPU " if len(indexes) == 1 else "GPUs ") + ", ".join(map(str, indexes))
+
+
+def _client_text(c: dict, why: str = "") -> str:
+    """'pid 812 on GPU 1 (in CT 130, not selected)': an MPS client, the GPUs it uses, where it lives (a container, the
+    node; nothing when it is not visible from here) and ``why``."""
+    ct = (c.get("container") or {}).get("id")
+    where = [f"in CT {ct}" if ct is not None else ("on the node" if c.get("visible") is not False else ""), why]
+    said = ", ".join(w for w in where if w)
+    return f"pid {c['pid']} on {_gpu_text(c['gpus'])}" + (f" ({said})" if said else "")
+
+
+def mps_quit_text(server: dict) -> str:
+    """The control daemon's way to end an MPS server (never a kill: its clients' contexts run inside it), where the
+    server lives (its mps_servers() entry's ``container``)."""
+    ct = (server.get("container") or {}).get("id")
+    where = f"`pct exec {ct} -- sh -c '{MPS_QUIT}'`" if ct is not None else f"`{MPS_QUIT}` on the node"
+    return (f"it exits by itself once its last client has exited (stop those clients where they run); when all its"
+            f" clients are done, stop MPS the control daemon's way ({where}, as the user that started it). Never kill"
+            " the server: that ends the work of every client it carries")
 
 
 def mps_server_problem(server: dict, selected, is_target) -> str:
@@ -165,9 +184,8 @@ def mps_server_problem(server: dict, selected, is_target) -> str:
             why = "not selected"
         else:
             why = "outside the scope of this release"
-        outside.append(f"pid {c['pid']} on {_gpu_text(c['gpus'])} ({why})")
-    todo = (f"Left running: it exits by itself once its last client has exited; stop those clients first, or stop"
-            f" MPS with `{MPS_QUIT}` (as the user that started it)")
+        outside.append(_client_text(c, why))
+    todo = "Left running: " + mps_quit_text(server)
     if outside:
         return ("an MPS server (" + MPS_SERVER + "): the CUDA contexts of its clients run inside it, so signalling it"
                 " would end the work of client " + "; ".join(outside) + " too. " + todo)
@@ -182,15 +200,33 @@ def mps_server_problem(server: dict, selected, is_target) -> str:
 def mps_server_text(server: dict) -> str:
     """What a wait says of an MPS server that keeps a GPU busy (its mps_servers() entry, with its clients)."""
     clients = server.get("clients") or []
-    carried = ("it carries client " + "; ".join(f"pid {c['pid']} on {_gpu_text(c['gpus'])}" for c in clients)
-               if clients else "no MPS client is listed")
+    carried = ("it carries client " + "; ".join(_client_text(c) for c in clients) if clients
+               else "no MPS client is listed")
     return (f"an MPS server ({MPS_SERVER}) on {_gpu_text(server.get('gpus') or ())}: {carried}. Its context stays on"
-            " every GPU it serves until it exits, by itself once its last client has exited; gpu_release leaves it"
-            f" running while it carries a client outside the release. Stop those clients, or stop MPS with `{MPS_QUIT}`")
+            " every GPU it serves until it exits; gpu_release leaves it running while it carries a client outside the"
+            " release: " + mps_quit_text(server))
+
+
+def stop_advice(proc: dict) -> str:
+    """How to stop a holder where it runs (the one place every message takes it from): an MPS server never by a kill
+    (mps_server_text: its clients, where they live, and the control daemon's way); a process in a container inside it
+    (`pct exec`, by its pid there); a process on the node itself there, not through a container."""
+    if proc.get("mps_server"):
+        return mps_server_text(proc["mps_server"])
+    ct = proc.get("container") or {}
+    if ct.get("id") is not None:
+        inner = ct.get("pid_in_container")
+        return f"stop it in CT {ct['id']} (`pct exec {ct['id']} -- kill {inner or '<its pid in the container>'}`)"
+    how = f"systemctl stop {proc['unit']}" if proc.get("unit") else f"kill {proc['pid']}"
+    return f"it runs on the node itself, in no container: stop it on the node (`{how}`)"
 
 
 def describe(proc: dict) -> str:
-    """'pid 8812 (python3) in CT 129' - how messages name a process."""
+    """'pid 8812 (python3) in CT 129' - how messages name a process; a driver pid that is not a process from here (or
+    not verified to be it: unverified_pids) by its pid only, and why."""
+    if proc.get("visible") is False:
+        return f"pid {proc['pid']} (" + ("not verified here: a driver may report host pids" if proc.get("unverified")
+                                         else "not visible from here") + ")"
     where = ""
     ct = proc.get("container")
     if ct:
@@ -277,6 +313,8 @@ def _process_reason(p: dict) -> str:
     if p.get("visible", True):
         return (f"used by {describe(p)}" + (f", {mib_text(p.get('used_mib'))}" if p.get("used_mib") is not None else "")
                 + (f": {mps_server_text(p['mps_server'])}" if p.get("mps_server") else ""))
+    if p.get("unverified"):
+        return f"used by pid {p['pid']}: {p['unverified']}"
     return (f"used by pid {p['pid']}, which does not exist from here (a process in another PID"
             " namespace: the host or another container)")
 
@@ -360,6 +398,30 @@ def workload_gpus(gpus: list) -> dict:
     return out
 
 
+NOT_SIGNALLED_UNVERIFIED = ": not signalled. Run gpu_release on the host (the Proxmox node) to release it"
+
+
+def unverified_pids(gpus: list, host_namespace) -> dict:
+    """{pid: reason} for the driver pids that cannot be confirmed to be the process the driver means, wherever a pid
+    is named (the facts, the wait's diagnosis, the release's gate).
+
+    In the host's PID namespace the driver's pids are this namespace's pids. Elsewhere (a container) a driver may
+    report host pids, and the same number may name an unrelated process here: a pid is then confirmed only by that
+    process holding the GPU's device node (a context's process holds it: CUDA opens it)."""
+    if host_namespace:
+        return {}
+    out = {}
+    for gpu in gpus:
+        on_node = {h["pid"] for h in gpu.get("holders") or [] if h.get("evidence") in (CONTEXT, DEVICE)}
+        for p in gpu.get("processes") or []:
+            if p.get("visible") is False or p["pid"] in on_node:
+                continue
+            out[p["pid"]] = (f"the driver reports pid {p['pid']} on GPU {gpu['index']}, but from this PID namespace it"
+                             f" cannot be confirmed to be that process (it does not hold /dev/nvidia"
+                             f"{gpu.get('minor_number', gpu['index'])}; a driver may report host pids here)")
+    return out
+
+
 def release_candidates(all_gpus: list, selected: set, include_device_holders=True, named_pids=()):
     """(candidates, skipped) for a release of the GPUs with indexes in ``selected``.
 
@@ -373,8 +435,9 @@ def release_candidates(all_gpus: list, selected: set, include_device_holders=Tru
             continue
         for p in gpu.get("processes") or []:
             if p.get("visible") is False:
-                found.skip(p, "the driver reports this pid but it does not exist from this PID namespace"
-                              " (run on the host / Proxmox node to reach it)")
+                found.skip(p, (p["unverified"] + NOT_SIGNALLED_UNVERIFIED) if p.get("unverified") else (
+                    "the driver reports this pid but it does not exist from this PID namespace (run on the host /"
+                    " Proxmox node to reach it)"))
                 continue
             found.take(p, gpu["index"], CONTEXT)
         for h in (gpu.get("holders") or []) if include_device_holders else ():

@@ -33,6 +33,7 @@ LOCK_DIR_ENV = "GPUOPS_LOCK_DIR"
 LOCK_DIR = "/run/gpuops.gpu"
 POLL_S = 0.1
 _HELD = []  # the Locks this process holds: let go when the module run ends (release_all)
+_WARNED = set()  # the lock directories a warning of this module run named already (one line per run, not per Locks)
 
 
 def release_all() -> None:
@@ -40,6 +41,7 @@ def release_all() -> None:
     module run inside a long-lived Python - a test runner - holds none after it)."""
     while _HELD:
         _HELD.pop().release()
+    _WARNED.clear()
 
 
 class Locked(_errors.GpuError):
@@ -110,12 +112,13 @@ class Locks:
         start = self.clock()
         waited = False
         _HELD.append(self)
+        unopened = []  # (what, why): one warning for them all (without root, every lock file fails alike)
         for name, exclusive, what in self.plan:
             path = os.path.join(where, name)
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             except OSError as exc:
-                self.warn(f"no lock against another release at once: cannot open {path} ({exc.strerror})")
+                unopened.append((what, exc.strerror or str(exc)))
                 continue
             self.files.append(fd)
             mode = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
@@ -136,6 +139,11 @@ class Locks:
                 self.sleep(min(POLL_S, max(0.0, self.timeout - (now - start))))
             if exclusive:
                 self._write(fd, what)
+        if unopened and where not in _WARNED:  # (the fence takes its containers' locks, then its GPUs')
+            _WARNED.add(where)
+            whys = sorted({why for _what, why in unopened})
+            self.warn(f"no lock against another release at once: cannot open the lock files of "
+                      f"{', '.join(what for what, _why in unopened)} in {where} ({'; '.join(whys)})")
         return waited
 
     def _record(self, where: str, name: str, exclusive: bool) -> dict:

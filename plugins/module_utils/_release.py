@@ -61,6 +61,16 @@ def scope_problem(targets: list, filtered: bool, everything: bool) -> str:
             " pids, or set all: true to stop every one of them.")
 
 
+_UNIT_SUFFIXES = (".service", ".socket", ".target", ".timer", ".scope", ".slice", ".mount", ".automount", ".path",
+                  ".swap", ".device")
+
+
+def unit_name(name: str) -> str:
+    """A unit as systemd names it: ``sglang`` is ``sglang.service`` (systemctl adds .service to a name with no unit
+    suffix)."""
+    return name if name.endswith(_UNIT_SUFFIXES) else name + ".service"
+
+
 def unit_plan(targets: list, protected: list, keep_units=()) -> list:
     """The systemd service units to stop before signalling: [{unit, container, pids}], in order.
 
@@ -160,7 +170,8 @@ def respawn_advice(proc: dict, after_s, supervisor=None, stop_units=True, in_sco
         else:
             todo = ("its supervisor restarted it: the unit could not be stopped (see the warnings); stop it, then"
                     " release again")
-        todo += " or name it in proxmox_fence_services"
+        # a container's unit can be named to the fence; the node's own is stopped on the node
+        todo += " or name it in proxmox_fence_services" if ct is not None else f" (on the node: systemctl stop {proc['unit']})"
     elif supervisor:
         todo = ("started by a process outside the release's targets (a supervisor outside a systemd unit, or a new"
                 " job): not signalled; stop what starts it first, then release again")
@@ -230,26 +241,9 @@ def untrusted_lists(gpus: list, max_memory_used_mib: int) -> dict:
     return out
 
 
-def unverified_pids(gpus: list, host_namespace) -> dict:
-    """{pid: reason} for driver pids that cannot be confirmed to be the process the driver means.
-
-    In the host's PID namespace the driver's pids are this namespace's pids. Elsewhere (a
-    container) a driver may report host pids, and the same number may name an unrelated process
-    here: a pid is then confirmed only by that process holding the GPU's device node.
-    """
-    if host_namespace:
-        return {}
-    out = {}
-    for gpu in gpus:
-        on_node = {h["pid"] for h in gpu.get("holders") or [] if h.get("evidence") in (_scope.CONTEXT, _scope.DEVICE)}
-        for p in gpu.get("processes") or []:
-            if p.get("visible") is False or p["pid"] in on_node:
-                continue
-            out[p["pid"]] = (f"the driver reports pid {p['pid']} on GPU {gpu['index']}, but from this PID namespace it"
-                             f" cannot be confirmed to be that process (it does not hold /dev/nvidia"
-                             f"{gpu.get('minor_number', gpu['index'])}; a driver may report host pids here):"
-                             " not signalled. Run gpu_release on the host (the Proxmox node) to release it")
-    return out
+def unverified(gpus: list, host_namespace) -> dict:
+    """{pid: reason} for the driver pids a release must not signal: _holding.unverified_pids, with what to do."""
+    return {pid: why + _holding.NOT_SIGNALLED_UNVERIFIED for pid, why in _holding.unverified_pids(gpus, host_namespace).items()}
 
 
 def gpu_holder_ids(all_gpus: list, untrusted: dict) -> set:
@@ -419,7 +413,7 @@ class _PlanMixin:
             untrusted.pop(index, None)
         self.scope = _scope.Scope({g["index"] for g in before}, self.filters, protected_pids,
                                   protect=_validate.regexes("protect", p["protect"]), text_of=io.text, exe_of=io.exe,
-                                  untrusted=untrusted, unverified=unverified_pids(before, io.host_namespace()),
+                                  untrusted=untrusted, unverified=unverified(before, io.host_namespace()),
                                   mps=_scope.mps_of(all_gpus))
         return untrusted
 
@@ -469,7 +463,7 @@ class _PlanMixin:
     def _plan_units(self, all_gpus: list, targets: list, me: int, chain) -> None:
         """The units to stop: those that run only targets, but the module's own (and its ancestors')."""
         io = self.io
-        keep = set()
+        keep = {(ct, unit_name(unit)) for ct, unit in self.p.get("units_stopped") or ()}  # the fence's (_fence)
         for pid in [me] + list(chain):
             x = io.read(pid)
             if x and x.get("unit"):
@@ -491,13 +485,19 @@ class _PlanMixin:
         return bool(f["containers"] or f["users"] or f["match"] or f["pids"])
 
     def _nothing_selected_warning(self, before: list) -> None:
-        held = sorted({(g["index"], x["pid"]) for g in before for x in g.get("processes") or []
-                       if x.get("visible") is not False})
+        """Which holders the filters missed, and why each one (its gate verdict: what match saw, its place)."""
+        held = {}
+        for g in before:
+            for x in g.get("processes") or []:
+                if x.get("visible") is not False:
+                    held.setdefault(x["pid"], (x, []))[1].append(g["index"])
         if held and self._filtered():
-            self.warnings.append(
-                "the scope selects none of the processes that hold the selected GPUs: "
-                + "; ".join(f"GPU {i}: pid {pid}" for i, pid in held)
-                + " (see skipped_processes for why each one is outside the scope)")
+            why = {s["pid"]: s["reason"] for s in self.scope.skipped + self.scope.protected}
+            shown = [f"{_holding.describe(x)} on GPU {', '.join(map(str, gpus))}"
+                     + (f": {why[pid]}" if pid in why else "") for pid, (x, gpus) in sorted(held.items())]
+            more = f"; and {len(shown) - 5} more (see skipped_processes)" if len(shown) > 5 else ""
+            self.warnings.append("the scope selects none of the processes that hold the selected GPUs: "
+                                 + "; ".join(shown[:5]) + more)
 
     def check_mode_result(self, diff: bool) -> dict:
         res = self.result

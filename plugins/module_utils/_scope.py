@@ -77,6 +77,18 @@ def user_text(proc: dict) -> str:
     return f"{proc.get('user')} (uid {own_uid(proc)} in CT {ct['id']}, node uid {proc.get('uid')})"
 
 
+def match_miss(match, texts) -> str:
+    """Why ``match`` missed a holder, with what it saw (a process that renamed itself - vLLM's ``VLLM::EngineCore``,
+    ``VLLM::Worker_TP0``, through setproctitle - shows only its new title), and when only the case differs, that."""
+    seen = "; ".join(repr(t) for t in texts) or "nothing"
+    folded = [t for t in texts if getattr(match, "search_any_case", None) and match.search_any_case(t)]
+    why = f"neither its command line, executable nor unit matches {match.pattern!r} (it saw {seen})"
+    if folded:
+        why += (f": {folded[0]!r} matches it only ignoring case - match is case-sensitive; (?i){match.pattern} matches"
+                " both")
+    return why
+
+
 class Scope:
     """The gate. ``judge`` decides, ``admit``/``refuse`` record, ``targets``/``skipped`` report.
 
@@ -164,7 +176,7 @@ class Scope:
         match = self.filters.get("match")
         if match is not None and not match.search(self.text(proc)) and not any(
                 match.search(t) for t in self.match_texts(proc, root)):
-            return f"neither its command line, executable nor unit matches {match.pattern!r}"
+            return match_miss(match, self.match_texts(proc, root))
         if self.named and pid not in self.named:
             return "pid not in pids"
         return ""

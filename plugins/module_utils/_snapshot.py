@@ -103,7 +103,8 @@ def _type_name(types) -> str:
 
 def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_used_mib=DEFAULT_MAX_MEMORY_USED_MIB,
           max_utilization_pct=None, include_device_holders=True, in_container=None, exe_of=None,
-          min_free_mib=None, min_free_pct=None, health_checks=(), xid_events=None, mig_selected=None) -> dict:
+          min_free_mib=None, min_free_pct=None, health_checks=(), xid_events=None, mig_selected=None,
+          host_namespace=True) -> dict:
     """Assemble the facts from a raw backend snapshot.
 
     ``read_process(pid) -> dict|None`` enriches NVML's pids (None: the pid does not exist here);
@@ -113,6 +114,9 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
     ``health.checks`` all the same); ``xid_events``: the kernel log's (_health.parse_xid_events), or
     None when it was not read (each GPU's ``xid_events`` is then None); ``mig_selected`` ({index: MIG UUIDs},
     _selection.Selection.resolve): those GPUs are judged as far as those MIG devices go (_mig.narrow).
+    ``host_namespace`` False (a container) or None (cannot tell): a driver pid whose process here does not hold the
+    GPU's node is not that process (_holding.unverified_pids, once the holders are known): named by its pid only,
+    ``visible`` false, ``unverified``.
     """
     cache = {}
 
@@ -125,6 +129,8 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
 
     gpus = [_gpu_entry(g, info, read_process is not None) for g in raw["gpus"]]
     _place_holders(gpus, holders, info, protect, exe_of)
+    if holders is not None:
+        _mark_unverified(gpus, _holding.unverified_pids(gpus, host_namespace))
     # MIG devices (before health and fit: a GPU named only by MIG UUIDs is judged, fit included, as far as they go)
     for gpu in gpus:
         _mig_facts(gpu, max_memory_used_mib)
@@ -164,6 +170,14 @@ def _gpu_entry(g: dict, info, looked_up: bool) -> dict:
     gpu["processes"] = procs
     gpu["holders"] = []
     return gpu
+
+
+def _mark_unverified(gpus: list, unverified: dict) -> None:
+    """A driver pid that names another process here: its entries keep the pid and the driver's figures only."""
+    for gpu in gpus:
+        for proc in gpu["processes"]:
+            if proc["pid"] in unverified:
+                proc.update(dict.fromkeys(_PROCESS_KEYS), visible=False, unverified=unverified[proc["pid"]])
 
 
 def _place_holders(gpus: list, holders, info, protect, exe_of) -> None:
@@ -213,7 +227,7 @@ def _mark_mps_servers(gpus: list) -> None:
         for proc in gpu["processes"]:
             server = servers.get(proc["pid"])
             if server is not None:
-                proc["mps_server"] = {"gpus": list(server["gpus"]),
+                proc["mps_server"] = {"gpus": list(server["gpus"]), "container": server["container"],
                                       "clients": [dict(c, gpus=list(c["gpus"])) for c in server["clients"]]}
 
 
@@ -240,14 +254,15 @@ def visibility_warnings(gpus: list, in_container=None) -> list:
     """What the module could not see from where it runs: one sentence per cause, GPUs that share it together."""
     hidden_by_gpu = []
     unaccounted = []
+    unverified = [p["unverified"] for g in gpus for p in g["processes"] if p.get("unverified")]
     for g in gpus:
-        hidden = [p for p in g["processes"] if p.get("visible") is False]
+        hidden = [p for p in g["processes"] if p.get("visible") is False and not p.get("unverified")]
         used = (g.get("memory") or {}).get("used")
         if hidden:
             hidden_by_gpu.append(f"GPU {g['index']} (pid {', '.join(str(p['pid']) for p in hidden)})")
         elif not g["processes"] and not g.get("processes_error") and used is not None and used > DEFAULT_MAX_MEMORY_USED_MIB:
             unaccounted.append((g["index"], used))
-    out = []
+    out = [why + ": not named here; run on the host (the Proxmox node) to attribute it" for why in unverified]
     if hidden_by_gpu:
         out.append(", ".join(hidden_by_gpu) + ": the driver reports pids that do not exist from this PID namespace"
                    " (another container or the host); run on the host (the Proxmox node) to attribute them")

@@ -256,6 +256,10 @@ class Regex:
     def search(self, text):
         return self._run(self._re.search, text)
 
+    def search_any_case(self, text):
+        """search, ignoring case: what tells a user why a text was missed (``VLLM::EngineCore`` and ``vllm``)."""
+        return self._run(re.compile(self.pattern, self._re.flags | re.IGNORECASE).search, text)
+
     def finditer(self, text) -> list:
         return self._run(lambda t: list(self._re.finditer(t)), text)
 

@@ -72,23 +72,13 @@ def left_blockers(gpus: list, left: dict) -> list:
     return out
 
 
-def stop_hint(proc: dict) -> str:
-    """Where a process runs, as the command that stops it there."""
-    ct = (proc.get("container") or {})
-    inner = ct.get("pid_in_container")
-    if ct.get("id") is not None:
-        return f"pct exec {ct['id']} -- kill {inner if inner else '<its pid in the container>'}"
-    return f"kill {proc['pid']}"
-
-
 def blocked_text(found: list, elapsed: float, timeout: float, grace: float) -> str:
     """Why the wait fails fast: each GPU kept busy by a process the release left, why it left it, and what to do."""
     parts = []
     for index, h, why in found:
         parts.append(f"GPU {index} is used by {_holding.describe(h)}, which the release before this wait left ({why}):"
-                     f" nothing in this hook will stop it. See it: `ps -o pid,user,etime,args -p {h['pid']}`; when it may"
-                     f" be stopped, stop it where it runs (`{stop_hint(h)}`), or leave GPU {index} out of the GPUs to wait"
-                     " for")
+                     f" nothing in this hook will stop it. See it: `ps -o pid,user,etime,args -p {h['pid']}`. When it may"
+                     f" be stopped: {_holding.stop_advice(h)}; or leave GPU {index} out of the GPUs to wait for")
     return (f"blocked after {elapsed:.1f} s of {timeout:g} s (still there after blocker_grace, {grace:g} s): "
             + "; ".join(parts))
 
@@ -250,8 +240,8 @@ class _Causes:
             self.add(":", g["processes_error"], i)
         elif hs:
             self.add("is", "used by " + ", ".join(
-                (_holding.describe(h) + (f", {_holding.mps_server_text(h['mps_server'])}" if h.get("mps_server") else ""))
-                if h.get("visible", True) else f"pid {h['pid']} (not visible from here)" for h in hs), i)
+                _holding.describe(h) + (f", {_holding.mps_server_text(h['mps_server'])}" if h.get("mps_server") else "")
+                for h in hs), i)
         elif trend and used is not None:
             kinds = {"draining": self.draining, "leaked": self.leaked}
             kinds.get(trend["kind"], self.hidden if unseen else self.unchanged).append((i, trend))

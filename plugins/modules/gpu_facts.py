@@ -328,7 +328,9 @@ ansible_facts:
           description:
             - The processes the driver reports on this GPU.
             - C(pid) is the pid as the driver reports it; C(visible=false) when it does not exist from where
-              the module runs (a process in another PID namespace).
+              the module runs (a process in another PID namespace), or when, outside the host's PID namespace, the
+              process with that pid here does not hold the GPU's device node (a driver that reports host pids names
+              another process here); C(unverified) then says so, and nothing of that other process is given.
             - C(container) is C({kind, id, pid_in_container, uid_in_container}) for a process in a Proxmox/LXC container,
               else null.
             - C(uid) is the node's uid of the process. For a process in a container, C(user) is its name in the
@@ -344,9 +346,9 @@ ansible_facts:
             - C(mig_device), on a GPU in MIG mode - the UUID of the MIG device the driver lists the process on (see
               C(mig_devices)); null for a process on no MIG device.
             - C(mps_server), only on the entries of an MPS server (C(nvidia-cuda-mps-server)) - C(gpus), the GPUs it
-              is listed on (every GPU it serves, of all the host's GPUs), and C(clients), the MPS clients listed on
-              them (C(pid), C(start_time), C(gpus), C(visible)). Their contexts run inside the server; the
-              C(busy_reasons) of its GPUs name them.
+              is listed on (every GPU it serves, of all the host's GPUs), C(container), the server's own, and
+              C(clients), the MPS clients listed on them (C(pid), C(start_time), C(gpus), C(visible), C(container)).
+              Their contexts run inside the server; the C(busy_reasons) of its GPUs name them and where they live.
           type: list
           elements: dict
           returned: always

@@ -57,6 +57,8 @@ options:
       - Only processes inside these Proxmox VE containers (vmids, 100 to 999999999). Others are reported in
         RV(skipped_processes).
       - Run the module on the Proxmox node to see the containers' processes.
+      - On a Proxmox VE node a vmid that the node does not have (C(/etc/pve/.vmlist)) fails the task before anything
+        is stopped (C(error=no_such_container)), as M(gpuops.gpu.proxmox_gpu_containers) refuses it.
     type: list
     elements: int
   users:
@@ -121,7 +123,9 @@ EXAMPLES = r"""
 - name: Stop only the inference server on GPUs 0-3, with a longer grace period, keeping a notebook
   gpuops.gpu.gpu_release:
     gpus: ["0", "1", "2", "3"]
-    match: "sglang|vllm"
+    # (?i): vLLM renames its engine and workers VLLM::EngineCore, VLLM::Worker_TP0, ... (they outlive a killed API
+    # server), and match is case-sensitive
+    match: "(?i)sglang|vllm"
     exclude: jupyter
     grace_period: 30
 
@@ -137,9 +141,12 @@ EXAMPLES = r"""
     - name: Release the GPUs
       gpuops.gpu.gpu_release:
         containers: [129]
+      register: release
     - name: Wait for the memory to be freed
       gpuops.gpu.gpu_wait_idle:
         expected_count: 8
+        quiet_since: "{{ release.quiet_since }}"
+        left_holders: "{{ release.left_holders }}"
 
 - name: Every holder of GPU 7, wherever it lives (on the host and in any container)
   gpuops.gpu.gpu_release:
@@ -343,7 +350,7 @@ gpu_errors:
   sample: [{"index": 5, "pci_bus_id": "00000000:AB:00.0", "error": "processes could not be read: Unknown Error"}]
 """
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _lock, _release, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _fence, _lock, _release, _snapshot, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     RELEASE_ARGS,
     SNAPSHOT_ARGS,
@@ -382,7 +389,10 @@ def main() -> None:
         selection = validate_snapshot_params(p, module)
         first_signal = signal_number(p["signal"])
         filters = _validate.release(p, selection)
-        io = ReleaseIO(SnapshotTaker(module, selection=selection), run_in_group, module.warn, programs(module, find_pct(module, False)))
+        taker = SnapshotTaker(module, selection=selection)
+        io = ReleaseIO(taker, run_in_group, module.warn, programs(module, find_pct(module, False)))
+        # A container this node does not have is refused as the fence refuses it (on a Proxmox VE node).
+        _fence.check_node_containers(_fence.NodeIO(None, taker, io, p, first_signal), filters["containers"])
 
         def lock(containers, gpus):  # one release at a time per container and GPU (held until the module exits)
             return _lock.Locks("gpu_release", containers, p["lock_timeout"], module.warn, gpus=gpus).acquire()

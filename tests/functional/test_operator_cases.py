@@ -76,7 +76,9 @@ def test_a_scope_that_selects_nothing_says_which_holders_it_left(gpusim, collect
     res = release(gpusim, collection, match="sglang", gpus=["2"])
     assert not res.get("failed") and res["released"] == [] and not res["changed"], res
     (warning,) = [w for w in warnings(res) if "the scope selects none" in w]
-    assert f"GPU 2: pid {worker}" in warning and "skipped_processes" in warning
+    # each holder it missed, on its GPU, with why: what match saw (issue 33, item 4)
+    assert f"pid {worker} (VLLM::EngineCor) on GPU 2: neither its command line, executable nor unit matches 'sglang'" \
+        " (it saw 'VLLM::EngineCore'" in warning, warning
     assert alive(server) and alive(worker)
 
 

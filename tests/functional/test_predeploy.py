@@ -135,7 +135,9 @@ def test_a_failure_prints_one_small_error(gpusim, collection, tmp_path, vmids):
     # named as outside the fence, with its (redacted) command line and what to do
     assert f"Pid {outsider} python3 holds GPU 0 and is outside the fence (CT {ct_a}), so it was not stopped:" \
         " python3 - secret-job.py --token=" in fatal[0], fatal[0]
-    assert "stop it yourself, or fence its container too" in fatal[0]
+    # a process on the node itself: advice for the node, not "fence its container too" (issue 33, item 4)
+    assert f"it runs on the node itself, in no container: stop it on the node (`kill {outsider}`)" in fatal[0], fatal[0]
+    assert "fence its container" not in fatal[0]
     assert "GPU 0: pid %d" % outsider in fatal[0]
     assert "hunter2" not in out and "cmdline" not in fatal[0]
     assert len(fatal[0]) < 1500, fatal[0]

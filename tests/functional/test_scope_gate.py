@@ -135,6 +135,23 @@ print(p.pid, flush=True)
 """
 
 
+def decoy_with_pid(host, vmid, pid):
+    """A `sleep` in the container whose pid there is ``pid`` (a GPU job's host pid); returns its host pid."""
+    out = subprocess.run(["pct", "exec", str(vmid), "--", sys.executable, "-c", DECOY, str(pid)], env=host.env(),
+                         capture_output=True, text=True, timeout=30, check=True)
+    assert int(out.stdout.split()[0]) == pid
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/status", encoding="utf-8") as f:
+                    nspid = [ln for ln in f if ln.startswith("NSpid:")][0].split()[1:]
+            except (OSError, IndexError):
+                continue
+            if len(nspid) == 2 and int(nspid[1]) == pid:
+                return int(entry)
+    raise AssertionError(f"no process of CT {vmid} has pid {pid} there")
+
+
 def test_inside_a_container_a_host_pid_from_the_driver_is_never_signalled_unverified(gpusim, collection):
     # Before the gate: with a driver that reports host pids (old branches), gpu_release inside the
     # container SIGTERMed the unrelated process whose container pid equalled the GPU job's host pid.
@@ -143,20 +160,8 @@ def test_inside_a_container_a_host_pid_from_the_driver_is_never_signalled_unveri
     gpusim.ct_start(vmid)
     job = gpusim.hold(gpus=[0], mib=4096, ct=vmid)
     gpusim.fault(pid_mode="host")
-    out = subprocess.run(["pct", "exec", str(vmid), "--", sys.executable, "-c", DECOY, str(job)],
-                         env=gpusim.env(), capture_output=True, text=True, timeout=30, check=True)
-    assert int(out.stdout.split()[0]) == job  # the container now has a process with the job's host pid
-    decoy_host_pid = None
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/status", encoding="utf-8") as f:
-                    nspid = [ln for ln in f if ln.startswith("NSpid:")][0].split()[1:]
-            except (OSError, IndexError):
-                continue
-            if len(nspid) == 2 and int(nspid[1]) == job:
-                decoy_host_pid = int(entry)
-    assert decoy_host_pid and alive(decoy_host_pid)
+    decoy_host_pid = decoy_with_pid(gpusim, vmid, job)  # the container now has a process with the job's host pid
+    assert alive(decoy_host_pid)
     try:
         res = run_module(gpusim, collection, "gpu_release",
                          {"device_files": devices(gpusim), "gpus": ["0"], "grace_period": 5},

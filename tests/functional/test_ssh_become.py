@@ -330,6 +330,7 @@ def test_without_become_gpu_facts_warns_and_gpu_release_fails_naming_root(gpusim
     assert "Traceback" not in out and "MODULE FAILURE" not in out and "module_stderr" not in res, out[-3000:]
     assert "not as root" in res["msg"] and "become: true" in res["msg"], res["msg"]
     assert res.get("error") == "not_permitted", res  # the module's own failure (fail_json), not an exception
+    assert out.count("no lock against another release") <= 1, out[-3000:]  # not one per lock file (issue 33, item 6)
     assert alive(server)
     assert sshd.leftovers() == []
 

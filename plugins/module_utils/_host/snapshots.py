@@ -239,7 +239,14 @@ class SnapshotTaker:
             health_checks=checks,
             xid_events=xids,
             mig_selected=self.selection.resolve(raw["gpus"])[1],
+            host_namespace=self.host_namespace(),
         ))
+
+    def host_namespace(self):
+        """Whether the module runs in the host's PID namespace (None: cannot tell): the driver's pids are then ours."""
+        if not hasattr(self, "_host_namespace"):
+            self._host_namespace = _procs.in_initial_pid_namespace()
+        return self._host_namespace
 
     def in_container(self):
         """Whether the module runs inside a container (its PID namespace may not see every GPU user)."""

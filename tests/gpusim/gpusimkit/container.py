@@ -658,6 +658,47 @@ def container_python(simdir: str, vmid: Union[int, str], uid: Optional[int] = No
                          "/usr/bin/python3 to run its workloads")
 
 
+def container_kit(simdir: str, vmid: Union[int, str], uid: Optional[int] = None) -> Optional[str]:
+    """Where a workload of this container imports the simulator from (None: KIT_ROOT, bound in with the checkout).
+
+    An unprivileged container's root (node uid 100000), or a user other than root, cannot reach a checkout that lies
+    under a folder only root may enter (mode 0700: root's home, a ``mktemp -d`` folder): LXC cannot bind it for them
+    and they could not read it if it did. Such a container gets a copy of the simulator's package in the scenario
+    directory (``DIR/kit/gpusimkit``, readable by all), which every container binds at the same path and may reach
+    (_searchable: search permission on each directory above it, as for its rootfs)."""
+    if not (idmap_lines(simdir, vmid) or uid) or reachable(os.path.join(KIT_ROOT, "gpusimkit", "workload.py")):
+        return None
+    dest = os.path.join(simdir, "kit")
+    if not os.path.isfile(os.path.join(dest, "gpusimkit", "workload.py")):
+        tmp = f"{dest}.tmp.{os.getpid()}"
+        shutil.copytree(os.path.join(KIT_ROOT, "gpusimkit"), os.path.join(tmp, "gpusimkit"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for root, _dirs, files in os.walk(tmp):
+            os.chmod(root, 0o755)
+            for name in files:
+                os.chmod(os.path.join(root, name), 0o644)
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)  # another start made it meanwhile
+    _searchable(dest)
+    return dest
+
+
+def unreachable_cause(simdir: str, vmid: Union[int, str], paths: Sequence[str], uid: Optional[int] = None) -> str:
+    """Why a workload of an unprivileged container (or of ``uid``) may not have started: the ``paths`` it needs (its
+    interpreter, what it imports) that a user other than root cannot reach ('' when it can reach all of them)."""
+    if not (idmap_lines(simdir, vmid) or uid):
+        return ""
+    blocked = [p for p in paths if p and not reachable(p)]
+    if not blocked:
+        return ""
+    who = f"uid {uid}" if uid else "its root (node uid 100000)"
+    return (f"CT {parse_vmid(vmid)} is unprivileged and {who} cannot reach {', '.join(blocked)}: a directory above it"
+            " is not searchable by others (mode 0700, like /root or a mktemp -d folder); clone the checkout under a"
+            " folder others may enter (chmod o+x on each directory above it)")
+
+
 def ensure_subids() -> None:
     """root's subordinate ids in /etc/subuid and /etc/subgid (``root:100000:65536``, as a Proxmox VE node has them),
     added only when root has none there: LXC reads them for the idmap of a container that root starts."""

@@ -551,6 +551,11 @@ class SimHost:
         env = proctools.kit_env(self.env())
         if vmid is not None:
             env["GPUSIM_VMID"] = vmid
+            from . import container  # noqa: PLC0415
+            kit = container.container_kit(self.dir, vmid, uid)
+            if kit is not None:  # the checkout is out of the container's reach: a copy of the simulator it can reach
+                env["PYTHONPATH"] = os.pathsep.join(
+                    [kit] + [p for p in env["PYTHONPATH"].split(os.pathsep) if p and p != proctools.KIT_ROOT])
 
         cgroup = None
         if respawn or service is not None:
@@ -566,7 +571,6 @@ class SimHost:
         else:
             python = None
             if vmid is not None:
-                from . import container  # noqa: PLC0415
                 try:
                     python = container.container_python(self.dir, vmid, uid)
                 except container.ContainerError as e:
@@ -629,7 +633,7 @@ class SimHost:
         os.makedirs(d, exist_ok=True)
         return os.path.join(d, f"{os.getpid()}-{time.monotonic_ns()}")
 
-    def _wait_ready_file(self, path: str, what: str, timeout: float = READY_TIMEOUT_S) -> int:
+    def _wait_ready_file(self, path: str, what: str, timeout: float = READY_TIMEOUT_S, log: Optional[str] = None) -> int:
         """The host pid a workload wrote to its ready file (it writes it through a rename)."""
         deadline = time.monotonic() + timeout
         line = ""
@@ -644,7 +648,7 @@ class SimHost:
             os.unlink(path)
         if not line.isdigit():
             why = line[6:] if line.startswith("error ") else (line or f"no readiness message within {timeout:g} s")
-            raise SimError(f"the workload did not start ({what}): {why} (log: {self.path('run', 'workloads.log')})")
+            raise SimError(f"the workload did not start ({what}): {why} (log: {log or self.path('run', 'workloads.log')})")
         pid = int(line)
         proctools.append_owned(self.dir, pid, proctools.starttime(pid))
         return pid
@@ -671,7 +675,14 @@ class SimHost:
                 container.spawn(self.dir, vmid, argv + [f"--ready-file={ready}"], env, log=log, uid=uid)
             except container.ContainerError as e:
                 raise SimError(f"the workload did not start: {e}") from None
-            return self._wait_ready_file(ready, f"CT {vmid}")
+            try:
+                return self._wait_ready_file(ready, f"CT {vmid}", log=log)
+            except SimError as e:
+                cause = container.unreachable_cause(self.dir, vmid, [argv[0]] + env.get("PYTHONPATH", "").split(
+                    os.pathsep), uid)
+                if cause:
+                    raise SimError(f"{e}: {cause}") from None
+                raise
         r, w = os.pipe2(os.O_CLOEXEC)
         started = None
         try:

@@ -136,6 +136,21 @@ def set_comm(name: str) -> None:
     _prctl(PR_SET_NAME, ctypes.cast(buf, ctypes.c_void_p))
 
 
+def set_title(title: str) -> None:
+    """Rename this process as it runs, as setproctitle does on Linux (py-setproctitle, what vLLM's
+    ``set_process_title`` calls): the argv area (/proc/self/stat fields 48-49, arg_start..arg_end) is rewritten in
+    place with the title, NUL-padded, so that /proc/<pid>/cmdline reads the title, and comm is set by
+    prctl(PR_SET_NAME) (its first 15 bytes)."""
+    with open("/proc/self/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    start, end = int(fields[45]), int(fields[46])  # fields 48 and 49 (the list starts at field 3)
+    data = title.encode()[:max(0, end - start - 1)]
+    with open("/proc/self/mem", "r+b", buffering=0) as mem:
+        mem.seek(start)
+        mem.write(data + b"\0" * (end - start - len(data)))
+    set_comm(title)
+
+
 def set_child_subreaper() -> None:
     """Orphaned descendants are re-parented to us (and must be reaped by us)."""
     _prctl(PR_SET_CHILD_SUBREAPER, 1)

@@ -58,6 +58,11 @@ write) can be given them.
 each worker) instead of the parent's: an engine that renames itself, like vLLM's
 ``VLLM::EngineCore`` under ``python3 -m vllm.entrypoints.openai.api_server``.
 
+--title TITLE: once started, the process renames itself as setproctitle does on Linux - its argv area rewritten in
+place (NUL-padded), so /proc/<pid>/cmdline reads TITLE, and comm set by prctl(PR_SET_NAME) - the way vLLM names its
+engine and workers (``VLLM::EngineCore``, ``VLLM::Worker_TP0``; tests/gpusim/README.md, "Renamed processes").
+--worker-title TITLE (or ``GPUSIM_WORKER_TITLE``): with --tree, each worker's --title, ``{i}`` replaced by its index.
+
 --worker-setsid (or ``GPUSIM_WORKER_SETSID=1``): with --tree, each worker starts in a session of
 its own (setsid), out of the parent's process group.
 
@@ -120,6 +125,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                     help="note every catchable signal in this file, then act on it as usual")
     ap.add_argument("--worker-name", default=os.environ.get("GPUSIM_WORKER_NAME") or None,
                     help="with --tree: the workers' name")
+    ap.add_argument("--title", help="rename itself once started, as setproctitle does (argv rewritten, comm set)")
+    ap.add_argument("--worker-title", default=os.environ.get("GPUSIM_WORKER_TITLE") or None,
+                    help="with --tree: each worker's --title ({i}: its index, as in VLLM::Worker_TP{i})")
     ap.add_argument("--worker-setsid", action="store_true", default=os.environ.get("GPUSIM_WORKER_SETSID") == "1",
                     help="with --tree: each worker in a session of its own")
     ap.add_argument("--ready-fd", type=int, help="write the host pid here once ready")
@@ -202,7 +210,7 @@ def validate(args: argparse.Namespace, sc: scn.Scenario) -> List[Target]:
         raise scn.ScenarioError("invalid gpus='none': a tree needs at least one GPU")
     if args.record_signals and args.log_signals:
         raise scn.ScenarioError("invalid record_signals: cannot be combined with log_signals")
-    for field in ("name", "worker_name"):
+    for field in ("name", "worker_name", "title", "worker_title"):
         value = getattr(args, field)
         if value is not None and (not value.strip() or "\0" in value or "\n" in value):
             raise scn.ScenarioError(f"invalid {field}={value!r}: must be a non-empty single line")
@@ -308,12 +316,13 @@ class Workload:
         """[{gpus, type, name}] of the children: a tree's one worker per GPU; an MPS control daemon's one server."""
         if self.args.mps_control:
             return [{"gpus": ",".join(target_text(g) for g in self.gpus), "type": "C", "name": MPS_SERVER}]
-        return [{"gpus": target_text(g), "type": self.args.type, "name": self.args.worker_name or self.args.name}
-                for g in self.gpus]
+        title = self.args.worker_title
+        return [{"gpus": target_text(g), "type": self.args.type, "name": self.args.worker_name or self.args.name,
+                 "title": title.replace("{i}", str(i)) if title else None} for i, g in enumerate(self.gpus)]
 
     def start_workers(self) -> None:
         env = proctools.kit_env()
-        for key in ("GPUSIM_WORKLOAD_ARGV", "GPUSIM_WORKER_NAME", "GPUSIM_WORKER_SETSID"):
+        for key in ("GPUSIM_WORKLOAD_ARGV", "GPUSIM_WORKER_NAME", "GPUSIM_WORKER_SETSID", "GPUSIM_WORKER_TITLE"):
             env.pop(key, None)
         logpath = os.path.join(self.simdir, "run", "workloads.log")
         pending = []
@@ -323,6 +332,8 @@ class Workload:
             name = spec["name"]
             if name:
                 wargs.append(f"--name={name}")
+            if spec.get("title"):
+                wargs.append(f"--title={spec['title']}")
             if self.args.record_signals:
                 wargs.append(f"--record-signals={self.args.record_signals}")
             if self.args.log_signals:
@@ -426,6 +437,8 @@ class Workload:
             os.close(fd)
 
     def run(self) -> None:
+        if self.args.title:
+            proctools.set_title(self.args.title)
         self.install_signals()
         self.open_devices()
         if self.args.mps_control:

@@ -238,6 +238,49 @@ def test_host_name_sets_comm_and_cmdline(gpusim):
     assert dev_files(gpusim, pid) == ["nvidia-uvm", "nvidia2", "nvidiactl"]
 
 
+def test_host_title_renames_a_running_process_as_setproctitle_does(gpusim, monkeypatch):
+    # vLLM's workers (README "Workloads", --title): the argv area rewritten in place, NUL-padded; comm set
+    monkeypatch.setenv("GPUSIM_WORKER_TITLE", "VLLM::Worker_TP{i}")
+    parent = gpusim.hold([0, 1], mib=100, tree=True, name="python3 -m vllm.entrypoints.openai.api_server")
+    workers = sorted(children(parent), key=lambda w: proc_lines(gpusim, w)[0]["gpu"])
+    for i, w in enumerate(workers):
+        with open(f"/proc/{w}/cmdline", "rb") as f:
+            raw = f.read()
+        assert raw.startswith(f"VLLM::Worker_TP{i}\0".encode()) and set(raw[len(f"VLLM::Worker_TP{i}"):]) == {0}
+        with open(f"/proc/{w}/comm", encoding="utf-8") as f:
+            assert f.read().strip() == "VLLM::Worker_TP"  # 15 bytes
+    assert proctools.cmdline(parent)[-2:] == ["-m", "vllm.entrypoints.openai.api_server"]  # the API server keeps its
+
+
+VMID_LOCKED = 9197
+
+
+def test_host_unprivileged_container_workloads_start_when_the_checkout_is_out_of_reach(gpusim, tmp_path, monkeypatch):
+    """A checkout cloned under a folder only root may enter (root's home, a `mktemp -d` folder: mode 0700). Before,
+    an unprivileged container's root (node uid 100000) could not reach the simulator there: every workload of it
+    failed with "the workload did not start (CT N): no readiness message within 30 s" and an empty log (issue 33,
+    item 6). Its workloads now import a copy of gpusimkit from the scenario directory."""
+    from gpusimkit import container  # noqa: PLC0415
+
+    locked = tmp_path / "root-only"
+    locked.mkdir(mode=0o700)
+    kit = locked / "checkout" / "tests" / "gpusim"
+    shutil.copytree(os.path.join(proctools.KIT_ROOT, "gpusimkit"), kit / "gpusimkit",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    gpusim.ct_create(VMID_LOCKED, unprivileged=True)
+    for module in (container, proctools):
+        monkeypatch.setattr(module, "KIT_ROOT", str(kit))  # the simulator as that checkout has it
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    gpusim.ct_start(VMID_LOCKED)
+    assert not container.reachable(str(kit / "gpusimkit" / "workload.py"))
+    job = gpusim.hold([3], mib=1024, ct=VMID_LOCKED)
+    assert proctools.alive(job)
+    assert proctools.cmdline(job)[1:3] == ["-m", "gpusimkit.workload"]
+    # where a path it needs is out of reach, the simulator says which one, and why
+    cause = container.unreachable_cause(gpusim.dir, VMID_LOCKED, [str(kit)])
+    assert f"CT {VMID_LOCKED} is unprivileged and its root (node uid 100000) cannot reach {kit}" in cause, cause
+
+
 def test_host_tree_killing_the_parent_leaves_the_workers(gpusim):
     parent = gpusim.hold([0, 1, 2], mib=1000, tree=True, name="python3")
     workers = children(parent)

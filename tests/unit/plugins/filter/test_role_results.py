@@ -270,7 +270,8 @@ def test_gpu_idle_result_lists_each_process_once():
      [129], "Pid 9001 python3 (CT 130) holds GPU 0 and is outside the fence (CT 129), so it was not stopped:"
             " python3 train.py --token=********"),
     (dict(SERVER, pid=9002, container=None, unit=None, cmdline="python3 secret-job.py"),
-     [129], "Pid 9002 python3 holds GPU 0 and is outside the fence (CT 129), so it was not stopped: python3 secret-job.py"),
+     [129], "Pid 9002 python3 holds GPU 0 and is outside the fence (CT 129), so it was not stopped: python3 secret-job.py"
+            " - it runs on the node itself, in no container: stop it on the node (`kill 9002`), before the deploy"),
     # no fence (the role alone): no fence to be outside of
     (dict(SERVER, pid=9002, container=None), [], None),
 ])
@@ -284,6 +285,8 @@ def test_a_holder_outside_the_fence_is_named_as_such(holder, fenced, expect):
     else:
         assert expect in out["error"] and out["error"].endswith("before the deploy."), out["error"]
         assert out["error"].count("outside the fence") == 1
+        # a container's process: fence its container too; the node's own: advice for the node (issue 33, item 4)
+        assert ("fence its container too" in out["error"]) is (holder.get("container") is not None), out["error"]
 
 
 def test_the_holders_of_every_look_are_read_once_each():

@@ -98,8 +98,9 @@ class FakeNode:
         self.holding_calls = getattr(self, "holding_calls", 0) + 1
         return {vmid: set(gpus) for vmid, gpus in getattr(self, "busy", {}).items()}
 
-    def release(self, filters, draining=()):
+    def release(self, filters, draining=(), units_stopped=()):
         self.released.append(list(filters["containers"]))
+        self.units_stopped = list(units_stopped)
         self.draining = list(draining)
         self.release_gpus = filters["gpus"].indexes()
         if self.release_failure:
@@ -190,6 +191,10 @@ def test_states(state, check_mode, released, shut_down, stops):
     assert res["pct_calls"] == len(node.calls) > 0   # is-active in each container, and the stops
     assert res["changed"] is True
     assert ("release" in res) is (state == "released")
+    if released:
+        # The units it stopped (check mode: would stop) are not the release's to stop again (issue 33, item 6: the
+        # check-mode summary named sglang and then sglang.service).
+        assert node.units_stopped == [(129, "sglang")]
 
 
 def test_no_running_container_never_releases():
@@ -512,7 +517,7 @@ def test_what_the_release_saw_counts_too():
     node = SharedNode([160, 161], {160: [0], 161: [4]})
     gpu5 = {"index": 5, "minor_number": 2, "memory": {"used": 1024}, "blockers": [77],
             "processes": [{"pid": 77, "used_mib": 1024, "container": {"kind": "lxc", "id": 160}}], "holders": {}}
-    node.release = lambda filters, draining=(): (
+    node.release = lambda filters, draining=(), units_stopped=(): (
         {"changed": True, "released": [], "gpus_before": [gpu5], "holder_processes": {}}, None)
     res = fence(node, containers=[160], state="released").run()
     assert res["containers"][0]["wait_gpus"] == [0, 5] and res["wait_gpus"] == [0, 5]

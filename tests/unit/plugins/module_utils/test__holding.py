@@ -19,6 +19,7 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._holding import (
     node_of,
     placement,
     release_candidates,
+    stop_advice,
     verdict,
 )
 
@@ -270,23 +271,29 @@ def test_is_mps_server(proc, server):
 
 
 def test_mps_servers_carry_the_clients_listed_on_the_gpus_they_serve():
-    gpus = [{"index": 0, "processes": [SERVER, CLIENT_A]}, {"index": 1, "processes": [SERVER, CLIENT_B]},
+    in_130 = {"kind": "lxc", "id": 130, "pid_in_container": 7}
+    gpus = [{"index": 0, "processes": [SERVER, CLIENT_A]}, {"index": 1, "processes": [SERVER, dict(CLIENT_B, container=in_130)]},
             {"index": 2, "processes": [_p(80, "python3", "python3 c.py", "compute+mps")]}]
-    assert mps_servers(gpus) == {50: {"gpus": [0, 1], "clients": [
-        {"pid": 60, "start_time": 600, "gpus": [0], "visible": True},
-        {"pid": 70, "start_time": 700, "gpus": [1], "visible": True}]}}
+    assert mps_servers(gpus) == {50: {"gpus": [0, 1], "container": None, "clients": [
+        {"pid": 60, "start_time": 600, "gpus": [0], "visible": True, "container": None},
+        {"pid": 70, "start_time": 700, "gpus": [1], "visible": True, "container": in_130}]}}
 
 
 def _server(*clients, gpus=(0, 1)):
-    return {"gpus": list(gpus), "clients": [{"pid": pid, "start_time": pid * 10, "gpus": list(on), "visible": vis}
-                                            for pid, on, vis in clients]}
+    """An mps_servers() entry: clients (pid, GPUs, visible[, the CT it lives in])."""
+    return {"gpus": list(gpus), "container": None, "clients": [
+        {"pid": c[0], "start_time": c[0] * 10, "gpus": list(c[1]), "visible": c[2],
+         "container": {"kind": "lxc", "id": c[3]} if len(c) > 3 else None} for c in clients]}
 
 
 @pytest.mark.parametrize("server, selected, targets, kept_for", [
     # A client on a GPU that is not selected: the server stays.
-    (_server((60, [0], True), (70, [1], True)), {0}, {60}, ["pid 70 on GPU 1 (not selected)"]),
+    (_server((60, [0], True), (70, [1], True)), {0}, {60}, ["pid 70 on GPU 1 (on the node, not selected)"]),
+    # Another container's client: named with its container.
+    (_server((60, [0], True, 129), (70, [1], True, 130)), {0}, {60}, ["pid 70 on GPU 1 (in CT 130, not selected)"]),
     # A client on a selected GPU that the scope does not take (another container, a filter).
-    (_server((60, [0], True), (61, [0], True)), {0}, {60}, ["pid 61 on GPU 0 (outside the scope of this release)"]),
+    (_server((60, [0], True), (61, [0], True)), {0}, {60}, ["pid 61 on GPU 0 (on the node, outside the scope of this"
+                                                            " release)"]),
     # A client this PID namespace cannot see.
     (_server((60, [0], None), (62, [0], False)), {0}, {60}, ["pid 62 on GPU 0 (not visible from here)"]),
     # Every client is a target: it may go with them.
@@ -304,11 +311,35 @@ def test_mps_server_problem(server, selected, targets, kept_for):
     for text in kept_for:
         assert text in reason, reason
     assert "echo quit | nvidia-cuda-mps-control" in reason and "exits by itself" in reason
+    assert "when all its clients are done" in reason and "kill" not in reason.replace("Never kill the server", "")
 
 
 def test_a_busy_reason_names_the_mps_server_and_its_clients():
     server = dict(SERVER, used_mib=28, mps_server=_server((70, [1], True)))
     _idle, reasons, blockers, _l = verdict({"index": 0, "processes": [server], "memory": {"used": 28}}, 64)
     assert [b["pid"] for b in blockers] == [50]
-    assert "an MPS server (nvidia-cuda-mps-server) on GPUs 0, 1: it carries client pid 70 on GPU 1" in reasons[0]
+    assert "an MPS server (nvidia-cuda-mps-server) on GPUs 0, 1: it carries client pid 70 on GPU 1 (on the node)" \
+        in reasons[0]
     assert "echo quit | nvidia-cuda-mps-control" in reasons[0]
+
+
+@pytest.mark.parametrize("proc, advice, never", [
+    # An MPS server carrying another container's client: its clients, and the control daemon's way; never a kill.
+    (dict(SERVER, mps_server=_server((70, [1], True, 130))),
+     ["pid 70 on GPU 1 (in CT 130)", "when all its clients are done", "`echo quit | nvidia-cuda-mps-control` on the node"],
+     "`kill"),
+    # ... one that runs in a container: the control daemon's way there.
+    (dict(SERVER, container={"kind": "lxc", "id": 129},
+          mps_server=dict(_server((70, [1], True, 130)), container={"kind": "lxc", "id": 129})),
+     ["`pct exec 129 -- sh -c 'echo quit | nvidia-cuda-mps-control'`"], "`kill"),
+    # A process in a container: inside it, by its pid there.
+    (dict(CLIENT_A, container={"kind": "lxc", "id": 130, "pid_in_container": 7}), ["`pct exec 130 -- kill 7`"], "node"),
+    # A process on the node itself: on the node, never "fence its container".
+    (CLIENT_A, ["runs on the node itself, in no container", "`kill 60`"], "fence"),
+    (dict(CLIENT_A, unit="train.service"), ["`systemctl stop train.service`"], "fence"),
+])
+def test_stop_advice_fits_the_holder(proc, advice, never):
+    text = stop_advice(proc)
+    for part in advice:
+        assert part in text, text
+    assert never not in text, text

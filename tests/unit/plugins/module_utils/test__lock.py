@@ -113,6 +113,27 @@ def test_no_lock_directory_is_a_warning_not_a_failure(tmp_path, monkeypatch):
     assert len(warnings) == 1 and warnings[0].startswith("no lock against another release at once: cannot create")
 
 
+def test_lock_files_that_cannot_be_opened_are_one_warning(lockdir):
+    # Without root (no become) every lock file of /run/gpuops.gpu fails alike (EACCES) and nine warnings came before
+    # the real error (issue 33, item 6). As root here, each lock file's name is a directory (EISDIR): each fails too.
+    names = [name for name, _x, _w in _lock.plan([129], range(8))]
+    for name in names:
+        (lockdir / name).mkdir(parents=True)
+    warnings = []
+    with locks([129], 0, Clock(), warnings, gpus=range(8)) as held:
+        assert held.files == []
+    assert len(warnings) == 1, warnings
+    assert warnings[0] == (f"no lock against another release at once: cannot open the lock files of CT 129, GPU 0, GPU 1,"
+                           f" GPU 2, GPU 3, GPU 4, GPU 5, GPU 6, GPU 7 in {lockdir} (Is a directory)")
+    # the fence's GPU locks after its containers': the same directory is not named again in this run
+    locks([], 0, Clock(), warnings, gpus=range(8)).acquire()
+    assert len(warnings) == 1, warnings
+    _lock.release_all()  # the next module run says it again
+    locks([], 0, Clock(), warnings, gpus=range(8)).acquire()
+    assert len(warnings) == 2
+    _lock.release_all()
+
+
 def test_acquire_says_whether_it_waited(lockdir):
     # The caller reads the GPUs again after a wait: what it read before is another release's leftover.
     clock = Clock()

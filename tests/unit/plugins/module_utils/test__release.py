@@ -212,6 +212,30 @@ def test_a_unit_is_stopped_through_systemd_before_the_signals():
     assert [u["rc"] for u in res["stopped_units"]] == [0] and host.signalled == []
 
 
+@pytest.mark.parametrize("ct, said, unsaid", [
+    (129, "or name it in proxmox_fence_services", "on the node"),
+    (None, "(on the node: systemctl stop sglang.service)", "proxmox_fence_services"),  # the node's own unit
+])
+def test_respawn_advice_fits_where_the_unit_runs(ct, said, unsaid):
+    text = _release.respawn_advice(proc(150, ct=ct, unit="sglang.service"), 1.0, unit_stopped=False)
+    assert said in text and unsaid not in text, text
+
+
+@pytest.mark.parametrize("stopped, planned", [
+    ([], ["sglang.service"]),
+    ([(129, "sglang")], []),            # the fence stopped it (or, in check mode, would): named as systemctl takes it
+    ([(129, "sglang.service")], []),
+    ([(130, "sglang")], ["sglang.service"]),  # another container's unit of that name
+])
+def test_a_unit_the_fence_stopped_is_not_planned_again(stopped, planned):
+    host = FakeHost([proc(101, unit="sglang.service")], {101: [0]})
+    p = params(containers=[129], units_stopped=stopped)
+    release = _release.Release(p, _validate.release(p, _selection.parse(p["gpus"])), host)
+    gpus = host.snapshot()
+    assert release.plan(gpus, gpus) == ""
+    assert [u["unit"] for u in release.check_mode_result(False)["stopped_units"]] == planned
+
+
 def test_a_recycled_pid_is_never_signalled():
     host = FakeHost([proc(101)], {101: [0]})
     p = params(containers=[129])
@@ -326,8 +350,30 @@ def test_a_scope_that_selects_nothing_names_the_holders_it_left():
                     {101: [0], 102: [3]})
     release, res = run(host, match="sglang")
     assert res["released"] == [] and host.signalled == []
-    assert "the scope selects none of the processes that hold the selected GPUs: GPU 0: pid 101; GPU 3: pid 102" \
-        in warnings_of(release)
+    said = [w for w in release.warnings
+            if w.startswith("the scope selects none of the processes that hold the selected GPUs: ")]
+    assert len(said) == 1, release.warnings
+    # each holder it missed, on its GPUs, with why (what match saw)
+    assert "pid 101 (python3) in CT 129 on GPU 0: neither its command line, executable nor unit matches 'sglang' (it saw" \
+        " 'python3 -m vllm.entrypoints.openai.api_server'" in said[0]
+    assert "pid 102 (python3) in CT 129 on GPU 3: " in said[0]
+
+
+@pytest.mark.parametrize("match, released, said", [
+    # vLLM's engine and workers renamed by setproctitle, their API server gone: match is case-sensitive
+    ("vllm", [], "'VLLM::Worker_TP0' matches it only ignoring case - match is case-sensitive; (?i)vllm matches both"),
+    ("(?i)sglang|vllm", [101, 102], None),
+    ("VLLM::", [101, 102], None),
+])
+def test_a_match_that_misses_renamed_workers_says_why(match, released, said):
+    host = FakeHost([dict(proc(101, name="VLLM::Worker_TP"), cmdline="VLLM::Worker_TP0"),
+                     dict(proc(102, name="VLLM::Worker_TP"), cmdline="VLLM::Worker_TP1")], {101: [0], 102: [1]})
+    release, res = run(host, match=match, tree=False)
+    assert sorted(r["pid"] for r in res["released"]) == released
+    if said:
+        (warning,) = [w for w in release.warnings if "the scope selects none" in w]
+        assert said in warning, warning
+        assert "pid 102 (VLLM::Worker_TP) in CT 129 on GPU 1" in warning, warning
 
 
 @pytest.mark.parametrize("name, procs, contexts, over, looks", [

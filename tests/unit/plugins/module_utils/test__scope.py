@@ -203,9 +203,9 @@ def test_the_regexes_see_the_raw_command_line_and_reports_keep_the_redacted_one(
 def test_unverified_pids_only_outside_the_host_namespace():
     gpus = [{"index": 0, "minor_number": 0, "processes": [{"pid": 10, "visible": True}, {"pid": 11, "visible": True}],
              "holders": [{"pid": 10, "evidence": "context"}]}]
-    assert _release.unverified_pids(gpus, True) == {}
-    out = _release.unverified_pids(gpus, False)
-    assert list(out) == [11] and "/dev/nvidia0" in out[11]
+    assert _release.unverified(gpus, True) == {}
+    out = _release.unverified(gpus, False)
+    assert list(out) == [11] and "/dev/nvidia0" in out[11] and out[11].endswith("on the host (the Proxmox node) to release it")
 
 
 def test_a_unit_running_another_gpu_job_is_not_stopped():
@@ -239,11 +239,11 @@ def mps_host():
 
 MPS_CASES = [
     # (case, selected, filters, candidates, targets, why the server stays: '' = it is a target)
-    ("GPU 0: the server also carries 70 on GPU 1", {0}, {}, [50, 60], [60], "pid 70 on GPU 1 (not selected)"),
-    ("GPU 0, the server named in pids", {0}, {"pids": {50, 60}}, [50, 60], [60], "pid 70 on GPU 1 (not selected)"),
+    ("GPU 0: the server also carries 70 on GPU 1", {0}, {}, [50, 60], [60], "pid 70 on GPU 1 (on the node, not selected)"),
+    ("GPU 0, the server named in pids", {0}, {"pids": {50, 60}}, [50, 60], [60], "pid 70 on GPU 1 (on the node, not selected)"),
     ("GPUs 0 and 1, every client released", {0, 1}, {}, [50, 60, 70], [50, 60, 70], ""),
     ("GPUs 0 and 1, match takes 60 only", {0, 1}, {"match": rx("^python3$|nvidia-cuda-mps-server")}, [50, 60], [60],
-     "pid 70 on GPU 1 (outside the scope of this release)"),
+     "pid 70 on GPU 1 (on the node, outside the scope of this release)"),
 ]
 
 

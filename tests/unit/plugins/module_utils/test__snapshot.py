@@ -7,7 +7,7 @@ import pytest
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._holding import verdict
-from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import build, is_protected
+from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import build, is_protected, visibility_warnings
 
 PROTECT_CASES = [
     ("pid 1", {"pid": 1, "name": "systemd", "cmdline": "/sbin/init"}, (), "PID 1"),
@@ -105,6 +105,30 @@ def test_build_attributes_processes_and_holders():
     assert g0["idle"] is False and g0["blockers"] == [100, 555]
     # GPU 1: the driver's list is complete and the memory at baseline: pid 300 lingers, it does not block
     assert g1["idle"] is True and g1["lingering"] == [300] and g1["blockers"] == []
+
+
+@pytest.mark.parametrize("host_namespace, named", [(True, True), (False, False), (None, False)])
+def test_a_driver_pid_that_names_another_process_here_is_not_named(host_namespace, named):
+    # A driver that reports host pids, read from a container: pid 100 is the GPU job's host pid, and here an unrelated
+    # `sleep` that holds no NVIDIA node. Only in the host's PID namespace is the driver's pid this namespace's.
+    raw = {"driver": {}, "gpus": [{"index": 0, "minor_number": 0, "memory": {"used": 4096}, "health": {"status": "ok"},
+                                   "processes": [{"pid": 100, "types": ["compute"], "used_mib": 4096},
+                                                 {"pid": 101, "types": ["compute"], "used_mib": 0}]}]}
+    procs = {100: {"pid": 100, "name": "sleep", "cmdline": "sleep 120", "user": "root", "uid": 0, "ppid": 1,
+                   "start_time": 1, "container": None},
+             101: {"pid": 101, "name": "python3", "cmdline": "python3 job.py", "user": "root", "uid": 0, "ppid": 1,
+                   "start_time": 2, "container": None}}
+    snap = build(raw, read_process=procs.get, holders={101: ["/dev/nvidia0", "/dev/nvidiactl"]},
+                 host_namespace=host_namespace)
+    (gpu,) = snap["gpus"]
+    first, second = gpu["processes"]
+    assert (first["name"] == "sleep") is named and first["visible"] is named
+    assert second["name"] == "python3" and second["visible"] is True  # it holds /dev/nvidia0: it is the driver's
+    if not named:
+        assert "cannot be confirmed" in first["unverified"] and first["cmdline"] is None
+        assert "used by pid 100: the driver reports pid 100 on GPU 0, but from this PID namespace" in gpu["busy_reasons"][0]
+        (said,) = [w for w in visibility_warnings(snap["gpus"]) if "pid 100" in w]
+        assert "sleep" not in said and "run on the host" in said
 
 
 def test_build_without_minor_numbers_counts_nvidiaN_for_every_gpu():

@@ -479,8 +479,8 @@ def test_a_holder_the_release_left_fails_fast(name, timeline, params, error, ela
         assert result["msg"] == (
             f"blocked after {elapsed:.1f} s of 10 s (still there after blocker_grace, {params.get('blocker_grace', 5.0):g} s):"
             " GPU 0 is used by pid 872 (python3) in CT 130, which the release before this wait left (in CT 130, not in"
-            " containers (129)): nothing in this hook will stop it. See it: `ps -o pid,user,etime,args -p 872`; when it"
-            " may be stopped, stop it where it runs (`pct exec 130 -- kill 41`), or leave GPU 0 out of the GPUs to wait"
+            " containers (129)): nothing in this hook will stop it. See it: `ps -o pid,user,etime,args -p 872`. When it"
+            " may be stopped: stop it in CT 130 (`pct exec 130 -- kill 41`); or leave GPU 0 out of the GPUs to wait"
             " for")
         assert result["left_blockers"] == [{"gpu": 0, "pid": 872, "reason": LEFT[0]["reason"]}]
 
