@@ -26,7 +26,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import (
-    _errors, _holding, _lock, _mig, _pct, _release, _selection, _snapshot, _validate)
+    _errors, _health, _holding, _lock, _mig, _pct, _release, _selection, _snapshot, _validate)
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_in_group
 
 STATES = ("present", "released", "shutdown")
@@ -113,6 +113,7 @@ class Discovery:
         self._configs = {}                 # the parsed configs read, and those of other running containers read later
         self._shared = {}                  # {vmid: the other running containers that pass GPUs}: see cover
         self._holding = {}                 # {vmid: GPU indexes} its processes kept busy at the discovery (cover)
+        self._node_gpus = None             # the node's GPUs as the discovery read them (None: not read)
 
     def _within(self, deadline, read):
         """``read()`` in a thread of its own, waited for until ``deadline``: a read of /etc/pve blocks while pmxcfs
@@ -174,8 +175,8 @@ class Discovery:
                 self._pending(vmid, config, _pct.parse_config(_pct.config_view(conf, current=False)))
             if up:
                 self._configs[vmid] = config
-            if self.p["containers"] or config["passthrough"] or config["unknown"]:
-                configs[vmid] = config
+            if self.p["containers"] or config["passthrough"] or config["unknown"] or up:
+                configs[vmid] = config  # a running one without passthrough lines: its processes may hold GPUs (_rows)
         return self._rows(listed, configs)
 
     def _pending(self, vmid, current, pending) -> None:
@@ -187,50 +188,83 @@ class Discovery:
                          " devices until it restarts. The GPUs reported are those it has now.")
 
     def _rows(self, listed, configs) -> list:
-        gpu_minors = uuids = node_gpus = held = None
+        gpu_minors = uuids = node_gpus = held = held_mig = None
         complete = False
+        up = {v for v in configs if listed[v]["status"] == "running"}
         # A container whose config may pass GPUs in a way that cannot be read (_pct.parse_config's ``unknown``): what
         # its processes hold decides, when it runs.
-        unread = [v for v, c in configs.items() if c["unknown"] and listed[v]["status"] == "running"]
+        unread = [v for v in up if configs[v]["unknown"]]
         # A running one that gets every GPU (minors null) asks for the GPUs too: is another container sharing them (cover)?
-        every = [v for v, c in configs.items() if c["minors"] is None and c["passthrough"] and listed[v]["status"] == "running"]
+        every = [v for v in up if configs[v]["minors"] is None and configs[v]["passthrough"]]
         caps = any(_mig.node_minor(d) is not None for c in configs.values() for d in c.get("devices") or ())
-        if any(c["minors"] or c["visible"] for c in configs.values()) or unread or every or caps:
+        if any(c["minors"] or c["visible"] or c["mig_all"] for c in configs.values()) or unread or every or caps:
             node_gpus = self.io.gpus()
             if node_gpus is not None:
                 gpu_minors = {g["minor_number"]: g["index"] for g in node_gpus if g.get("minor_number") is not None}
                 uuids = {g["index"]: g.get("uuid") for g in node_gpus}
                 complete = len(gpu_minors) == len(node_gpus)
-                if unread:
-                    held = self.io.held()
+                if up or any(c["mig_all"] for c in configs.values()):
+                    # The kernel has the last word on what a running container holds (its processes' contexts, the
+                    # device and capability nodes they hold open): one look, the snapshot's attribution.
+                    held, held_mig = self.io.held(), self.io.held_mig()
+        self._node_gpus = node_gpus
         rows = []
         for vmid, config in configs.items():
-            gpus = self._minor_gpus(vmid, config, gpu_minors, complete)
             row = listed[vmid]
             running = row["status"] == "running"
+            if not (config["passthrough"] or config["unknown"] or self.p["containers"] or (held or {}).get(vmid)):
+                continue  # running, passes nothing and holds nothing
+            gpus = self._minor_gpus(vmid, config, gpu_minors, complete)
             gpus = self._toolkit_gpus(vmid, config, gpus, node_gpus)
+            beyond = []
             if config["unknown"]:
                 gpus = self._held_gpus(vmid, config, gpus, running, held)
                 if gpus == [] and config["passthrough"] is None and not self.p["containers"]:
                     continue  # nothing of it holds a GPU: nothing to fence (the warning says so)
+            elif running and held is not None and gpus is not None:
+                gpus, beyond = self._kernel_gpus(vmid, gpus, held.get(vmid, set()))
             minors = config["minors"]
-            if gpus and gpu_minors and (config["visible"] or config["unknown"]) and minors is not None:
+            if gpus and gpu_minors and (config["visible"] or config["unknown"] or beyond) and minors is not None:
                 index_minor = {i: m for m, i in gpu_minors.items()}
                 minors = sorted(set(minors) | {index_minor[i] for i in gpus if i in index_minor})
             if running and _passes_every_gpu(config, gpus, node_gpus):
                 sharers = self._sharers(vmid)
                 if sharers:
                     self._shared[vmid] = sharers
-            mig = self._mig_devices(vmid, config, node_gpus)
+            mig = self._mig_devices(vmid, config, node_gpus, gpus, held_mig)
             rows.append(dict(
                 vmid=vmid, name=row["name"] or config["hostname"] or "", status=row["status"], lock=row["lock"],
                 running=running, passthrough=config["passthrough"], minors=minors,
-                gpus=gpus, gpu_uuids=None if gpus is None else [uuids[i] for i in gpus],
+                gpus=gpus, gpu_uuids=None if gpus is None else [uuids[i] for i in gpus], gpus_beyond_config=beyond,
                 mig_devices=mig, wait_mig_devices=_mig.by_gpu(node_gpus, mig),
                 passthrough_unknown=list(config["unknown"]), gpus_from="config", wait_gpus=gpus))
         if self._shared:
             self._holding = self.io.holding()
         return rows
+
+    def mig_mode_pending(self, scope) -> None:
+        """A warning for each GPU of the fence's scope (``scope``: indexes, None for every GPU) whose MIG mode changes
+        at its next reset (_health's mig_mode_pending): the next server may meet a GPU split, or whole, unlike now."""
+        for gpu in self._node_gpus or ():
+            if scope is None or gpu["index"] in scope:
+                for check in _health.failed_checks(gpu):
+                    if check["check"] == "mig_mode_pending":
+                        self.io.warn(f"GPU {gpu['index']}: {check['detail']}; {check['action']}")
+
+    def _file(self, vmid) -> str:
+        return os.path.join(self.io.where(), "lxc", f"{int(vmid)}.conf")
+
+    def _kernel_gpus(self, vmid, gpus, mine) -> tuple:
+        """(its GPUs, those beyond its config): a running container's GPUs are those its config passes and those its
+        processes hold (a context, the GPU's /dev/nvidiaN open) - a config edited while it runs (a hand edit, an
+        ``lxc.*`` line: PVE keeps no pending change of those) no longer says what it has; a warning names the
+        difference and the file."""
+        beyond = sorted(set(mine) - set(gpus))
+        if beyond:
+            self.io.warn(f"CT {vmid}'s processes hold GPU {describe(beyond)}, which its config {self._file(vmid)} does"
+                         f" not pass (edited while it runs?): fenced as its GPUs, with those of its config"
+                         f" (GPU {describe(gpus)}); the config takes effect at its next start")
+        return sorted(set(gpus) | set(beyond)), beyond
 
     def _minor_gpus(self, vmid, config, gpu_minors, complete: bool):
         """The GPU indexes of the /dev/nvidiaN minors the config passes ([] none, None when they cannot be told); a
@@ -250,14 +284,16 @@ class Discovery:
                          f" (the GPUs' minors: {describe(sorted(gpu_minors))}): a stale config line?")
         return gpus
 
-    def _mig_devices(self, vmid, config, node_gpus) -> list:
+    def _mig_devices(self, vmid, config, node_gpus, gpus, held) -> list:
         """The MIG devices whose capability nodes (/dev/nvidia-caps/nvidia-capN, devN or lxc.mount.entry lines) the
         config passes, or that the toolkit's NVIDIA_VISIBLE_DEVICES names by MIG UUID (_mig); a capability node no MIG
-        device of the node has is warned about."""
+        device of the node has is warned about. A running container's are those and the ones its processes are on or
+        hold the nodes of (``held``: _mig.held, None when not read): all of them for a config that passes the whole
+        /dev/nvidia-caps (a bind of the directory, or of /dev), where the config says nothing of which (_dir_mig)."""
         nodes = [d for d in config.get("devices") or () if _mig.node_minor(d) is not None]
         ids = config.get("visible") if isinstance(config.get("visible"), list) else []
         visible = [v for v in ids if isinstance(v, str) and v.lower().startswith("mig-")]
-        if not (nodes or visible) or node_gpus is None:
+        if not (nodes or visible or held or config["mig_all"]) or node_gpus is None:
             return []
         found = _mig.devices_of_nodes(node_gpus, nodes)
         for uuid in visible:  # the toolkit's NVIDIA_VISIBLE_DEVICES=MIG-...
@@ -270,7 +306,41 @@ class Discovery:
         if stale:
             self.io.warn(f"CT {vmid} passes {describe(f'/dev/nvidia-caps/nvidia-cap{m}' for m in stale)} through, but no MIG"
                          " device of this node has that capability: a stale config line (the MIG devices were made anew?)")
-        return found
+        if config["mig_all"]:
+            return self._dir_mig(vmid, node_gpus, gpus, found, held)
+        beyond = [u for u in _mig.in_order(node_gpus, (held or {}).get(vmid, ())) if u not in found]
+        if beyond:
+            self.io.warn(f"CT {vmid}'s processes are on MIG device {describe(beyond)} (a context, or its capability"
+                         f" nodes open), which its config {self._file(vmid)} does not name (edited while it runs?):"
+                         " fenced as its MIG devices")
+        return found + beyond
+
+    def _dir_mig(self, vmid, node_gpus, gpus, found, held) -> list:
+        """The MIG devices of a container whose config passes the whole /dev/nvidia-caps (a bind of the directory or of
+        /dev, a devN of the directory): on each of its GPUs in MIG mode, those its processes are on or hold the nodes
+        of; where they hold none (none of its processes runs there yet, or it is not running), those no other
+        process holds - never the GPU's others, which are another's work - with a warning that it cannot tell."""
+        mine = (held or {}).get(vmid, set())
+        others = {u for place, uuids in (held or {}).items() if place != vmid for u in uuids}
+        out = list(found)
+        for g in node_gpus:
+            devs = [d["uuid"] for d in g.get("mig_devices") or []]
+            if not devs or (gpus is not None and g["index"] not in gpus):
+                continue
+            on = [u for u in devs if u in mine]
+            what = f"CT {vmid}'s config passes the whole /dev/nvidia-caps: which MIG devices of GPU {g['index']} are its"
+            if on:
+                out += [u for u in on if u not in out]
+                continue
+            free = [u for u in devs if u not in others and u not in out]
+            if held is None:
+                self.io.warn(f"{what} cannot be told (what the processes hold could not be read): the wait covers them"
+                             " all, and will name their holders")
+            else:
+                self.io.warn(f"{what} cannot be told: its processes hold none now; the wait covers those no other"
+                             f" process holds: {describe(free) if free else 'none'}")
+            out += free or devs  # every one held by others' work: the wait names them
+        return out
 
     def _sharers(self, vmid) -> list:
         """The other running containers of the node whose configs pass GPUs (or may: passthrough that cannot be read).
@@ -467,6 +537,7 @@ class Fence:
         containers = self.discovery.containers()
         running = [c for c in containers if c["running"]]
         counted = self._choose(containers, running)
+        self.discovery.mig_mode_pending(self.result["gpus"])
         if running and (self.p["state"] != "present" or self.p["units"]) and not self.check_mode:
             # One release at a time per container (and node): taken before the services' states are read, so a
             # second fence that waited sees what the first left, not what it stopped.
@@ -658,8 +729,10 @@ class NodeIO:
                                                  " Nothing was stopped.") from None
 
     def take_locks(self, vmids) -> None:
-        """The release locks of these containers, held until the module exits (their GPUs' are the release's)."""
-        _lock.Locks("proxmox_gpu_containers", vmids, self.params["lock_timeout"], self.warn).acquire()
+        """The release locks of these containers, held until the module exits (their GPUs' are the release's). A wait
+        for another run's makes the discovery's look stale (release() then takes a snapshot of its own)."""
+        if _lock.Locks("proxmox_gpu_containers", vmids, self.params["lock_timeout"], self.warn).acquire():
+            self._look_gpus = None
 
     def _gpu_locks(self, _containers, gpus) -> None:
         """The release's GPU locks, shared (a release narrowed to the containers whose locks take_locks holds)."""
@@ -686,10 +759,21 @@ class NodeIO:
             self._look_gpus = self.taker.take()["gpus"]
         return self._look_gpus
 
-    def held(self) -> dict:
+    def held(self):
         """{vmid: set of GPU indexes} its processes hold now (_holding.container_gpus over a full snapshot: contexts,
-        /dev/nvidiaN holders)."""
-        return _holding.container_gpus(self._look())
+        /dev/nvidiaN holders); None with a warning when the snapshot cannot be taken (state released: the error)."""
+        try:
+            return _holding.container_gpus(self._look())
+        except _errors.GpuError as exc:
+            if self.params["state"] == "released":
+                raise
+            self.warn(f"cannot read what the containers' processes hold ({exc.msg}): their GPUs are their configs'")
+            return None
+
+    def held_mig(self):
+        """{vmid, None for the node: set of MIG UUIDs} its processes are on or hold the capability nodes of (_mig.held),
+        from the same snapshot as held(); None when it could not be taken."""
+        return None if self._look_gpus is None else _mig.held(self._look_gpus)
 
     def holding(self) -> dict:
         """{vmid: set of GPU indexes} its processes keep busy now (_holding.workload_gpus: contexts, and device nodes
@@ -702,10 +786,31 @@ class NodeIO:
         (draining_gpus); ``units_stopped``: [(vmid, unit)] the fence stopped, or in check mode would stop (the release
         does not stop them again)."""
         p = dict(self.params, draining_gpus=list(draining), units_stopped=list(units_stopped), **RELEASE_FIXED)
+        io = self.release_io
+        if self._look_gpus is not None and not self.params.get("services") and p["include_device_holders"]:
+            # Nothing ran since the discovery's look (no service, no wait for a lock): it is the release's first
+            # snapshot - /proc is read once.
+            io = _FirstLook(io, self._look_gpus)
+            self._look_gpus = None
         try:
-            result = _release.run_release(p, filters, self.release_io, self.first_signal,
+            result = _release.run_release(p, filters, io, self.first_signal,
                                           self.check_mode, self.diff, lock=self._gpu_locks)
             # Each holder once (_snapshot.compact_result), as gpu_release returns it.
             return _snapshot.compact_result(result), None
         except _release.ReleaseFailed as exc:
             return _snapshot.compact_result(exc.partial), exc
+
+
+class _FirstLook:
+    """A release's I/O whose first snapshot is one already taken (the discovery's look); the rest is ``io``'s."""
+
+    def __init__(self, io, gpus):
+        self._io = io
+        self._gpus = gpus
+
+    def __getattr__(self, name):
+        return getattr(self._io, name)
+
+    def snapshot(self, holders=True):
+        gpus, self._gpus = self._gpus, None
+        return self._io.snapshot(holders) if gpus is None else gpus

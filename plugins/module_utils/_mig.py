@@ -75,6 +75,26 @@ def devices_of_nodes(gpus, paths) -> list:
     return out
 
 
+def in_order(gpus, uuids) -> list:
+    """The MIG UUIDs among ``uuids`` (any case), as the GPUs list them (GPU and index order)."""
+    wanted = {str(u).lower() for u in uuids or ()}
+    return [d["uuid"] for g in gpus or () for d in g.get("mig_devices") or [] if (d.get("uuid") or "").lower() in wanted]
+
+
+def held(gpus) -> dict:
+    """{container id (None: the node): set of MIG UUIDs} over a snapshot (_snapshot.build): the MIG devices its
+    processes are on (a context there, ``mig_device``) or hold the capability nodes of (``mig_devices`` of an
+    unprotected holder)."""
+    out = {}
+    for gpu in gpus or ():
+        on = [(p, [p["mig_device"]]) for p in gpu.get("processes") or [] if p.get("mig_device")]
+        on += [(h, h.get("mig_devices") or []) for h in gpu.get("holders") or [] if not h.get("protected")]
+        for proc, uuids in on:
+            if uuids:
+                out.setdefault((proc.get("container") or {}).get("id"), set()).update(uuids)
+    return out
+
+
 def by_gpu(gpus, uuids) -> dict:
     """{str(GPU index): [its MIG UUIDs among ``uuids``]} (only the GPUs that have some)."""
     out = {}

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _selection, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _mig, _selection, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import InvalidOption
 
 # systemctl is-active states in which the unit runs, or is about to (it is then stopped).
@@ -122,7 +122,7 @@ def _is_nvidia_path(path: str) -> bool:
 def parse_config(stdout: str) -> dict:
     """``pct config <vmid>`` (or the config file) -> which NVIDIA devices the container gets.
 
-    Returns {"hostname", "passthrough", "minors", "devices", "lines", "visible", "unknown"}:
+    Returns {"hostname", "passthrough", "minors", "devices", "lines", "visible", "unknown", "mig_all"}:
 
     - ``devN: /dev/nvidiaK`` and ``devN: path=/dev/nvidiaK,mode=...`` (PVE 8.1+ device
       passthrough: the node and its cgroup permission) give GPU minor K;
@@ -147,6 +147,8 @@ def parse_config(stdout: str) -> dict:
       than the toolkit's, the toolkit's hook with no readable ``NVIDIA_VISIBLE_DEVICES``, an ``lxc.include``
       (outside LXC's own ``/usr/share/lxc/config/``) or ``lxc.mount.fstab``; with no other passthrough line,
       passthrough is then None (unknown) - what the container's processes hold decides (the fence);
+    - a bind (or ``devN``) of the whole ``/dev/nvidia-caps`` directory, like a bind of ``/dev``, passes every MIG
+      device's capability nodes: ``mig_all`` (which of them the container uses, only its processes say: the fence);
     - no NVIDIA line at all: passthrough False, minors [];
     - lines after a ``[name]`` header belong to a snapshot and are ignored, and so are comments.
 
@@ -184,7 +186,7 @@ class _Passthrough:
     def __init__(self):
         self.hostname = None
         self.minors, self.devices, self.lines = set(), [], []
-        self.every = self.nodes = self.whole_dev = False
+        self.every = self.nodes = self.whole_dev = self.caps_dir = False
         self.hooks, self.environment, self.unknown = [], {}, []
 
     def setting(self, key: str, value: str) -> None:
@@ -236,6 +238,7 @@ class _Passthrough:
             return
         self.lines.append(f"{key}: {value}")
         self.devices.append(path)
+        self.caps_dir |= path.rstrip("/") == _mig.CAP_DEV_DIR
         kind, minor = _holding.node_of(path)
         if kind == "gpu":
             self.nodes = True
@@ -270,7 +273,7 @@ class _Passthrough:
             minors = None
         passthrough = True if self.lines else (None if self.unknown else False)
         return {"hostname": self.hostname, "passthrough": passthrough, "minors": minors, "devices": _validate.unique(self.devices),
-                "lines": self.lines, "visible": visible, "unknown": self.unknown}
+                "lines": self.lines, "visible": visible, "unknown": self.unknown, "mig_all": self.caps_dir or self.whole_dev}
 
 
 def toolkit_selection(environment: dict):

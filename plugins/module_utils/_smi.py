@@ -20,7 +20,7 @@ from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health
 GPU_FIELDS = [
     "index", "uuid", "name", "serial", "pci.bus_id", "memory.total", "memory.used", "memory.free",
     "memory.reserved", "utilization.gpu", "utilization.memory", "temperature.gpu", "power.draw",
-    "persistence_mode", "compute_mode", "mig.mode.current", "driver_version",
+    "persistence_mode", "compute_mode", "mig.mode.current", "mig.mode.pending", "driver_version",
 ]
 APP_FIELDS = ["gpu_uuid", "pid", "process_name", "used_memory"]
 # Without these a row cannot be placed. Every other field can be done without: before R510 nvidia-smi has no
@@ -167,7 +167,8 @@ def parse_gpus(out: str, fields=None) -> list:
             temperature=to_int(row.get("temperature.gpu")), power=to_float(row.get("power.draw")),
             persistence_mode=to_bool_mode(row.get("persistence_mode")),
             compute_mode=None if mode is None else _COMPUTE_MODES.get(mode, mode.lower()),
-            mig_mode=to_bool_mode(row.get("mig.mode.current")), _driver_version=value(row.get("driver_version")))
+            mig_mode=to_bool_mode(row.get("mig.mode.current")), mig_mode_pending=to_bool_mode(row.get("mig.mode.pending")),
+            _driver_version=value(row.get("driver_version")))
         gpus.append(gpu)
         # nvidia-smi prints [N/A] (older: [Not Supported]) for what the GPU or driver cannot give.
         gpu["unsupported"] = [key for key, missing in (
@@ -354,9 +355,8 @@ def mig_devices(run, executable: str, gpus: list) -> None:
     """The MIG devices of the GPUs in MIG mode (in place, _raw.mig_device each): their UUIDs and profiles from
     ``nvidia-smi -L``, their ids, memory and processes from ``-q -x`` (its ``process_info`` gives each process's GPU
     and compute instance; ``--query-compute-apps`` names only the GPU), their capability nodes from the driver's
-    /proc files (_mig), and the pending MIG mode (``mig_mode/pending_mig``: of a GPU not in MIG mode it is not read,
-    its ``mig_mode_pending`` stays null). What nvidia-smi cannot say leaves ``mig_devices`` null (noted in
-    ``errors``)."""
+    /proc files (_mig), and the pending MIG mode where ``--query-gpu`` could not give it (``mig_mode/pending_mig``).
+    What nvidia-smi cannot say leaves ``mig_devices`` null (noted in ``errors``)."""
     migs = [g for g in gpus if g.get("mig_mode")]
     if not migs:
         return
@@ -373,7 +373,8 @@ def mig_devices(run, executable: str, gpus: list) -> None:
         problem = f"nvidia-smi -L exited {rc_l}, -q -x exited {rc_x}"
     for g in migs:
         names, info = (listed or {}).get(g["uuid"]), (xml or {}).get(g["uuid"])
-        g["mig_mode_pending"] = None if info is None else info["pending"]
+        if g.get("mig_mode_pending") is None:
+            g["mig_mode_pending"] = None if info is None else info["pending"]
         if names is None or info is None or len(names) != len(info["devices"]):
             g["mig_devices"] = None
             why = problem if listed is None or xml is None else "nvidia-smi -L and -q -x disagree"

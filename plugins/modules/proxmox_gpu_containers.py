@@ -25,6 +25,14 @@ description:
     of C(/dev/nvidiaN) and C(lxc.cgroup2.devices.allow) lines of major 195. C(c 195:* rwm) with no C(/dev/nvidiaN)
     line gives the container every GPU of the node (RV(containers[].gpus) is null). The minor numbers are tied
     to GPU indexes through the driver (O(backend)).
+  - The kernel has the last word on what a running container holds - its config file may have been edited while it
+    runs (a hand edit, an C(lxc.*) line, which Proxmox VE never keeps pending). Its GPUs are those its config passes
+    and those its processes hold (a context the driver lists for a process under its cgroup C(/lxc/<vmid>/ns), the
+    GPU's C(/dev/nvidiaN) open; one snapshot of the GPUs, O(device_files)); the fence and the wait after it cover
+    them all, and those beyond the file are in RV(containers[].gpus_beyond_config), with a warning that names them and
+    the file. A running container whose config passes nothing is fenced when its processes hold a GPU (then read
+    whenever another running container passes GPUs). A pending MIG mode change on a GPU the fence covers is a
+    warning.
   - "The NVIDIA container toolkit's LXC hook (C(lxc.hook.mount: /usr/share/lxc/hooks/nvidia)) passes the GPUs of
     C(lxc.environment: NVIDIA_VISIBLE_DEVICES=...) - indexes or UUIDs (a unique prefix too), tied to the node's
     GPUs through the driver (one that no GPU has - RV(containers[].gpus) null and a warning); C(all) every GPU;
@@ -233,6 +241,15 @@ containers:
       elements: int
       returned: always
     gpu_uuids: {description: The UUIDs of C(gpus); null when C(gpus) is null., type: list, elements: str, returned: always}
+    gpus_beyond_config:
+      description:
+        - For a running container, the GPUs its processes hold (a context, or the GPU's C(/dev/nvidiaN) open) that its
+          config file does not pass - it was edited while the container runs (a hand edit, an C(lxc.*) line, which
+          Proxmox VE never keeps pending). They are in C(gpus) - the kernel has the last word - and a warning names them
+          and the file. Empty when none.
+      type: list
+      elements: int
+      returned: always
     mig_devices:
       description:
         - The MIG devices the config passes - those whose capability nodes (C(/dev/nvidia-caps/nvidia-capN) of their GPU
@@ -240,6 +257,10 @@ containers:
           toolkit's C(NVIDIA_VISIBLE_DEVICES) names by MIG UUID - by MIG UUID (see
           M(gpuops.gpu.gpu_facts) C(mig_devices)); empty when it passes none. A capability node no MIG device of the node
           has (but C(nvidia-cap1) and C(nvidia-cap2), MIG's config and monitor) is a warning.
+        - A running container's are also those its processes are on (a context, or their capability nodes open), with a
+          warning when its config does not name them. A config that passes the whole C(/dev/nvidia-caps) (a bind of the
+          directory or of C(/dev), a C(devN) of it) names none - its MIG devices of each of its GPUs are those its
+          processes are on, and where they are on none, those no other process holds (a warning says it cannot tell).
       type: list
       elements: str
       returned: always

@@ -88,4 +88,3 @@ def test_a_node_user_of_the_same_uid_does_not_select_a_container_process(node, c
     res = release(host, collection, gpus=["2"], containers=[CT_B], users=["alice"])
     assert pids(res["released"]) == [jobs["b_alice"]]
     assert res["released"][0]["user"] == "alice"
-

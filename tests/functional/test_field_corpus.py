@@ -327,7 +327,7 @@ def test_container_configs(name, utils):
 
 # --- the simulator: pre-R510 through nvidia-smi, pending passthrough ------------------------------------------
 
-@pytest.mark.parametrize("profile, missing", [("r440", ["memory.reserved", "mig.mode.current"]),
+@pytest.mark.parametrize("profile, missing", [("r440", ["memory.reserved", "mig.mode.current", "mig.mode.pending"]),
                                               ("r470", ["memory.reserved"]), ("r580", [])])
 def test_gpu_facts_through_nvidia_smi_on_old_branches(gpusim_factory, collection, profile, missing):
     host = gpusim_factory(driver=profile, gpus=2)

@@ -2,7 +2,9 @@
 "MIG"): the facts list the MIG devices with their UUIDs, memory, processes and device nodes."""
 
 import json
+import sys
 
+import pytest
 from modrun import alive, run_module
 
 
@@ -137,8 +139,10 @@ def test_the_nvidia_smi_backend_reads_mig_devices_too(gpusim_factory, collection
     host.set_mig(1, current=0, pending=1)
     gpus, _facts = facts(host, collection, backend="nvidia-smi", nvidia_smi_path=host.path("bin", "nvidia-smi"))
     g0 = gpus[0]
-    # --query-gpu is not asked for mig.mode.pending (its field list stays as it was): only -q -x, read for MIG GPUs
-    assert gpus[1]["mig_mode_pending"] is None and g0["mig_mode_pending"] is True
+    # --query-gpu asks mig.mode.pending of every GPU: GPU 1, not in MIG mode, turns MIG on at its next reset (it was
+    # null: only -q -x was read, for the GPUs in MIG mode), and the health check says so as with NVML
+    assert gpus[1]["mig_mode_pending"] is True and g0["mig_mode_pending"] is True
+    assert [c["check"] for c in gpus[1]["health"]["checks"]] == ["mig_mode_pending"], gpus[1]["health"]
     got = [(d["uuid"], d["gpu_instance_id"], d["compute_instance_id"], d["profile"], d["memory"]["total"], d["processes"])
            for d in g0["mig_devices"]]
     assert got == [(d["uuid"], d["gi"], d["ci"], d["profile"], d["memory_mib"], [a] if d is devs[0] else []) for d in devs]
@@ -201,3 +205,65 @@ def test_a_gpu_named_whole_in_any_form_beside_one_of_its_mig_devices_is_taken_wh
     assert targets == dict.fromkeys(targets, sorted([a, b])), targets
     busy = wait(host, collection, gpus=["01", devs[0]["uuid"]], timeout=1)
     assert busy.get("failed") and f"pid {b}" in busy["msg"], busy.get("msg")
+
+
+@pytest.mark.parametrize("line", ["lxc.mount.entry: /dev/nvidia-caps dev/nvidia-caps none bind,optional,create=dir",
+                                  "dev0: /dev/nvidia-caps"])
+def test_a_container_given_the_whole_nvidia_caps_is_fenced_by_the_mig_devices_its_processes_hold(
+        gpusim_factory, collection, line):
+    """Issue 33, item 3: a container given the whole /dev/nvidia-caps (a bind of the directory, as in
+    tests/field/pct/telmate-issue-1138-lines.conf, or a devN of it) may use any MIG device of its GPU: its MIG devices
+    are those its processes are on; while none is, it cannot be told - a warning, and the wait covers the MIG devices
+    no other process holds. A neighbour's MIG job on the same GPU is never waited for. (mig_devices was [] with no
+    warning: the wait covered the whole GPU and failed on the neighbour's job, telling to stop it.)"""
+    host, devs = mig_host(gpusim_factory)
+    vmid = 4279
+    a, b = devs[0], devs[1]
+    host.ct_create(vmid, gpus="0")
+    with open(host.ct_config_path(vmid), "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+    host.ct_start(vmid)
+    beside = host.hold(a["uuid"], mib=4096, name="python3 train.py")   # another's work, on MIG device a
+    args = {"pct": host.path("bin", "pct"), "containers": [vmid], "device_files": devices(host)}
+    res = run_module(host, collection, "proxmox_gpu_containers", args)
+    assert not res.get("failed"), res.get("msg")
+    (row,) = res["containers"]
+    assert row["mig_devices"] == [devs[1]["uuid"], devs[2]["uuid"]], row
+    assert f"CT {vmid}'s config passes the whole /dev/nvidia-caps: which MIG devices of GPU 0 are its cannot be told" \
+           in json.dumps(res.get("warnings")), res.get("warnings")
+
+    inside = host.hold(b["uuid"], mib=2048, ct=vmid, name="python3 serve.py")
+    res = run_module(host, collection, "proxmox_gpu_containers", dict(args, state="released", grace_period=5))
+    assert not res.get("failed"), res.get("msg")
+    (row,) = res["containers"]
+    assert row["mig_devices"] == [b["uuid"]] and row["wait_mig_devices"] == {"0": [b["uuid"]]}, row
+    assert [r["pid"] for r in res["release"]["released"]] == [inside]
+    assert not alive(inside) and alive(beside)
+    if collection not in sys.path:
+        sys.path.insert(0, collection)
+    from ansible_collections.gpuops.gpu.plugins.filter.proxmox_fence_result import proxmox_fence_result  # noqa: PLC0415
+    fenced = proxmox_fence_result(res, method="processes")
+    assert fenced["container_gpus"] == [b["uuid"]], fenced
+    ready = wait(host, collection, gpus=fenced["container_gpus"], left_holders=fenced["left_holders"])
+    assert not ready.get("failed"), ready.get("msg")
+    assert alive(beside)
+
+
+@pytest.mark.parametrize("backend", ["nvml", "nvidia-smi"])
+def test_a_pending_mig_mode_change_on_a_fenced_gpu_is_a_warning_of_the_fence(gpusim_factory, collection, backend):
+    """Issue 33, item 3: the next reset turns GPU 1 into MIG mode; the fence of the container that has it says so
+    (through either backend), not of GPU 0's container. (It said nothing.)"""
+    host = gpusim_factory(gpus=2)
+    host.set_mig(1, current=0, pending=1)
+    host.ct_create(4281, gpus="1")
+    host.ct_create(4282, gpus="0")
+    host.ct_start(4281)
+    host.ct_start(4282)
+    args = {"pct": host.path("bin", "pct"), "backend": backend, "nvidia_smi_path": host.path("bin", "nvidia-smi")}
+    res = run_module(host, collection, "proxmox_gpu_containers", dict(args, containers=[4281]))
+    assert not res.get("failed"), res.get("msg")
+    said = json.dumps(res.get("warnings"))
+    assert said.count("MIG mode change is pending") == 1, said
+    assert "GPU 1: a MIG mode change is pending (MIG is off, on after a reset)" in said and "nvidia-smi -r -i 1" in said
+    res = run_module(host, collection, "proxmox_gpu_containers", dict(args, containers=[4282]))
+    assert "MIG mode" not in json.dumps(res.get("warnings")), res.get("warnings")

@@ -433,3 +433,53 @@ def test_a_config_that_passes_every_gpu_is_fenced_by_what_its_processes_hold(sha
     (ct,) = res["containers"]
     assert (ct["gpus_from"], ct["wait_gpus"]) == ("unheld", [0, 1, 2, 3]), ct
     assert alive(job)
+
+
+def fence_result(collection, res):
+    """The filter proxmox_fence_result over a module result, as the predeploy playbook reads the fence."""
+    if collection not in sys.path:
+        sys.path.insert(0, collection)
+    from ansible_collections.gpuops.gpu.plugins.filter.proxmox_fence_result import proxmox_fence_result  # noqa: PLC0415
+    return proxmox_fence_result(res, method="processes")
+
+
+def on_gpus(host, gpus):
+    """The pids the driver lists on ``gpus`` now."""
+    return sorted({pid for g in host.status()["gpus"] if g["index"] in gpus for pid in g["pids"]})
+
+
+def test_a_config_edited_while_the_container_runs_is_fenced_by_what_its_processes_hold(node, collection):
+    """Issue 33, item 1: CT 4129's server runs with a worker on each of GPUs 0-3; its config is edited while it runs to
+    pass GPUs 0-1 only (GPUs 2-3 moved to another container by hand: an lxc.* line, which PVE never keeps pending). The
+    kernel has the last word: the fence releases the whole server (its workers on 2-3 and its API process too) and the
+    wait after it covers 0-3, with a warning that names GPUs 2-3 and the file. (It covered 0-1: the workers there were
+    released, the API process and the workers on 2-3 ran on, and the wait over 0-1 said ready.)"""
+    server = node.hold(gpus="0-3", mib=8192, ct=4129, tree=True)
+    path = node.ct_config_path(4129)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    # GPU i has minor 7 - i: GPUs 2 and 3 are /dev/nvidia5 and /dev/nvidia4
+    edited = "".join(line for line in text.splitlines(True) if "/dev/nvidia5 " not in line and "/dev/nvidia4 " not in line)
+    assert edited != text
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(edited)
+    assert on_gpus(node, [2, 3]), "the workers on GPUs 2-3 did not start"
+
+    res = run(node, collection, containers=[4129], state="released", grace_period=5,
+              device_files=[node.dir + "/dev/nvidia*"])
+    assert not res.get("failed"), res.get("msg")
+    ct = by_vmid(res)[4129]
+    want = ([4, 5, 6, 7], [0, 1, 2, 3], [2, 3], [0, 1, 2, 3])
+    assert (ct["minors"], ct["gpus"], ct.get("gpus_beyond_config"), ct["wait_gpus"]) == want, ct
+    said = json.dumps(res.get("warnings"))
+    assert "CT 4129's processes hold GPU 2, 3, which its config " in said and "/lxc/4129.conf does not pass" in said, said
+    assert gone(server), res["release"]
+    assert on_gpus(node, [0, 1, 2, 3]) == [], res["release"]
+
+    fenced = fence_result(collection, res)
+    assert fenced["error"] is None and fenced["container_gpus"] == [0, 1, 2, 3], fenced
+    wait = run_module_text(node, collection, "gpu_wait_idle", {
+        "gpus": [str(i) for i in fenced["container_gpus"]], "device_files": [node.dir + "/dev/nvidia*"],
+        "timeout": 10, "settle": 0.5, "quiet_since": fenced["quiet_since"], "left_holders": fenced["left_holders"]})[0]
+    assert not wait.get("failed"), wait.get("msg")
+    assert wait["idle_gpus"] == [0, 1, 2, 3]

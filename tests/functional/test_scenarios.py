@@ -119,6 +119,9 @@ class Plan:
     exit_delay: Optional[float] = None
     bystanders: List[Bystander] = field(default_factory=list)
     newcomer: Optional[str] = None  # its place, or None
+    # predeploy: CT A's GPUs after its config is edited while it runs (a hand edit of its lxc.* lines, which PVE never
+    # keeps pending), leaving out GPUs its server holds; None: not edited
+    config_gpus: Optional[List[int]] = None
 
 
 @st.composite
@@ -175,6 +178,8 @@ def plans(draw):
         if plan.newcomer == "B" and not set(CT_GPUS["B"]) & set(gpus):
             plan.newcomer = "host"
         plan.exit_delay = 0.8  # the release lasts long enough for the newcomer to start in it
+    if scope == "predeploy" and draw(st.booleans()):
+        plan.config_gpus = sorted(draw(st.sets(st.sampled_from([g for g in CT_GPUS["A"] if g != gpus[-1]]))))
     return plan
 
 
@@ -332,6 +337,19 @@ class Scene:
                 self.hold("launcher", f"a launcher on GPUs {plan.gpus[0]},{b.gpu} ({b.place})", b.place,
                           gpus=[plan.gpus[0], b.gpu], mib=512, tree=True, record=False,
                           name="torchrun --nproc-per-node=2 train.py")
+
+        if plan.config_gpus is not None:
+            self.edit_config(plan.config_gpus)
+
+    def edit_config(self, gpus):
+        """CT A's config edited while it runs to pass ``gpus`` only: the mount entries of its other GPUs' nodes go."""
+        minors = {g["index"]: g["minor"] for g in self.host.status()["gpus"]}
+        gone = [f"/dev/nvidia{minors[g]} " for g in CT_GPUS["A"] if g not in gpus]
+        path = self.host.ct_config_path(self.vmids["A"])
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines(True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("".join(line for line in lines if not any(node in line for node in gone)))
 
     # --- the oracle ------------------------------------------------------------------------------
     def scope_args(self):
@@ -534,6 +552,13 @@ class Scene:
                 busy = {g: used[g] for g in CT_GPUS["A"] if used[g] != self.baseline[g]}
                 if busy:
                     self.bad(f"predeploy succeeded with memory above baseline: {busy} MiB")
+                # Ready only when nothing of the container remains on any GPU it holds, whatever its config says
+                # now (config_gpus: edited while it ran).
+                for pid, x in sorted(self.procs.items()):
+                    if x.place == "A" and x.ctx and sim.alive(pid, x.start):
+                        self.bad(f"predeploy said ready while {x.what} (pid {pid}, CT A) runs on GPU"
+                                 f" {', '.join(map(str, sorted(x.ctx)))} (CT A's config passes"
+                                 f" {CT_GPUS['A'] if plan.config_gpus is None else plan.config_gpus})")
             if result.get("rc") != 0 and not any(x.role in ("newcomer", "respawn", "keeper", "launcher") for x in self.procs.values()):
                 self.bad(f"predeploy failed (rc {result.get('rc')}): {result.get('out', '')[-600:]}")
         # Signals noted by processes outside the scope (a child excused when its parent, in the scope,
@@ -689,7 +714,8 @@ def record(plan, violations, figures, seconds):
     STATS["examples"] += 1
     STATS["seconds"] += seconds
     STATS["shapes"][plan.shape] = STATS["shapes"].get(plan.shape, 0) + 1
-    STATS["scopes"][plan.scope] = STATS["scopes"].get(plan.scope, 0) + 1
+    scope = plan.scope + (" (config edited)" if plan.config_gpus is not None else "")
+    STATS["scopes"][scope] = STATS["scopes"].get(scope, 0) + 1
     for b in plan.bystanders + ([Bystander("newcomer", plan.newcomer)] if plan.newcomer else []):
         STATS["bystanders"][b.kind] = STATS["bystanders"].get(b.kind, 0) + 1
     STATS["figures"].append(figures)
@@ -833,5 +859,15 @@ def test_a_released_process_is_never_also_skipped(collection, tmp_path):
 def test_a_respawn_after_a_release_by_pids_is_reported(collection, tmp_path):
     plan = Plan(shape="service", place="host", gpus=[0], scope="pids", stop_units=False, restart_delay=0.2, lag_ms=0,
                 settle=0.5, bystanders=[Bystander("nvml", "A")])
+    violations, _figures = run_plan(plan, collection, str(tmp_path))
+    assert not violations, violations
+
+
+def test_a_config_edited_while_the_container_runs_leaves_nothing_of_it_at_ready(collection, tmp_path):
+    """Issue 33, item 1: CT A's server holds GPUs 0 and 1; its config is edited while it runs to pass GPU 0 only.
+    Predeploy is ready only once nothing of CT A runs on any GPU (it fenced GPU 0 and said ready with the API process
+    and the worker on GPU 1 running)."""
+    plan = Plan(shape="api", place="A", gpus=[0, 1], scope="predeploy", lag_ms=0, settle=0.2,
+                bystanders=[Bystander("nvml", "host")], config_gpus=[0])
     violations, _figures = run_plan(plan, collection, str(tmp_path))
     assert not violations, violations

@@ -780,7 +780,9 @@ def lxc_config(simdir: str, vmid: int) -> str:
         name = os.path.relpath(p, "/dev")  # nvidia0, or nvidia-caps/nvidia-cap21 (a MIG device's: README "MIG")
         src = os.path.join(sim, "dev", name)
         if p.startswith("/dev/nvidia") and os.path.exists(src):
-            out.append(f"lxc.mount.entry = {src} dev/{name} none bind,create=file 0 0")
+            # a directory too: the whole /dev/nvidia-caps (tests/field/pct/telmate-issue-1138-lines.conf)
+            create = "dir" if os.path.isdir(src) else "file"
+            out.append(f"lxc.mount.entry = {src} dev/{name} none bind,create={create} 0 0")
     for key, value in raw:
         if key == "lxc.mount.entry" and value.split() and value.split()[0].startswith("/dev/nvidia"):
             continue  # the real host's node: the simulated one is bound above

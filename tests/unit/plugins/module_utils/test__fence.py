@@ -94,6 +94,14 @@ class FakeNode:
     def gpus(self):
         return self._gpus
 
+    def held(self):
+        """What the containers' processes hold ({vmid: GPU indexes}: ``holds``), as the kernel shows it."""
+        return {vmid: set(gpus) for vmid, gpus in getattr(self, "holds", {}).items()}
+
+    def held_mig(self):
+        """{vmid (None: the node): MIG UUIDs} its processes are on (``held_migs``)."""
+        return {vmid: set(uuids) for vmid, uuids in getattr(self, "held_migs", {}).items()}
+
     def holding(self):
         self.holding_calls = getattr(self, "holding_calls", 0) + 1
         return {vmid: set(gpus) for vmid, gpus in getattr(self, "busy", {}).items()}
@@ -380,6 +388,89 @@ def test_a_toolkit_uuid_no_gpu_has_is_null_with_a_warning():
     res = fence(node, containers=[140]).run()
     assert res["containers"][0]["gpus"] is None and res["gpus"] is None
     assert any("no GPU of this node matches GPU-5" in m for m in node.warnings), node.warnings
+
+
+# --- the kernel's word: what a running container's processes hold -----------------------------------------------
+
+@pytest.mark.parametrize("params, holds, gpus, beyond, fenced, said", [
+    # CT 129's config passes GPUs 0-1; edited while it ran, its processes still hold GPU 2 (and 5): fenced too
+    ({"containers": [129]}, {129: [0, 1, 2]}, {129: [0, 1, 2]}, {129: [2]}, [0, 1, 2],
+     "CT 129's processes hold GPU 2, which its config /etc/pve/lxc/129.conf does not pass"),
+    ({"containers": [129]}, {129: [5], 130: [4]}, {129: [0, 1, 5]}, {129: [5]}, [0, 1, 5], "hold GPU 5, which"),
+    # what it holds is within its config: no warning
+    ({"containers": [129]}, {129: [0]}, {129: [0, 1]}, {129: []}, [0, 1], None),
+    # node-level: a running container whose config passes nothing any more, while its processes hold GPU 3
+    ({}, {132: [3]}, {129: [0, 1], 130: [2], 132: [3]}, {129: [], 130: [], 132: [3]}, [0, 1, 2, 3],
+     "CT 132's processes hold GPU 3, which its config /etc/pve/lxc/132.conf does not pass"),
+    # ... and one that passes and holds nothing is not fenced
+    ({}, {}, {129: [0, 1], 130: [2]}, {129: [], 130: []}, [0, 1, 2], None),
+])
+def test_a_running_container_holds_what_its_processes_hold(params, holds, gpus, beyond, fenced, said):
+    node = FakeNode()
+    node.holds = holds
+    res = fence(node, state="released", **params).run()
+    rows = {c["vmid"]: c for c in res["containers"]}
+    assert {v: c["gpus"] for v, c in rows.items()} == gpus
+    assert {v: c["gpus_beyond_config"] for v, c in rows.items()} == beyond
+    # The release and the wait after it cover the union
+    assert res["gpus"] == res["wait_gpus"] == node.release_gpus == fenced
+    assert {v: c["wait_gpus"] for v, c in rows.items()} == gpus
+    kernel = [m for m in node.warnings if "which its config" in m]
+    assert (said is None and not kernel) or (said and any(said in m for m in kernel)), node.warnings
+
+
+def mig_gpu(index, uuids):
+    """A GPU (minor 7 - index) in MIG mode with one MIG device per UUID (capability nodes 10 * index + 2k, + 1)."""
+    devs = [{"uuid": u, "device_nodes": [f"/dev/nvidia-caps/nvidia-cap{10 * index + 2 * k + 3}",
+                                         f"/dev/nvidia-caps/nvidia-cap{10 * index + 2 * k + 4}"]}
+            for k, u in enumerate(uuids)]
+    return {"index": index, "uuid": f"GPU-{index}", "minor_number": 7 - index, "mig_mode": True, "mig_mode_pending": True,
+            "mig_devices": devs}
+
+
+CAPS_DIR = "lxc.mount.entry: /dev/nvidia-caps dev/nvidia-caps none bind,optional,create=dir\n"
+MIG_CONFIGS = {150: "hostname: caps-dir\ndev0: /dev/nvidia7\n" + CAPS_DIR,
+               151: "hostname: caps-dev\ndev0: /dev/nvidia7\ndev1: /dev/nvidia-caps\n",
+               152: "hostname: caps-lines\ndev0: /dev/nvidia7\ndev1: /dev/nvidia-caps/nvidia-cap3\n"
+                    "dev2: /dev/nvidia-caps/nvidia-cap4\n",
+               153: "hostname: whole-dev\nlxc.mount.entry: /dev dev none bind,optional,create=dir\n"}
+
+
+@pytest.mark.parametrize("vmid, held, mig, said", [
+    # the whole /dev/nvidia-caps (a bind, a devN of the directory, a bind of /dev): the MIG devices its processes are on
+    (150, {150: {"MIG-b"}, None: {"MIG-a"}}, ["MIG-b"], None),
+    (151, {151: {"MIG-c"}}, ["MIG-c"], None),
+    (153, {153: {"MIG-b"}}, ["MIG-b"], None),
+    # none yet: those no other process holds, with a warning that it cannot tell (never the neighbour's)
+    (150, {None: {"MIG-a"}, 160: {"MIG-c"}}, ["MIG-b"], "CT 150's config passes the whole /dev/nvidia-caps: which MIG"
+     " devices of GPU 0 are its cannot be told: its processes hold none now; the wait covers those no other process"
+     " holds: MIG-b"),
+    (150, {}, ["MIG-a", "MIG-b", "MIG-c"], "the wait covers those no other process holds: MIG-a, MIG-b, MIG-c"),
+    # capability node lines: those, and the ones its processes are on beyond them (edited while it runs)
+    (152, {}, ["MIG-a"], None),
+    (152, {152: {"MIG-a", "MIG-c"}}, ["MIG-a", "MIG-c"], "CT 152's processes are on MIG device MIG-c (a context, or"
+     " its capability nodes open), which its config /etc/pve/lxc/152.conf does not name"),
+])
+def test_a_running_containers_mig_devices_are_what_its_processes_are_on(vmid, held, mig, said):
+    node = FakeNode(configs=MIG_CONFIGS, gpus=[mig_gpu(0, ["MIG-a", "MIG-b", "MIG-c"])])
+    node.node = lambda: (sorted(MIG_CONFIGS), set(MIG_CONFIGS))
+    node.held_migs = held
+    res = fence(node, containers=[vmid]).run()
+    (row,) = res["containers"]
+    assert row["mig_devices"] == mig and row["wait_mig_devices"] == {"0": mig}, row
+    warned = [m for m in node.warnings if "MIG device" in m]
+    assert (said is None and not warned) or (said and any(said in m for m in warned)), node.warnings
+
+
+@pytest.mark.parametrize("containers, warned", [([129], [0]), ([131], []), ([], [0])])
+def test_a_pending_mig_mode_change_in_the_fences_scope_is_a_warning(containers, warned):
+    """GPU 0 (CT 129's) and GPU 3 (CT 131's, stopped) turn MIG on at their next reset."""
+    gpus = [dict(g, mig_mode=False, mig_mode_pending=g["index"] in (0, 3)) for g in GPUS]
+    node = FakeNode(gpus=gpus)
+    fence(node, containers=containers + [130] * bool(containers)).run()
+    said = [m for m in node.warnings if "MIG mode change is pending" in m]
+    assert [int(m.split(":")[0].split()[1]) for m in said] == warned, node.warnings
+    assert all("nvidia-smi -r -i" in m for m in said)
 
 
 # --- NodeIO: the node's files and the kernel, for real ------------------------------------------------------------

@@ -105,3 +105,21 @@ def test_narrow_does_not_guess_where_an_unplaced_process_runs():
     _mig.narrow(gpu, {B.lower()})
     assert [p["pid"] for p in gpu["processes"]] == [14]
     assert "pid 14" in gpu["processes_error"] and "none of its MIG devices" in gpu["processes_error"]
+
+
+CT = {"kind": "lxc", "id": 129}
+
+
+@pytest.mark.parametrize("processes, holders, expected", [
+    # a context on a MIG device, in a container and on the node
+    ([{"pid": 1, "mig_device": A, "container": CT}, {"pid": 2, "mig_device": B}], [], {129: {A}, None: {B}}),
+    # the capability nodes open (no context yet); a protected holder (a monitoring agent) holds none
+    ([], [{"pid": 3, "mig_devices": [B], "container": CT}, {"pid": 4, "mig_devices": [A], "protected": True}],
+     {129: {B}}),
+    # a process on the whole GPU, a holder of control nodes only: nothing
+    ([{"pid": 5, "mig_device": None, "container": CT}], [{"pid": 6, "mig_devices": []}], {}),
+])
+def test_held_by_place(processes, holders, expected):
+    """_mig.held: the MIG devices each container's (and the node's) processes are on, over a snapshot."""
+    assert _mig.held([{"index": 0, "processes": processes, "holders": holders}]) == expected
+    assert _mig.in_order(gpus(), {B.lower(), A}) == [A, B]

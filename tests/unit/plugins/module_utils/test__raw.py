@@ -11,7 +11,7 @@ import pytest
 from ansible_collections.gpuops.gpu.plugins.module_utils import _health, _raw, _smi
 
 H200_ROW = ("0, GPU-5f4a1c2e-0000-0000-0000-000000000000, NVIDIA H200, 1654922017361, 00000000:18:00.0,"
-            " 143771, 81920, 61851, 0, 97, 40, 34, 512.33, Enabled, Default, Disabled, 580.95.05")
+            " 143771, 81920, 61851, 0, 97, 40, 34, 512.33, Enabled, Default, Disabled, Disabled, 580.95.05")
 
 
 def test_an_empty_gpu_has_every_field_null_and_no_process():

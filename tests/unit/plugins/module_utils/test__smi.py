@@ -16,10 +16,10 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._smi import (
 )
 
 H200_ROW = ("0, GPU-84132344-1ae6-1959-e645-01ebbeb26ecd, NVIDIA H200, 1654055875253, 00000000:18:00.0, 143771, 81920, "
-            "61851, 0, 97, 40, 45, 512.33, Enabled, Default, Disabled, 580.159.03")
+            "61851, 0, 97, 40, 45, 512.33, Enabled, Default, Disabled, Enabled, 580.159.03")
 OLD_ROW = ("1, GPU-c4834347-29a5-4963-56ab-807ab2313db4, GeForce GTX 770, [Not Supported], 00000000:01:00.0, 2004, "
            "[Unknown Error], [N/A], [N/A], [Not Supported], [Not Supported], 52, [N/A], Disabled, Exclusive_Process, "
-           "[N/A], 470.42.01")
+           "[N/A], [N/A], 470.42.01")
 
 
 @pytest.mark.parametrize("cell, expected", [
@@ -40,7 +40,8 @@ def test_parse_gpus_full_row():
     assert gpu["power"] == 512.33
     assert gpu["persistence_mode"] is True
     assert gpu["compute_mode"] == "default"
-    assert gpu["mig_mode"] is False
+    # the MIG mode a reset applies (mig.mode.pending), read for every GPU: here MIG comes on at the next reset
+    assert gpu["mig_mode"] is False and gpu["mig_mode_pending"] is True
     assert gpu["minor_number"] is None  # nvidia-smi's CSV cannot give it: null, never guessed
 
 
@@ -50,7 +51,7 @@ def test_parse_gpus_bracketed_values_become_null():
     assert gpu["memory"] == {"total": 2004, "used": None, "free": None, "reserved": None, "used_includes_reserved": None}
     assert gpu["unsupported"] == ["serial", "memory", "utilization", "power", "mig_mode"]
     assert gpu["utilization"] == {"gpu": None, "memory": None}
-    assert gpu["power"] is None and gpu["mig_mode"] is None
+    assert gpu["power"] is None and gpu["mig_mode"] is None and gpu["mig_mode_pending"] is None
     assert gpu["compute_mode"] == "exclusive_process"
 
 
@@ -187,7 +188,7 @@ def test_query_fills_minor_numbers():
 PRE_R510_FIELDS = [f for f in _smi.GPU_FIELDS if f != "memory.reserved"]
 # A 470-branch row of PRE_R510_FIELDS (no memory.reserved column)
 R470_ROW = ("0, GPU-c4834347-29a5-4963-56ab-807ab2313db4, NVIDIA A100-SXM4-80GB, 1324120000000, 00000000:07:00.0, "
-            "81251, 3, 81248, 0, 0, 31, 63.14, Enabled, Default, Disabled, 470.256.02")
+            "81251, 3, 81248, 0, 0, 31, 63.14, Enabled, Default, Disabled, Disabled, 470.256.02")
 REFUSAL = (2, 'Field "memory.reserved" is not a valid field to query.\n\n', "")
 
 

@@ -16,7 +16,7 @@ from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health
 
 # the 17 fields of _smi.GPU_FIELDS, as R580 prints them
 GPU_ROW = ("0, GPU-0, NVIDIA H200, 1650123456789, 00000000:18:00.0, 143771, 0, 143771, 0, 0, 0, 34, 70.00, Enabled,"
-           " Default, Disabled, 580.95.05")
+           " Default, Disabled, Disabled, 580.95.05")
 STAT = "4242 (python3) S 1 4242 4242 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 81234 1000 10 18446744073709551615"
 STATUS = "Name:\tpython3\nUid:\t0\t0\t0\t0\nNSpid:\t4242\t17\n"
 CONFIG = "arch: amd64\nhostname: gpu-a\ndev0: /dev/nvidia0\nlxc.cgroup2.devices.allow: c 195:* rwm\n"

@@ -14,7 +14,7 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._host.wait_io import Wa
 from ansible_collections.gpuops.gpu.plugins.modules import gpu_wait_idle
 
 UUID = "GPU-8f0e0000-0000-0000-0000-000000000000"
-ROW = f"0, {UUID}, NVIDIA H200, 1650000000000, 00000000:18:00.0, 143771, 0, 143771, 0, 0, 0, 31, 76.00, Enabled, Default, Disabled, 580.159.03"
+ROW = f"0, {UUID}, NVIDIA H200, 1650000000000, 00000000:18:00.0, 143771, 0, 143771, 0, 0, 0, 31, 76.00, Enabled, Default, Disabled, Disabled, 580.159.03"
 # What nvidia-smi prints when one GPU fails: the rows of the others, exit 255 (about 1,400 characters for 8 GPUs).
 FAILED = (255, "\n".join([ROW] * 8), "Unable to determine the device handle for GPU5: 0000:BA:00.0: Unknown Error")
 GOOD = (0, ROW + "\n", "")
