@@ -146,7 +146,7 @@ def run(args):
     with benchlib.workspace("gpubench-scan-") as ws:
         ws.activate()
         # pylint: disable-next=import-outside-toplevel,import-error
-        from ansible_collections.gpuops.gpu.plugins.module_utils import _procs
+        from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
 
         devdir = os.path.join(tempfile.mkdtemp(prefix="dev-", dir=ws.dir), "dev")
         os.makedirs(devdir)

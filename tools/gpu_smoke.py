@@ -543,7 +543,8 @@ def node_rule(pid, facts_result, gpu_index, runner):
     if runner.colroot not in sys.path:
         sys.path.insert(0, runner.colroot)
     # pylint: disable-next=import-outside-toplevel,import-error
-    from ansible_collections.gpuops.gpu.plugins.module_utils import _holding, _procs
+    from ansible_collections.gpuops.gpu.plugins.module_utils import _holding
+    from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
 
     gpus = [] if facts_result.get("failed") else facts_result["ansible_facts"]["gpu_devices"]
     minors = {g["minor_number"]: g["index"] for g in gpus if g.get("minor_number") is not None}

@@ -26,8 +26,8 @@ import tokenize
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The parsers of what programs print and the kernel writes (issue 28, item 2): file -> function name prefixes.
-PARSERS = {"_smi.py": ("parse", "_parse", "query", "read_"), "_procs.py": ("parse", "read_stat", "_stat", "read_status"),
-           "_signals.py": ("signal_number", "parse"), "_pct.py": ("parse", "validate")}
+PARSERS = {"_smi.py": ("parse", "_parse", "query", "read_"), "procs.py": ("parse", "read_stat", "_stat", "read_status"),
+           "_validate.py": ("signal_number",), "_pct.py": ("parse", "validate")}
 # What a test may import from the simulator (tests/gpusim/README.md, "The public API"; kept so by
 # tests/gpusim/tests/test_public_api.py): the package's public names and its pytest plugin, as the working tree has them.
 sys.path.insert(0, os.path.join(TOP, "tests", "gpusim"))
@@ -38,6 +38,8 @@ PUBLIC_GPUSIMKIT = re.compile(r"^gpusimkit(\.pytest_plugin)?$")
 IMPORT = re.compile(r"^\s*(?:from\s+(gpusimkit[\w.]*)\s+import\s+([\w, ()]+)|import\s+(gpusimkit[\w.]*))", re.M)
 MODULE_RUN = re.compile(r"plugins\.modules\.|ANSIBLE_COLLECTIONS_PATH")
 # Files that name a module without running it (as test_public_api.py's NAMES_A_MODULE).
+# A rule file that touches the machine (DESIGN.md section 4; the unit test test_host_boundary.py is the gate).
+MACHINE = re.compile(r"^\s*(?:import|from) (?:subprocess|threading|concurrent|ctypes|fcntl|select)\b|open\(", re.M)
 NAMES_A_MODULE = ("tests/functional/crash_injection/sitecustomize.py", "tests/functional/conftest.py", "tools/house_report.py")
 
 
@@ -144,7 +146,9 @@ def report(rev):
     plugin_lines = {p: (t.count("\n"), code_lines(p, t)) for p, t in files.items() if p.startswith("plugins/")}
     big = units(files)
     internal, runs = reaching_sites(files)
-    return {"files": plugin_lines, "units": big, "raised": raised(files), "internal": internal, "runs": runs}
+    machine = sorted(p for p, t in files.items() if re.fullmatch(r"plugins/module_utils/[^/]+\.py", p) and MACHINE.search(t))
+    return {"files": plugin_lines, "units": big, "raised": raised(files), "internal": internal, "runs": runs,
+            "machine": machine}
 
 
 def _cell(lines, code):
@@ -178,6 +182,10 @@ def main(argv):
         print(f"\n## {name}: exception kinds the parsers raise themselves\n")
         for f, funcs in sorted(r["raised"].items()):
             print(f"- {f}: " + "; ".join(f"`{fn}` {', '.join(k)}" for fn, k in sorted(funcs.items())))
+        print(f"\n## {name}: rule files (plugins/module_utils/*.py) that import subprocess, threading, ctypes, fcntl or"
+              f" select or open files ({len(r['machine'])})\n")
+        for path in r["machine"]:
+            print(f"- {path}")
         print(f"\n## {name}: sites past gpusimkit's public API ({len(r['internal'])}) and module or playbook runs"
               f" outside modrun ({len(r['runs'])})\n")
         for site in r["internal"] + r["runs"]:

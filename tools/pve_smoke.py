@@ -33,14 +33,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def module_utils():
-    """The collection's _pct and _fence, from this checkout (laid out as ansible_collections/gpuops/gpu)."""
+    """The collection's _pct, _fence and _host.node_io, from this checkout (laid out as ansible_collections/gpuops/gpu)."""
     root = tempfile.mkdtemp(prefix="pve-smoke-")
     os.makedirs(os.path.join(root, "ansible_collections", "gpuops"))
     os.symlink(ROOT, os.path.join(root, "ansible_collections", "gpuops", "gpu"))
     sys.path.insert(0, root)
     sys.dont_write_bytecode = True
     from ansible_collections.gpuops.gpu.plugins.module_utils import _fence, _pct  # noqa: PLC0415
-    return _pct, _fence
+    from ansible_collections.gpuops.gpu.plugins.module_utils._host import node_io  # noqa: PLC0415
+    return _pct, _fence, node_io
 
 
 def pct(path, *args):
@@ -64,12 +65,12 @@ def main(argv=None) -> int:
     ap.add_argument("--pve-dir", default=None, help="default: $GPUOPS_PVE_DIR, else /etc/pve")
     ap.add_argument("--lxc-path", default=None, help="default: $GPUOPS_LXC_PATH, else /var/lib/lxc")
     a = ap.parse_args(argv)
-    _pct, _fence = module_utils()
+    _pct, _fence, node_io = module_utils()
     if not os.access(a.pct, os.X_OK):
         print(f"no pct at {a.pct}: run this on a Proxmox VE node (or pass --pct)", file=sys.stderr)
         return 2
-    io = _fence.NodeIO(a.pct, None, type("R", (), {"warn": print, "now": time.monotonic})(), {}, None,
-                       pve_dir=a.pve_dir, lxc_path=a.lxc_path)
+    io = node_io.NodeIO(a.pct, None, type("R", (), {"warn": print, "now": time.monotonic})(),
+                        pve_dir=a.pve_dir, lxc_path=a.lxc_path)
     problems = []
     rc, out, err, _s = pct(a.pct, "list")
     if rc != 0:

@@ -127,6 +127,9 @@ def _summary_parts(containers, release, method, running, services, units, releas
     respawned, and whether it failed."""
     respawned = list(release.get("respawned") or [])
     parts = []
+    waited = containers.get("waited_for_lock") or release.get("waited_for_lock")
+    if isinstance(waited, dict) and waited.get("text"):  # another run fenced first: what it left is all this one saw
+        parts.append(str(waited["text"]))
     if running:
         parts.append("fenced CT " + ", CT ".join(str(v) for v in running) + f" ({method})")
     elif not error:

@@ -31,10 +31,6 @@ benchmarks/bench_output.py).
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-
 from ansible_collections.gpuops.gpu.plugins.module_utils._redact import cut
 
 SUMMARY = "summary"
@@ -54,6 +50,7 @@ CAP = 8             # pids of a GPU's list (blockers, holders by evidence, linge
 CAP_PROCESSES = 2   # a GPU's processes (each with its details; busy_reasons name more of them)
 CAP_REASONS = 4     # a GPU's busy reasons
 CAP_ENTRIES = 16    # processes or units of a result's list (released, survivors, skipped_processes, ...), scaled too
+ENTRY_TIMES = 8     # ... up to this many times (an 8-GPU host's): a result's lists do not grow with its GPUs
 CAP_LEFT = 64       # a release's left_holders (each keeps a GPU busy: the wait fails fast on any of them), scaled
 CAP_DETAILS = 64    # holders' details (holder_processes), on any host (the blockers' first)
 CAP_SAMPLES = 16    # the points of a GPU's samples: its first (where the wait began) and the latest
@@ -65,6 +62,15 @@ DETAILS = ("holder_processes", "gpu_holder_processes")
 ENTRY_LISTS = ("released", "survivors", "respawned", "skipped_processes", "protected", "stopped_units",
                "unstopped_units", "left_blockers")
 NESTED = ("release", "ansible_facts")
+
+
+def listed(texts, level: str = SUMMARY, sep: str = ", ", limit: int = CAP) -> str:
+    """``texts`` joined with ``sep`` for a message: in summary the first ``limit`` of them and how many more (a
+    message names what a list holds, and is bounded like the lists: 2,000 pids are not a sentence); all in full."""
+    texts = list(texts)
+    if level == FULL or len(texts) <= limit:
+        return sep.join(texts)
+    return sep.join(texts[:limit]) + f"{sep}and {len(texts) - limit} more (detail: full names them)"
 
 
 def left_out(obj, key, sub=None) -> int:
@@ -220,13 +226,16 @@ def summarize(result: dict, more: dict = None, prefix: str = "") -> dict:
             if len(kept) < len(details):
                 more[prefix + key] = len(details) - len(kept)
             out[key] = {k: holder_details(details[k], times) for k in sorted(kept, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else k))}
+    # A result's own lists do not grow with its GPUs: scaled as an 8-GPU host's at most (2,000 targets of one GPU
+    # would keep 1,024 entries, 250 KB, at a one-GPU result's scale).
+    entries = min(times, ENTRY_TIMES)
     for key in ENTRY_LISTS:
         if isinstance(out.get(key), list):
-            out[key] = [_process_entry(e, times) for e in _cap(out[key], CAP_ENTRIES * times, more, prefix + key)]
+            out[key] = [_process_entry(e, entries) for e in _cap(out[key], CAP_ENTRIES * entries, more, prefix + key)]
     if isinstance(out.get("left_holders"), list):  # what the wait after a release fails fast on: any one of them will do
-        out["left_holders"] = _cap(out["left_holders"], CAP_LEFT * times, more, prefix + "left_holders")
+        out["left_holders"] = _cap(out["left_holders"], CAP_LEFT * entries, more, prefix + "left_holders")
     if isinstance(out.get("blockers"), dict):  # a wait's failure: {gpu: [holders]}
-        out["blockers"] = {k: [_process_entry(e, times) for e in _cap(v, CAP * times, more, f"{prefix}blockers.{k}")]
+        out["blockers"] = {k: [_process_entry(e, entries) for e in _cap(v, CAP * times, more, f"{prefix}blockers.{k}")]
                            if isinstance(v, list) else v
                            for k, v in out["blockers"].items()}
     if isinstance(out.get("samples"), dict):  # a wait's time series per GPU: where it began, and the latest points
@@ -243,32 +252,11 @@ def summarize(result: dict, more: dict = None, prefix: str = "") -> dict:
     return out
 
 
-def write_file(path: str, result: dict) -> None:
-    """``result`` as JSON in ``path`` (mode 0600, written whole: a temp file beside it, then renamed)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".gpuops-detail-", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), 0o600)
-            json.dump(result, f, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def carry(path: str, result: dict, key: str = "gpus_before", details: str = "holder_processes") -> dict:
+def carry(earlier, result: dict, key: str = "gpus_before", details: str = "holder_processes") -> dict:
     """``result`` of a later slice of a wait (the action plugin runs it in slices; only the first takes
-    ``gpus_before``) with the ``gpus_before`` of the whole result that the slice before wrote to ``path`` and their
-    holders' details, so that ``path`` keeps the whole wait; as it is when the file has none or cannot be read."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            earlier = json.load(f)
-    except (OSError, ValueError):
-        return result
+    ``gpus_before``) with the ``gpus_before`` of the whole result that the slice before wrote to the detail file
+    (``earlier``: what it holds, _host.files.read_json) and their holders' details, so that the file keeps the whole
+    wait; as it is when the file has none or could not be read (None)."""
     if not isinstance(earlier, dict) or key in result or not isinstance(earlier.get(key), list):
         return result
     merged = dict(earlier.get(details) or {}) if isinstance(earlier.get(details), dict) else {}
@@ -276,15 +264,15 @@ def carry(path: str, result: dict, key: str = "gpus_before", details: str = "hol
     return dict(result, **{key: earlier[key], details: merged})
 
 
-def bound(result: dict, level: str = SUMMARY, path: str = None, warn=None) -> dict:
+def bound(result: dict, level: str = SUMMARY, path: str = None, warn=None, write=None) -> dict:
     """What a module returns: ``result`` whole (``level`` full) or in summary, with ``detail`` saying which, where
-    the whole of it was written (``path``, the detail_file option; a file that cannot be written is a warning) and
-    what the summary left out."""
+    the whole of it was written (``path``, the detail_file option, by ``write(path, result)``: _host.files.write_json;
+    a file that cannot be written is a warning) and what the summary left out."""
     level = FULL if level == FULL else SUMMARY
     written = None
-    if path and path.startswith("/") and not path.endswith("/"):  # else the option's own check failed the task
+    if write is not None and path and path.startswith("/") and not path.endswith("/"):  # else the option's check failed
         try:
-            write_file(path, result)
+            write(path, result)
             written = path
         except (OSError, TypeError, ValueError) as exc:
             if warn is not None:

@@ -18,7 +18,8 @@ import math
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _health, _lock, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _health, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import files, lock as _lock
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots import SBIN_DIRS
 
 # The options of the doc fragment gpuops.gpu.gpu (every module).
@@ -127,7 +128,8 @@ def _emit(module, ok: bool, result: dict) -> None:
     """exit_json or fail_json with ``result`` bounded (_bound: the options detail and detail_file): every module's
     every result - a success, a failure, a GpuError's - leaves through here."""
     params = module.params or {}
-    out = _bound.bound(result, params.get("detail") or _bound.SUMMARY, params.get("detail_file"), module.warn)
+    out = _bound.bound(result, params.get("detail") or _bound.SUMMARY, params.get("detail_file"), module.warn,
+                       files.write_json)
     if ok:
         module.exit_json(**out)
     module.fail_json(**out)

@@ -14,35 +14,27 @@ GPU indexes, read and stop the named
 services (``pct exec <vmid> -- systemctl``, each under a time limit), and then shut the containers down
 (state shutdown) or release the GPU holders in them through the release path (state released).
 
-Its I/O is injected (``NodeIO`` on a node): ``node()``, ``config(vmid)``, ``where()``, ``pct(argv, timeout, what)``,
-``pct_calls()``, ``gpus()``, ``held()`` and ``holding()`` (what the containers' processes hold), ``take_locks(vmids)``,
-``release(vmids, draining, gpus)``, ``warn`` and ``now``; the unit tests give it a fake node (test__fence.FakeNode).
+Its I/O is injected (``_host.node_io.NodeIO`` on a node, ``_host.protocols.NodeHost``): ``node()``, ``config(vmid)``,
+``where()``, ``pct(argv, timeout, what)``, ``pct_calls()``, ``gpus()``, ``look()`` (a full snapshot: what the
+containers' processes hold is _holding's to say), ``take_locks(vmids)`` (what it waited for, empty when it did not), ``gpu_locks``,
+``release_io`` (the release's host), ``background``, ``run_all``, ``warn`` and ``now``; the unit tests give it a fake
+node (test__fence.FakeNode). The fence runs the release itself (``_release.run_release``) with the options it builds
+(``release_options``).
 """
 
 from __future__ import annotations
 
 import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import (
-    _errors, _health, _holding, _lock, _mig, _pct, _release, _selection, _snapshot, _validate)
-from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_in_group
+    _errors, _health, _holding, _mig, _pct, _release, _selection, _snapshot, _validate)
 
 STATES = ("present", "released", "shutdown")
 PCT_TIMEOUT = 30.0
 # pct is a Perl program that loads the PVE libraries at each start (tests/gpusim/README.md, "What pct costs"):
 # the systemctl calls in containers run a few at a time.
 CONFIG_WORKERS = 8
-# Where the node's state is: pmxcfs' mount and LXC's lxcpath (pve-container runs lxc-* with the default one); the
-# simulator points each simulated node at its own (tests/gpusim, SimHost.env_vars).
-PVE_DIR = "/etc/pve"
-PVE_DIR_ENV = "GPUOPS_PVE_DIR"
-LXC_PATH = "/var/lib/lxc"
-LXC_PATH_ENV = "GPUOPS_LXC_PATH"
 
-
-C_LOCALE = {"LC_ALL": "C"}
 # gpu_release's options that the fence does not take: it releases every GPU holder of the running containers,
 # with their workloads (tree).
 RELEASE_FIXED = dict(users=None, match=None, pids=None, exclude=None, tree=True, all=False, expected_count=None)
@@ -71,7 +63,7 @@ def refuse_missing(selected, vmids) -> None:
 
 
 def check_node_containers(node, selected) -> None:
-    """gpu_release's ``containers`` against the node's containers (``node``: a NodeIO), refused as the fence refuses
+    """gpu_release's ``containers`` against the node's containers (``node``: a _host.node_io.NodeIO), refused as the fence refuses
     them (refuse_missing); where no Proxmox VE node can be read (a plain host, a VM, a container) nothing is checked:
     the option then names cgroups that may hold no process yet."""
     if not selected:
@@ -113,31 +105,53 @@ class Discovery:
         self._configs = {}                 # the parsed configs read, and those of other running containers read later
         self._shared = {}                  # {vmid: the other running containers that pass GPUs}: see cover
         self._holding = {}                 # {vmid: GPU indexes} its processes kept busy at the discovery (cover)
+        self.looked = None                 # a full snapshot's GPUs, when what the processes hold is asked (_look)
         self._node_gpus = None             # the node's GPUs as the discovery read them (None: not read)
 
     def _within(self, deadline, read):
-        """``read()`` in a thread of its own, waited for until ``deadline``: a read of /etc/pve blocks while pmxcfs
-        hangs, and the module must still answer (the thread is a daemon's: it never holds the module's exit)."""
-        box = {}
-
-        def target():
-            try:
-                box["value"] = read()
-            except BaseException as exc:  # pylint: disable=broad-exception-caught  # raised again below
-                box["error"] = exc
-
-        thread = threading.Thread(target=target, daemon=True)
-        thread.start()
-        thread.join(max(0.0, deadline - self.io.now()))
-        if thread.is_alive():
+        """``read()`` in the background, waited for until ``deadline``: a read of /etc/pve blocks while pmxcfs hangs, and
+        the module must still answer (the read is abandoned: it never holds the module's exit)."""
+        job = self.io.background(read, what="reading the node's containers")
+        try:
+            return job.result(max(0.0, deadline - self.io.now()))
+        except _errors.QueryTimeout as exc:
+            if exc.details.get("call") != job.what:
+                raise
             raise FenceFailed(
                 "container_timeout",
                 f"reading the node's containers ({self.io.where()}) did not finish within pct_timeout"
                 f" ({self.p['pct_timeout']:g} s): the cluster filesystem (pmxcfs) hangs or the node is overloaded"
-                " (systemctl status pve-cluster). Nothing was stopped.")
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
+                " (systemctl status pve-cluster). Nothing was stopped.") from None
+
+    def _look(self) -> list:
+        """A full snapshot's GPUs (``io.look()``), taken once: what the containers' processes hold (_holding)."""
+        if self.looked is None:
+            self.looked = self.io.look()
+        return self.looked
+
+    def _held(self) -> tuple:
+        """({vmid: GPU indexes}, {vmid, None for the node: MIG UUIDs}) the containers' processes hold now, from one full
+        snapshot (_holding.container_gpus, _mig.held); (None, None) with a warning when it cannot be taken (state
+        released: the error)."""
+        try:
+            look = self._look()
+        except _errors.GpuError as exc:
+            if self.p["state"] == "released":
+                raise
+            self.io.warn(f"cannot read what the containers' processes hold ({exc.msg}): their GPUs are their configs'")
+            return None, None
+        return _holding.container_gpus(look), _mig.held(look)
+
+    def gpus(self):
+        """The node's GPUs (``io.gpus()``, read once); when the driver cannot be read: the error for a fence that
+        releases, else None with a warning (each container's gpus is then null)."""
+        try:
+            return self.io.gpus()
+        except _errors.GpuError as exc:
+            if self.p["state"] == "released":
+                raise
+            self.io.warn(f"cannot read the GPUs ({exc.msg}): each container's gpus is null (its GPUs cannot be told)")
+            return None
 
     def _read_node(self) -> tuple:
         """(the node's vmids, the running ones, {vmid: config file text} of the containers to read)."""
@@ -198,7 +212,7 @@ class Discovery:
         every = [v for v in up if configs[v]["minors"] is None and configs[v]["passthrough"]]
         caps = any(_mig.node_minor(d) is not None for c in configs.values() for d in c.get("devices") or ())
         if any(c["minors"] or c["visible"] or c["mig_all"] for c in configs.values()) or unread or every or caps:
-            node_gpus = self.io.gpus()
+            node_gpus = self.gpus()
             if node_gpus is not None:
                 gpu_minors = {g["minor_number"]: g["index"] for g in node_gpus if g.get("minor_number") is not None}
                 uuids = {g["index"]: g.get("uuid") for g in node_gpus}
@@ -206,7 +220,7 @@ class Discovery:
                 if up or any(c["mig_all"] for c in configs.values()):
                     # The kernel has the last word on what a running container holds (its processes' contexts, the
                     # device and capability nodes they hold open): one look, the snapshot's attribution.
-                    held, held_mig = self.io.held(), self.io.held_mig()
+                    held, held_mig = self._held()
         self._node_gpus = node_gpus
         rows = []
         for vmid, config in configs.items():
@@ -239,7 +253,7 @@ class Discovery:
                 mig_devices=mig, wait_mig_devices=_mig.by_gpu(node_gpus, mig),
                 passthrough_unknown=list(config["unknown"]), gpus_from="config", wait_gpus=gpus))
         if self._shared:
-            self._holding = self.io.holding()
+            self._holding = _holding.workload_gpus(self._look())
         return rows
 
     def mig_mode_pending(self, scope) -> None:
@@ -379,7 +393,7 @@ class Discovery:
             looked = _snapshot.expand_gpus(release["gpus_before"], release.get("holder_processes"))
             for vmid, gpus in _holding.workload_gpus(looked).items():
                 busy.setdefault(vmid, set()).update(gpus)
-        every = sorted(g["index"] for g in self.io.gpus() or [])
+        every = sorted(g["index"] for g in self.gpus() or [])
         for c in containers:
             vmid = c["vmid"]
             if vmid not in self._shared:
@@ -446,7 +460,7 @@ class Fence:
     wait after it covers. ``run()`` returns the module's result, or raises FenceFailed (or another GpuError) with
     ``self.result`` holding what was done so far."""
 
-    def __init__(self, params: dict, io, check_mode=False, diff=False):
+    def __init__(self, params: dict, io, check_mode=False, diff=False, first_signal=None, release=None):
         self.p = params            # containers, units (validated), state, shutdown_timeout, force, include_stopped,
         self.io = io               # pct_timeout, stop_timeout
         self.check_mode = check_mode
@@ -455,6 +469,8 @@ class Fence:
                            services_stopped=[], shut_down=[], check_mode=check_mode, pending_passthrough=[], pct_calls=0)
         self.before = {}
         self.discovery = Discovery(params, io, self.result)
+        self.first_signal = first_signal
+        self.run_release = release or _release.run_release   # the unit tests give a fake
 
     # --- services ------------------------------------------------------------------------------------------
     def _service_states(self, running: list) -> dict:
@@ -463,18 +479,19 @@ class Fence:
         units = self.p["units"]
         jobs = [(c["vmid"], unit) for c in running for unit in units]
         limit = self.p["pct_timeout"]
+        watch = getattr(self.io, "exec_watch", None)  # what hangs: the container (frozen), pct, its systemd
 
         def ask(job):
             vmid, unit = job
+            argv = ["exec", str(vmid), "--", "systemctl", "is-active", unit]
             try:
-                rc, out, err = self.io.pct(["exec", str(vmid), "--", "systemctl", "is-active", unit], limit,
-                                           f"pct exec {vmid} -- systemctl is-active {unit}")
-            except _errors.QueryTimeout:
-                raise FenceFailed(
-                    "container_timeout",
+                rc, out, err = self.io.pct(argv, limit, f"pct exec {vmid} -- systemctl is-active {unit}",
+                                           **({"watch": watch(vmid, limit)(["pct"] + argv)} if watch else {}))
+            except _errors.QueryTimeout as exc:
+                raise FenceFailed("container_timeout", (exc.msg if exc.details.get("watched") else (
                     f"CT {vmid} did not answer: systemctl is-active {unit} had not returned after {limit:g} s"
-                    f" (pct_timeout); the container may be frozen (pct status {vmid}, lxc-info -n {vmid}). Nothing was"
-                    " stopped.") from None
+                    f" (pct_timeout); the container may be frozen (pct status {vmid}, lxc-info -n {vmid})"))
+                    + ". Nothing was stopped.") from None
             state, active = _pct.parse_is_active(out)
             if state is None:
                 raise FenceFailed("service_state_unknown",
@@ -482,10 +499,7 @@ class Fence:
                                   " Is systemd running in the container? Nothing was stopped.")
             return state, active
 
-        if not jobs:
-            return {}
-        with ThreadPoolExecutor(max_workers=min(CONFIG_WORKERS, len(jobs))) as pool:
-            return dict(zip(jobs, pool.map(ask, jobs)))
+        return dict(zip(jobs, self.io.run_all(ask, jobs, CONFIG_WORKERS)))
 
     def _stop_services(self, running: list, states: dict) -> None:
         for c in running:
@@ -498,8 +512,10 @@ class Fence:
                     self.result["services_stopped"].append(dict(vmid=vmid, unit=unit, state_before=state, rc=None,
                                                                 seconds=None))
                     continue
-                stop = _release.stop_unit(lambda argv, timeout, what: self.io.pct(argv[1:], timeout, what), "pct", vmid,
-                                          unit, self.p["stop_timeout"], now=self.io.now)
+                watch = getattr(self.io, "exec_watch", None)
+                stop = _release.stop_unit(lambda argv, timeout, what, **kw: self.io.pct(argv[1:], timeout, what, **kw),
+                                          "pct", vmid, unit, self.p["stop_timeout"], now=self.io.now,
+                                          watch=watch(vmid, self.p["pct_timeout"]) if watch else None)
                 if stop["rc"] is not None:
                     self.result["services_stopped"].append(dict(vmid=vmid, unit=unit, state_before=state, rc=stop["rc"],
                                                                 seconds=stop["seconds"]))
@@ -541,14 +557,17 @@ class Fence:
         if running and (self.p["state"] != "present" or self.p["units"]) and not self.check_mode:
             # One release at a time per container (and node): taken before the services' states are read, so a
             # second fence that waited sees what the first left, not what it stopped.
-            self.io.take_locks([c["vmid"] for c in running])
+            waited = self.io.take_locks([c["vmid"] for c in running])
+            if waited:
+                self.result["waited_for_lock"] = waited  # what it finds is what another run left (_lock.waited_text)
+                self.discovery.looked = None   # it waited for another run's: the discovery's look is stale
         states = self._service_states(running)
         units = self.p["units"]
         self.before = {str(c["vmid"]): dict(status=c["status"], services={u: states[(c["vmid"], u)][0] for u in units}
                                             if c["running"] else {}) for c in containers}
         releasing = self.p["state"] == "released" and bool(running)
         # What the GPUs looked like before the services stop (read once: the discovery's look when it had one).
-        looked = self.io.gpus() if releasing and any(a for _s, a in states.values()) else None
+        looked = self.discovery.gpus() if releasing and any(a for _s, a in states.values()) else None
         self._stop_services(running, states)
         if self.p["state"] == "shutdown":
             self._shutdown(running)
@@ -578,11 +597,21 @@ class Fence:
         selection = self.p["filters"]["gpus"] or _selection.of_indexes(res["gpus"] or ())
         filters = dict(self.p["filters"], containers=[c["vmid"] for c in running], gpus=selection)
         # The units the fence stopped (in check mode: would stop) are not the release's to stop again.
-        release, failure = self.io.release(filters, draining_gpus(looked, res["services_stopped"]),
-                                           [(s["vmid"], s["unit"]) for s in res["services_stopped"]])
-        res["release"] = release
-        if failure is not None:
-            raise failure
+        p = release_options(self.p["release"], draining_gpus(looked, res["services_stopped"]),
+                            [(s["vmid"], s["unit"]) for s in res["services_stopped"]])
+        io, look = self.io.release_io, self.discovery.looked
+        if look is not None and not self.p["units"] and p["include_device_holders"]:
+            # Nothing ran since the discovery's look (no service, no wait for a lock): it is the release's first
+            # snapshot - /proc is read once.
+            io, self.discovery.looked = _FirstLook(io, look), None
+        try:
+            release = self.run_release(p, filters, io, self.first_signal, self.check_mode, self.diff,
+                                       lock=self.io.gpu_locks)
+        except _release.ReleaseFailed as exc:
+            res["release"] = _snapshot.compact_result(exc.partial)
+            raise
+        # Each holder once (_snapshot.compact_result), as gpu_release returns it.
+        res["release"] = _snapshot.compact_result(release)
 
     def finish(self) -> dict:
         res = self.result
@@ -628,177 +657,19 @@ def validate(p: dict) -> dict:
                   state=p["state"], force=p["force"], include_stopped=p["include_stopped"],
                   shutdown_timeout=_validate.integer("shutdown_timeout", p["shutdown_timeout"], 0, int(_validate.DAY)),
                   pct_timeout=_validate.number("pct_timeout", p["pct_timeout"], above_low=True))
+    params["release"] = dict(p)   # the snapshot and release options of the release the fence runs (release_options)
     # A unit stop may take the unit's own stop time (TimeoutStopSec): as long as a release gives its holders.
     params["stop_timeout"] = p["grace_period"] + p["kill_timeout"] + params["pct_timeout"]
     return params
 
 
-class PctCounter:
-    """A command runner (``run_in_group``'s signature) that counts the ``pct`` processes it starts: every pct the
-    module runs goes through one (the fence's and the release's unit stops), and the result says how many."""
-
-    def __init__(self, run, pct_path):
-        self.run = run
-        self.pct_path = pct_path
-        self.calls = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, argv, *args, **kwargs):
-        if argv and self.pct_path and argv[0] == self.pct_path:
-            with self._lock:
-                self.calls += 1
-        return self.run(argv, *args, **kwargs)
-
-
-class NodeIO:
-    """The Proxmox VE node: its containers from its files (``node``, ``config``), ``pct`` under a time limit, the
-    GPUs' minor numbers, the release (gpu_release's path)."""
-
-    def __init__(self, pct_path, taker, release_io, params, first_signal, check_mode=False, diff=False, runner=None,
-                 pve_dir=None, lxc_path=None):
-        self.pct_path = pct_path
-        self.taker = taker
-        self.release_io = release_io      # _host.release_io.ReleaseIO over the same snapshot taker (and the same runner)
-        self.params = params              # the module's (snapshot and release options)
-        self.first_signal = first_signal
-        self.check_mode = check_mode
-        self.diff = diff
-        self.warn = release_io.warn
-        self.now = release_io.now
-        self.runner = runner or PctCounter(run_in_group, pct_path)
-        self.pve_dir = pve_dir or os.environ.get(PVE_DIR_ENV) or PVE_DIR
-        self.lxc_path = lxc_path or os.environ.get(LXC_PATH_ENV) or LXC_PATH
-        self._node = None
-        self._gpus = None
-        self._look_gpus = None
-
-    def pct(self, argv, timeout, what):
-        return self.runner([self.pct_path] + list(argv), timeout, what, C_LOCALE)
-
-    def pct_calls(self) -> int:
-        return self.runner.calls
-
-    def where(self) -> str:
-        return self.pve_dir
-
-    def _read(self, name):
-        with open(os.path.join(self.pve_dir, name), encoding="utf-8", errors="replace") as f:
-            return f.read()
-
-    def node(self):
-        """(this node's container ids, sorted; the set of those running): pmxcfs' .vmlist, as PVE::LXC::config_list,
-        and the LXC monitors' command sockets in /proc/net/unix, as PVE::LXC::list_active_containers. FenceFailed
-        (pve_unavailable) when /etc/pve is not there (pmxcfs down)."""
-        try:
-            vmlist = self._read(".vmlist")
-        except OSError as exc:
-            raise FenceFailed(
-                "pve_unavailable",
-                f"cannot read {os.path.join(self.pve_dir, '.vmlist')} ({exc.strerror or exc}): {self.pve_dir} is not"
-                " mounted - the Proxmox VE cluster filesystem (pmxcfs) is down or this is not a Proxmox VE node. Start"
-                " it (systemctl status pve-cluster) or run the task on a node. Nothing was stopped.") from None
-        try:
-            local = os.readlink(os.path.join(self.pve_dir, "local"))   # pmxcfs' link: nodes/<this node>
-            self._node = local.rstrip("/").rsplit("/", 1)[-1]
-        except OSError:
-            self._node = os.uname().nodename.split(".")[0]              # PVE::INotify::nodename
-        try:
-            vmids = _pct.node_containers(vmlist, self._node)
-        except _errors.UnreadableOutput as exc:
-            raise FenceFailed("pve_unavailable", f"{os.path.join(self.pve_dir, '.vmlist')}: {exc.details['problem']}. Is"
-                                                 " pmxcfs healthy (systemctl status pve-cluster)? Nothing was stopped.",
-                              sample=exc.details["sample"]) from None
-        try:
-            with open("/proc/net/unix", encoding="utf-8", errors="replace") as f:
-                sockets = f.read()
-        except OSError as exc:
-            raise FenceFailed("pve_unavailable", f"cannot read /proc/net/unix ({exc.strerror or exc}): which containers"
-                                                 " run cannot be told. Nothing was stopped.") from None
-        return vmids, _pct.active_vmids(sockets, self.lxc_path, vmids)
-
-    def config(self, vmid):
-        """The text of CT ``vmid``'s config file (nodes/<node>/lxc/<vmid>.conf, what /etc/pve/lxc links to), None when
-        it is not there."""
-        try:
-            return self._read(os.path.join("nodes", self._node, "lxc", f"{int(vmid)}.conf"))
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            said = exc.strerror or exc
-            raise FenceFailed("pve_unavailable", f"cannot read CT {vmid}'s config in {self.pve_dir} ({said})."
-                                                 " Nothing was stopped.") from None
-
-    def take_locks(self, vmids) -> None:
-        """The release locks of these containers, held until the module exits (their GPUs' are the release's). A wait
-        for another run's makes the discovery's look stale (release() then takes a snapshot of its own)."""
-        if _lock.Locks("proxmox_gpu_containers", vmids, self.params["lock_timeout"], self.warn).acquire():
-            self._look_gpus = None
-
-    def _gpu_locks(self, _containers, gpus) -> None:
-        """The release's GPU locks, shared (a release narrowed to the containers whose locks take_locks holds)."""
-        return _lock.Locks("proxmox_gpu_containers", (), self.params["lock_timeout"], self.warn, gpus=gpus,
-                           gpus_exclusive=False).acquire()
-
-    def gpus(self):
-        """The GPUs (index, uuid, minor_number, memory, processes), read once; None with a warning when the driver
-        cannot be read."""
-        if self._gpus is not None:
-            return self._gpus
-        try:
-            self._gpus = self.taker.raw(need_minors=True)["gpus"]
-            return self._gpus
-        except _errors.GpuError as exc:
-            if self.params["state"] == "released":
-                raise
-            self.warn(f"cannot read the GPUs ({exc.msg}): each container's gpus is null (its GPUs cannot be told)")
-            return None
-
-    def _look(self) -> list:
-        """A full snapshot's GPUs (processes, device-file holders and their containers), taken once."""
-        if self._look_gpus is None:
-            self._look_gpus = self.taker.take()["gpus"]
-        return self._look_gpus
-
-    def held(self):
-        """{vmid: set of GPU indexes} its processes hold now (_holding.container_gpus over a full snapshot: contexts,
-        /dev/nvidiaN holders); None with a warning when the snapshot cannot be taken (state released: the error)."""
-        try:
-            return _holding.container_gpus(self._look())
-        except _errors.GpuError as exc:
-            if self.params["state"] == "released":
-                raise
-            self.warn(f"cannot read what the containers' processes hold ({exc.msg}): their GPUs are their configs'")
-            return None
-
-    def held_mig(self):
-        """{vmid, None for the node: set of MIG UUIDs} its processes are on or hold the capability nodes of (_mig.held),
-        from the same snapshot as held(); None when it could not be taken."""
-        return None if self._look_gpus is None else _mig.held(self._look_gpus)
-
-    def holding(self) -> dict:
-        """{vmid: set of GPU indexes} its processes keep busy now (_holding.workload_gpus: contexts, and device nodes
-        only where the GPU's process list cannot be trusted), from the same snapshot as held()."""
-        return _holding.workload_gpus(self._look())
-
-    def release(self, filters: dict, draining=(), units_stopped=()):
-        """gpu_release's path with these filters (the fence's: its containers, their GPUs): (its result, None) or (the
-        partial result, the error). ``draining``: the GPUs whose memory the services just stopped are still freeing
-        (draining_gpus); ``units_stopped``: [(vmid, unit)] the fence stopped, or in check mode would stop (the release
-        does not stop them again)."""
-        p = dict(self.params, draining_gpus=list(draining), units_stopped=list(units_stopped), **RELEASE_FIXED)
-        io = self.release_io
-        if self._look_gpus is not None and not self.params.get("services") and p["include_device_holders"]:
-            # Nothing ran since the discovery's look (no service, no wait for a lock): it is the release's first
-            # snapshot - /proc is read once.
-            io = _FirstLook(io, self._look_gpus)
-            self._look_gpus = None
-        try:
-            result = _release.run_release(p, filters, io, self.first_signal,
-                                          self.check_mode, self.diff, lock=self._gpu_locks)
-            # Each holder once (_snapshot.compact_result), as gpu_release returns it.
-            return _snapshot.compact_result(result), None
-        except _release.ReleaseFailed as exc:
-            return _snapshot.compact_result(exc.partial), exc
+def release_options(base: dict, draining=(), units_stopped=()) -> dict:
+    """gpu_release's options for the fence's release over the containers' processes (its filters are the fence's:
+    Fence._release): the module's snapshot and release options (``base``), every holder of the containers with their
+    workloads (RELEASE_FIXED); ``draining``: the GPUs whose memory the stopped services are still freeing
+    (draining_gpus); ``units_stopped``: [(vmid, unit)] the fence stopped, or in check mode would stop (the release does
+    not stop them again)."""
+    return dict(base, draining_gpus=list(draining), units_stopped=list(units_stopped), **RELEASE_FIXED)
 
 
 class _FirstLook:

@@ -7,8 +7,8 @@
 
 """Will the next server start here: the health checks, the fit, and the Xid events of the kernel log.
 
-Pure, table-driven logic, but for ``read_kernel_log`` (the one reader of the kernel log). The
-backends (_nvml, _smi) fill the raw fields of each GPU; this file judges them:
+Pure, table-driven logic (the kernel log is read by _host.kernel_log). The backends (_host.nvml, _smi) fill the
+raw fields of each GPU; this file judges them:
 
 - ``CHECKS``: each health check, the field it reads, the NVML call and the nvidia-smi field behind
   it, the driver branches where it exists, whether it blocks a wait by default, and what to do.
@@ -24,7 +24,6 @@ passes, never fails, and never raises.
 from __future__ import annotations
 
 import math
-import os
 import re
 
 # The fields the backends fill (None where unsupported), with the name listed in ``unsupported``.
@@ -429,58 +428,6 @@ def xid_events_of(gpu: dict, events: list) -> list:
     for e in mine:
         e.pop("bus", None)
     return mine[-MAX_XID_EVENTS:]
-
-
-def _read_kmsg(path: str) -> str:
-    """Every record /dev/kmsg holds now (non-blocking: one record per read, EAGAIN at the end)."""
-    import errno
-
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    chunks = []
-    try:
-        while True:
-            try:
-                data = os.read(fd, 8192)
-            except BlockingIOError:
-                break
-            except OSError as exc:
-                if exc.errno == errno.EPIPE:  # a record was overwritten while reading: go on with the next
-                    continue
-                raise
-            if not data:
-                break
-            chunks.append(data.decode("utf-8", "replace"))
-    finally:
-        os.close(fd)
-    return "".join(chunks)
-
-
-KMSG = "/dev/kmsg"
-
-
-def read_kernel_log(path=None, run=None) -> dict:
-    """The kernel log's text, and where it came from: {text, source, problem}.
-
-    ``path``: a file to read (a saved log, a simulator's), else /dev/kmsg, then ``run(['dmesg'])``
-    (-> rc, out, err) when /dev/kmsg cannot be read. ``text`` is None and ``problem`` says why
-    when nothing could be read (not root on the node, a container without the host's log)."""
-    if path and path != KMSG:
-        try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                return {"text": f.read(), "source": path, "problem": None}
-        except OSError as exc:
-            return {"text": None, "source": path, "problem": f"{path}: {exc.strerror or exc}"}
-    problems = []
-    try:
-        return {"text": _read_kmsg(KMSG), "source": KMSG, "problem": None}
-    except OSError as exc:
-        problems.append(f"{KMSG}: {exc.strerror or exc}")
-    if run is not None:
-        rc, out, err = run(["dmesg"])
-        if rc == 0:
-            return {"text": out, "source": "dmesg", "problem": None}
-        problems.append(f"dmesg: exit {rc}: {' '.join((err or out).split())[:200]}")
-    return {"text": None, "source": None, "problem": "; ".join(problems)}
 
 
 def kernel_log_summary(log: dict, events=None) -> dict:

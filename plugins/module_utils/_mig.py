@@ -12,7 +12,7 @@ A GPU in MIG mode is split into GPU instances, each into compute instances; a MI
 with its own UUID (``MIG-...``). A process on a MIG device holds its GPU's ``/dev/nvidiaN`` and two capability
 nodes, ``/dev/nvidia-caps/nvidia-cap<N>`` of its GPU instance and of its compute instance; the driver names N in
 ``/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<g>[/ci<c>]/access`` (``DeviceFileMinor: N``; NVIDIA's MIG
-user guide, "Device Nodes and Capabilities").
+user guide, "Device Nodes and Capabilities"; read by _host.mig_caps).
 """
 
 from __future__ import annotations
@@ -20,39 +20,8 @@ from __future__ import annotations
 import os
 import re
 
-# Where the driver lists the capabilities (a simulator points GPUOPS_NVIDIA_CAPS elsewhere).
-CAPS_ENV = "GPUOPS_NVIDIA_CAPS"
-CAPS_DIR = "/proc/driver/nvidia/capabilities"
 CAP_DEV_DIR = "/dev/nvidia-caps"
 _CAP_NODE = re.compile(r"(?:^|/)nvidia-cap(\d+)$")
-_MINOR_LINE = re.compile(r"^DeviceFileMinor:\s*(\d+)\s*$", re.MULTILINE)
-
-
-def caps_dir() -> str:
-    return os.environ.get(CAPS_ENV) or CAPS_DIR
-
-
-def cap_minor(gpu_minor, gi, ci=None):
-    """The minor of the capability node of GPU instance ``gi`` (``ci`` None) or of its compute instance ``ci`` on the
-    GPU of minor number ``gpu_minor``; None when the driver does not list it (or it cannot be read)."""
-    if gpu_minor is None or gi is None:
-        return None
-    parts = [caps_dir(), f"gpu{gpu_minor}", "mig", f"gi{gi}"] + ([] if ci is None else [f"ci{ci}"]) + ["access"]
-    try:
-        with open(os.path.join(*parts), encoding="utf-8") as f:
-            m = _MINOR_LINE.search(f.read())
-    except OSError:
-        return None
-    return int(m.group(1)) if m else None
-
-
-def device_nodes(gpu_minor, gi, ci) -> list:
-    """The capability nodes of a MIG device, as the node names them: [GPU instance's, compute instance's]."""
-    out = []
-    for minor in (cap_minor(gpu_minor, gi), cap_minor(gpu_minor, gi, ci)):
-        if minor is not None:
-            out.append(f"{CAP_DEV_DIR}/nvidia-cap{minor}")
-    return out
 
 
 def node_minor(path):

@@ -16,13 +16,17 @@ tests drive the whole sequence. No AnsibleModule.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _procs, _scope, _snapshot, _validate
-from ansible_collections.gpuops.gpu.plugins.module_utils._signals import SIGKILL, signal_name
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _holding, _scope, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils._validate import signal_name
 
+SIGKILL = int(signal.SIGKILL)
 SIGCONT = int(signal.SIGCONT)
+# Proxmox VE >= 6.2 puts a container's payload under /lxc/<vmid>/ns/...; plain LXC 4+ uses lxc.payload.<name>.
+_PAYLOAD_CGROUP = re.compile(r"^(.*?/lxc/\d+/ns|.*?/lxc\.payload\.\d+)(?:/|$)")
 # How long a unit that was not stopped is watched after the release for a supervisor's restart
 # (systemd restarts after RestartSec=100ms by default; supervisord and shell loops at once).
 RESPAWN_WATCH_S = 2.0
@@ -30,6 +34,7 @@ RESPAWN_WATCH_S = 2.0
 # outside systemd (busybox init, a shell loop, supervisord) restarts within it.
 NEWCOMER_WATCH_S = 0.5
 RESPAWN_POLL_S = 0.1
+UNIT_CALL_S = 10.0  # a unit stop's allowance for pct itself (its start, the attach) where no pct_timeout is set
 REPORT_KEYS = ("pid", "name", "cmdline", "user", "container", "unit", "gpus", "via", "evidence", "why")
 
 
@@ -106,14 +111,16 @@ def unit_text(entry: dict) -> str:
     return entry["unit"] + (f" in CT {entry['container']}" if entry["container"] is not None else "")
 
 
-def stop_unit(run_command, pct, vmid, unit, timeout, systemctl="systemctl", now=time.monotonic, command=None) -> dict:
+def stop_unit(run_command, pct, vmid, unit, timeout, systemctl="systemctl", now=time.monotonic, command=None,
+              watch=None) -> dict:
     """Stop one systemd unit, in CT ``vmid`` through ``pct exec <vmid> -- systemctl stop <unit>`` (on the host
     when ``vmid`` is None), for at most ``timeout`` s. The one way every module stops a unit. Raises nothing.
 
     ``run_command(argv, timeout, what) -> (rc, stdout, stderr)`` raises _errors.QueryTimeout when the time is
-    up (_host.calls.run_in_group). Returns {unit, container, command, rc, seconds, error}: ``error`` is '' when the
-    unit stopped (rc 0), else one sentence: the container did not answer in time (frozen, or its systemd
-    hung: rc None), systemctl failed (its rc and output), or there is no pct here.
+    up (_host.calls.run_in_group); ``watch(argv)``, when given, makes the watch the command runs under (the container
+    frozen, the node's pct hung, the container's systemd hung: _host.calls.ExecWatch), whose sentence ends it at once.
+    Returns {unit, container, command, rc, seconds, error}: ``error`` is '' when the unit stopped (rc 0), else one
+    sentence: what did not answer in time (rc None), systemctl failed (its rc and output), or there is no pct here.
     """
     entry = {"unit": unit, "container": vmid}
     argv = list(command) if command else unit_command(entry, systemctl or "systemctl", pct)
@@ -124,9 +131,12 @@ def stop_unit(run_command, pct, vmid, unit, timeout, systemctl="systemctl", now=
         return out
     started = now()
     try:
-        rc, stdout, stderr = run_command(argv, timeout, " ".join(argv[:3]))
-    except _errors.QueryTimeout:
+        rc, stdout, stderr = run_command(argv, timeout, " ".join(argv[:3]), **({"watch": watch(argv)} if watch else {}))
+    except _errors.QueryTimeout as exc:
         out["seconds"] = round(now() - started, 3)
+        if exc.details.get("watched"):
+            out["error"] = f"stopping {where}: {exc.msg}."
+            return out
         who = f"CT {vmid}" if vmid is not None else "systemd on the host"
         out["error"] = (f"stopping {where} did not finish within {timeout:g} s: {who} did not answer ("
                         + " ".join([os.path.basename(argv[0])] + argv[1:]) + " was killed), so the unit was not"
@@ -292,10 +302,13 @@ def choose(scope, candidates: list, contexts: dict, holder_ids: set, tree: bool,
     if not (tree and read):
         return
     children = children or {}
+    below_of = {}  # ancestor pid -> the GPU holders below it (thousands of holders share one root: once each)
     for holder in list(scope.targets):
         for anc, why in roots.get(_scope.identity(holder), ()):
-            below = descendants(anc["pid"], children)
-            holders_below = {h for h in holder_ids if h[0] in below}
+            if anc["pid"] not in below_of:
+                below = descendants(anc["pid"], children)
+                below_of[anc["pid"]] = {h for h in holder_ids if h[0] in below}
+            holders_below = below_of[anc["pid"]]
             anc = dict(anc, context_gpus=sorted(contexts.get(anc["pid"], ())))
             if not scope.admit(anc, _scope.ROOT, via=holder, holders_below=holders_below, why=why):
                 break
@@ -322,6 +335,13 @@ def unit_problem(entry: dict, holders: list, scope) -> str:
             " signalled, so its supervisor may restart them")
 
 
+def payload_cgroup(path: str):
+    """The root of the container payload cgroup that ``path`` lies in (``/lxc/129/ns``, ``/lxc.payload.129``), or
+    None."""
+    match = _PAYLOAD_CGROUP.match(path or "")
+    return match.group(1) if match else None
+
+
 def container_init(proc: dict, read, procs_of=None):
     """(pid, start_time) of the init (PID 1) of the container ``proc`` runs in, or None when it cannot be told: up its
     ancestors (a unit's process is systemd's child), else among the processes of the container's payload cgroup
@@ -335,7 +355,7 @@ def container_init(proc: dict, read, procs_of=None):
             return x["pid"], x.get("start_time")
         seen.add(x["pid"])
         x = read(x["ppid"]) if x.get("ppid") else None
-    root = _procs.payload_cgroup(proc.get("cgroup") or "")
+    root = payload_cgroup(proc.get("cgroup") or "")
     for pid in (procs_of(root) if procs_of and root else ()):
         x = read(pid)
         if x is not None and _scope.container_id(x) == ct and (x.get("container") or {}).get("pid_in_container") == 1:
@@ -449,11 +469,14 @@ class _PlanMixin:
             return frozen_message(frozen)
         return ""
 
+    def _init_of(self, proc):
+        return container_init(proc, self.io.read, self.io.cgroup_procs)
+
     def _note_inits(self, targets: list) -> None:
         """{vmid: ((pid, start_time) of its init, a target in it)}: to tell a container stopped or restarted meanwhile."""
-        init_of = getattr(self.io, "container_init", None)
+        init_of = self._init_of
         self.inits = {}
-        for t in targets if init_of else ():
+        for t in targets:
             ct = _scope.container_id(t)
             if ct is not None and ct not in self.inits:
                 init = init_of(t)
@@ -555,6 +578,7 @@ class _StopMixin:
             for target in alive:
                 sent |= target.send(SIGKILL)
             alive = io.wait_gone(alive, p["kill_timeout"])
+        alive = set(alive)  # (thousands of targets: each looked up once)
         for target in pinned:
             gone_at = target.gone_at
             if gone_at is not None and target not in alive:
@@ -563,7 +587,9 @@ class _StopMixin:
                            seconds=round(gone_at - self.t0, 3) if gone_at is not None else None)
             if target in alive:
                 entry["state"] = io.state(target.pid)
-                why = self._why_alive(target, signal_name(sig), killed="SIGKILL" in target.signals)
+                unread = getattr(target, "unread", "")  # EMFILE, EACCES, ...: never taken for gone (DESIGN 5a)
+                why = (f"not told apart from another process: {unread}, so whether it still runs cannot be told" if unread
+                       else self._why_alive(target, signal_name(sig), killed="SIGKILL" in target.signals))
                 if why:
                     entry["why_alive"] = why
                 self.result["survivors"].append(entry)
@@ -597,7 +623,10 @@ class _StopMixin:
 
     def _stop_units(self) -> tuple:
         sent, stopped = False, set()
-        budget = self.p["grace_period"] + self.p["kill_timeout"] + 10
+        # A unit's stop may take its holders' time (grace_period + kill_timeout), and pct one call's (pct_timeout).
+        call_limit = self.p.get("pct_timeout") or UNIT_CALL_S
+        budget = self.p["grace_period"] + self.p["kill_timeout"] + call_limit
+        watch = getattr(self.io, "exec_watch", None)  # what hangs in a pct exec: the container, pct, its systemd
         for entry in self.plan_units:
             if not entry["command"]:
                 # Not stopped: the release fails (_judge_outcome), its processes are signalled all the same.
@@ -608,7 +637,7 @@ class _StopMixin:
                 continue
             done = stop_unit(self.io.run_command, self.io.bins("pct"), entry["container"], entry["unit"], budget,
                              systemctl=self.io.bins("systemctl") or "systemctl", now=self.io.now,
-                             command=entry["command"])
+                             command=entry["command"], watch=watch(entry["container"], call_limit) if watch else None)
             if done["error"]:
                 # Not stopped: not in stopped_units (what the summaries list as stopped); the release fails
                 # (_judge_outcome: its supervisor can restart the work), its processes are signalled all the same.
@@ -650,7 +679,7 @@ class _StopMixin:
         # Nothing signalled and no unit stopped (an idle node, or every holder left by the gate): no newcomer can descend
         # from a target and nothing of ours can respawn, so one look after is all the watch has to take.
         after = self._watch(first_signal, groups, t0_ticks, supervised, look_once=not (sent_any or stopped))
-        res["containers_changed"] = container_changes(self.inits, io.read, io.container_init) if self.inits else []
+        res["containers_changed"] = container_changes(self.inits, io.read, self._init_of) if self.inits else []
         res["changed"] = sent_any or bool(stopped)
         res["gpus"] = after
         res["quiet_since"] = self._quiet_since(after)
@@ -887,7 +916,7 @@ def frozen_message(frozen: dict, done: str = "Nothing was signalled") -> str:
     """Why a release with frozen targets does not proceed: the reason first, what to do, then what was done."""
     parts = []
     for ct, pids in frozen.items():
-        held = f"pid {', '.join(map(str, pids))}"
+        held = f"pid {_bound.listed(map(str, pids))}"
         if ct is not None:
             parts.append(f"CT {ct} is frozen (a suspend-mode backup, or lxc-freeze; its GPU holders: {held}): wait for the"
                          f" backup to finish, or thaw it with `lxc-unfreeze -n {ct}`, then run again")
@@ -935,9 +964,9 @@ def survivor_message(survivors: list, p: dict, first_signal: int) -> str:
             by_state.setdefault(s.get("state") or "?", []).append(s)
             if s.get("why_alive"):
                 known.append(s)
-    parts = []
+    parts, level = [], p.get("detail")
     for state, procs in sorted(by_state.items()):
-        names = ", ".join(_holding.describe(s) for s in procs)
+        names = _bound.listed((_holding.describe(s) for s in procs), level)
         if state == "D":
             parts.append(f"{names} (state D) is stuck in the kernel, often in the GPU driver, {waited}: check dmesg for"
                          " Xid errors; if it does not exit, a reboot may be needed")
@@ -947,9 +976,10 @@ def survivor_message(survivors: list, p: dict, first_signal: int) -> str:
         else:
             parts.append(f"{names} (state {state}) is still exiting, {waited}: a large teardown (pinned host memory)"
                          f" can take 20-40 s; {raise_it}")
-    for s in known:
-        parts.append(f"{_holding.describe(s)} is {s['why_alive']}" + ("" if p["escalate"] else ", or set escalate: true"))
-    return f"{len(survivors)} process(es) survived {what}: " + "; ".join(parts) + "."
+    parts.append(_bound.listed((f"{_holding.describe(s)} is {s['why_alive']}" + ("" if p["escalate"] else ", or set"
+                                                                                 " escalate: true") for s in known),
+                               level, "; "))
+    return f"{len(survivors)} process(es) survived {what}: " + "; ".join(x for x in parts if x) + "."
 
 
 class ReleaseFailed(_errors.GpuError):
@@ -972,10 +1002,12 @@ def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False,
     all_gpus = io.snapshot(p["include_device_holders"])
     _snapshot.check_count(all_gpus, p.get("expected_count"), ". Nothing was signalled.")
     before = filters["gpus"].pick(all_gpus)
+    waited = None
     if lock is not None and not check_mode:
         # One release at a time per container and GPU (_lock), taken once the selection is known and before anything
-        # is planned or signalled: a second run that waited sees what the first left.
-        if lock(filters.get("containers"), [g["index"] for g in before]):
+        # is planned or signalled: a second run that waited sees what the first left (and says it waited).
+        waited = lock(filters.get("containers"), [g["index"] for g in before])
+        if waited:
             # It waited for another release: what it read before is stale - read the GPUs again.
             all_gpus = io.snapshot(p["include_device_holders"])
             before = filters["gpus"].pick(all_gpus)
@@ -1003,6 +1035,8 @@ def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False,
         result = release.run(first_signal, diff)
         for warning in release.warnings:
             io.warn(warning)
+    if waited:
+        result["waited_for_lock"] = waited  # what it released is what another run left (_lock.waited_text)
     result["elapsed"] = round(io.now() - start, 3)
     if others:
         result["gpu_errors"] = others

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _mig, _raw
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _raw
 
 GPU_FIELDS = [
     "index", "uuid", "name", "serial", "pci.bus_id", "memory.total", "memory.used", "memory.free",
@@ -290,27 +290,6 @@ def _query_gpus(run, executable: str, fields: list, first=None):
     return rc, out, err, fields  # pragma: no cover - bounded by the number of fields
 
 
-def _run_both(run, first, second):
-    """Run two independent nvidia-smi queries at once: each costs a driver round trip."""
-    import threading
-
-    box = {}
-
-    def target():
-        try:
-            box["second"] = run(second)
-        except Exception as exc:  # pylint: disable=broad-except  # re-raised in the caller
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    one = run(first)
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return one, box["second"]
-
-
 _MIG_LINE = re.compile(r"^\s+MIG\s+(\S+)\s+Device\s+(\d+):\s+\(UUID:\s+(MIG-[0-9A-Fa-f-]+)\)\s*$")
 _GPU_LINE = re.compile(r"^GPU\s+(\d+):.*\(UUID:\s+(GPU-[0-9A-Fa-f-]+)\)\s*$")
 
@@ -384,7 +363,7 @@ def mig_devices(run, executable: str, gpus: list) -> None:
         for (profile, uuid), (gi, ci, mem) in zip(names, info["devices"]):
             dev = _raw.mig_device(uuid)
             dev.update(profile=profile, name=f"{g.get('name')} MIG {profile}", gpu_instance_id=gi, compute_instance_id=ci,
-                       memory=mem, device_nodes=_mig.device_nodes(g.get("minor_number"), gi, ci))
+                       memory=mem)  # its device_nodes: _host.mig_caps
             by_pid = {p["pid"]: p for p in g["processes"]}
             for pid, pgi, pci in info["processes"]:
                 if (pgi, pci) == (gi, ci):
@@ -393,22 +372,23 @@ def mig_devices(run, executable: str, gpus: list) -> None:
         g["mig_devices"] = out
 
 
-def query(run, executable: str, minor_numbers=None) -> dict:
-    """A raw snapshot through nvidia-smi. ``run(argv) -> (rc, out, err)``.
+def query(run, executable: str, minor_numbers=None, background=None) -> dict:
+    """A raw snapshot through nvidia-smi. ``run(argv) -> (rc, out, err)``; ``background(fn, *args)``: a job whose
+    ``result()`` is ``fn(*args)`` (_host.calls.Background), to run the GPU and the process queries at the same time
+    (each costs a driver round trip); None: one after the other.
 
     ``minor_numbers``: a dict {uuid: minor} to fill in (from ``minor_query``), else they are null.
-    The GPU and the process queries run at the same time. A field this nvidia-smi refuses is left out for
-    the rest of the run, and so is every field its ``--help-query-gpu`` does not list (read once, at the
-    first refusal): the driver's ``missing_fields`` names the GPU_FIELDS it could not give (memory.reserved
-    before R510).
+    A field this nvidia-smi refuses is left out for the rest of the run, and so is every field its
+    ``--help-query-gpu`` does not list (read once, at the first refusal): the driver's ``missing_fields`` names the
+    GPU_FIELDS it could not give (memory.reserved before R510).
     """
     warnings = []
     run = reading(run, warnings)
     fields = gpu_fields(executable)
-    first, apps = _run_both(
-        run,
-        [executable, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"],
-        [executable, "--query-compute-apps=" + ",".join(APP_FIELDS), "--format=csv,noheader,nounits"])
+    apps_argv = [executable, "--query-compute-apps=" + ",".join(APP_FIELDS), "--format=csv,noheader,nounits"]
+    apps_job = background(run, apps_argv) if background else None
+    first = run([executable, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"])
+    apps = apps_job.result() if apps_job else run(apps_argv)
     rc, out, err, fields = _query_gpus(run, executable, fields, first)
     missing = [f for f in GPU_FIELDS if f not in fields]
     if rc == 6 and "No devices were found" in (out + err):

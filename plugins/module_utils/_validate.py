@@ -20,10 +20,9 @@ from __future__ import annotations
 import math
 import re
 import signal
-import threading
-import time
 
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import InvalidOption, RegexTooSlow
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import Interrupted, call_interrupted
 # Regular expressions see at most MATCH_CHARS characters of a command line (one constant, kept in _redact).
 from ansible_collections.gpuops.gpu.plugins.module_utils._redact import MATCH_CHARS
 
@@ -98,6 +97,33 @@ def integer(option: str, value, low: int, high: int) -> int:
         shown = value if abs(value) < 10 ** 18 else "a number with more than 18 digits"
         _fail(option, f"{option} must be between {low} and {high}, got {shown}")
     return value
+
+
+def signal_number(value) -> int:
+    """'SIGTERM', 'TERM', 'sigint', 15 or '15' -> the number; ValueError naming the value otherwise."""
+    text = str(value).strip()
+    if text.isdigit() and not (text.isascii() and len(text) <= 3):
+        raise InvalidOption(f"signal: {value!r} is not a valid signal number", option="signal")
+    if text.isdigit():
+        num = int(text)
+        valid = {int(s) for s in signal.valid_signals()}
+        if num not in valid or num == 0:
+            raise InvalidOption(f"signal: {value!r} is not a valid signal number", option="signal")
+        return num
+    name = text.upper()
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    sig = getattr(signal.Signals, name, None) if name in signal.Signals.__members__ else None
+    if sig is None:
+        raise InvalidOption(f"signal: {value!r} is not a signal name (like SIGTERM, SIGINT, SIGKILL)", option="signal")
+    return int(sig)
+
+
+def signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return str(num)
 
 
 def items(values) -> list:
@@ -191,35 +217,6 @@ def nested_quantifier(parsed) -> bool:
     return False
 
 
-class _Interrupted(Exception):
-    pass
-
-
-def _on_alarm(_signum, _frame):
-    raise _Interrupted()
-
-
-def _call_limited(fn, text, budget: float):
-    """``fn(text)``, interrupted after ``budget`` s where a timer can be used (the main thread, no timer
-    already running): Python's re checks for signals while it backtracks. Returns (value, seconds)."""
-    start = time.monotonic()
-    use_timer = (threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
-                 and signal.getitimer(signal.ITIMER_REAL)[0] == 0)
-    if not use_timer:
-        value = fn(text)
-        return value, time.monotonic() - start
-    previous = signal.signal(signal.SIGALRM, _on_alarm)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, budget)
-        try:
-            value = fn(text)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-    finally:
-        signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
-    return value, time.monotonic() - start
-
-
 class Regex:
     """A validated regular expression of an option, searched under a time budget.
 
@@ -237,8 +234,8 @@ class Regex:
 
     def _run(self, fn, text):
         try:
-            value, took = _call_limited(fn, (text or "")[:MATCH_CHARS], SEARCH_BUDGET_S)
-        except _Interrupted:
+            value, took = call_interrupted(fn, (text or "")[:MATCH_CHARS], SEARCH_BUDGET_S)
+        except Interrupted:
             took = None
         if took is not None:
             self.spent += took

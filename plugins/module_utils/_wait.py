@@ -19,11 +19,54 @@ not when the memory is freed, and any holder that appears restarts it.
 
 from __future__ import annotations
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _holding, _smi
-from ansible_collections.gpuops.gpu.plugins.module_utils._host import calls as _host_calls
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _health, _holding, _smi, _snapshot, _validate
 
 
 holders_of = _holding.holders_of
+
+
+class Answered:
+    """An answer already in hand, read as a background job's is (``result()``)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+class Looks:
+    """The wait's look at its GPUs (``look(full)`` -> the selected GPUs): the GPU count checked at the first look
+    (expected_count), then the selection (O(gpus)). nvidia-smi is asked about the selected GPUs only (``io.restrict``):
+    from the first look on when they are named by index alone (an unselected GPU that is lost or failing makes
+    nvidia-smi exit non-zero, and must not fail this wait), else from the first selection on."""
+
+    def __init__(self, p: dict, io, selection):
+        self.p = p
+        self.io = io
+        self.selection = selection  # the gpus option, parsed once (_validate.snapshot: a _selection.Selection)
+        self.count_checked = bool(p.get("progress_state"))  # a later slice: the first one checked it
+        indexes = selection.indexes()
+        if indexes is not None and (p.get("expected_count") is None or self.count_checked):
+            io.restrict([str(i) for i in indexes])
+
+    def __call__(self, full: bool) -> list:
+        io, p = self.io, self.p
+        gpus = io.snapshot(full)
+        if not self.count_checked:
+            _snapshot.check_count(gpus, p.get("expected_count"))
+            self.count_checked = True
+        try:
+            selected = self.selection.pick(gpus)
+        except _errors.SelectionError:
+            if not io.restricted():
+                raise
+            io.restrict(None)  # once more, unrestricted: the message lists the GPUs the host has
+            selected = self.selection.pick(io.snapshot(False, processes=False))
+        if self.selection:
+            # From now on nvidia-smi (the backend, and the final confirmation) sees the selected GPUs only.
+            io.restrict([str(g["index"]) for g in selected])
+        return selected
 
 
 def new_state() -> dict:
@@ -72,15 +115,16 @@ def left_blockers(gpus: list, left: dict) -> list:
     return out
 
 
-def blocked_text(found: list, elapsed: float, timeout: float, grace: float) -> str:
-    """Why the wait fails fast: each GPU kept busy by a process the release left, why it left it, and what to do."""
+def blocked_text(found: list, elapsed: float, timeout: float, grace: float, level: str = _bound.SUMMARY) -> str:
+    """Why the wait fails fast: each GPU kept busy by a process the release left, why it left it, and what to do (in
+    summary the first few: _bound.listed)."""
     parts = []
     for index, h, why in found:
         parts.append(f"GPU {index} is used by {_holding.describe(h)}, which the release before this wait left ({why}):"
                      f" nothing in this hook will stop it. See it: `ps -o pid,user,etime,args -p {h['pid']}`. When it may"
                      f" be stopped: {_holding.stop_advice(h)}; or leave GPU {index} out of the GPUs to wait for")
     return (f"blocked after {elapsed:.1f} s of {timeout:g} s (still there after blocker_grace, {grace:g} s): "
-            + "; ".join(parts))
+            + _bound.listed(parts, level, "; "))
 
 
 # The drain rate is measured over the samples of the last few seconds.
@@ -180,7 +224,8 @@ def _unchanged_text(entries: list, leak_after: float, hidden: bool) -> str:
             " raise timeout (gpu_idle_timeout) to give the driver time to free it")
 
 
-def diagnosis(gpus: list, max_memory_used_mib: int, memory=None, leak_after: float = LEAK_AFTER) -> str:
+def diagnosis(gpus: list, max_memory_used_mib: int, memory=None, leak_after: float = LEAK_AFTER,
+              level: str = _bound.SUMMARY) -> str:
     """'GPU 2: 1200 MiB used and no process holds it: ...; GPU 5 is used by pid 8812 (python3) in CT 129'.
 
     One sentence per cause, with the GPUs it applies to (the same cause on several GPUs is named once):
@@ -188,9 +233,10 @@ def diagnosis(gpus: list, max_memory_used_mib: int, memory=None, leak_after: flo
     unchanged for less than ``leak_after`` (a release lag or a leak to come) and a leak (reset the GPU), each
     with its MiB figures; the failing health checks are named once per check and detail, with the GPUs they fail
     on and what to do. A process that holds only a GPU's device node, with no context, is named as lingering,
-    never as the GPU's user (docs/holding-model.md).
+    never as the GPU's user (docs/holding-model.md). ``level`` (the detail option): in summary a GPU's users are
+    named up to a few, and counted beyond (_bound.listed).
     """
-    causes = _Causes(max_memory_used_mib, memory)
+    causes = _Causes(max_memory_used_mib, memory, level)
     for g in gpus:
         if not g["idle"]:
             causes.gpu(g)
@@ -201,8 +247,8 @@ class _Causes:
     """The causes diagnosis names, gathered one busy GPU at a time (``gpu``): each cause with its GPUs, in the order
     of the GPUs; then said as sentences (the GPUs' own causes, their health checks, their memory, what lingers)."""
 
-    def __init__(self, max_memory_used_mib: int, memory):
-        self.max_memory_used_mib, self.memory = max_memory_used_mib, memory or {}
+    def __init__(self, max_memory_used_mib: int, memory, level: str = _bound.SUMMARY):
+        self.max_memory_used_mib, self.memory, self.level = max_memory_used_mib, memory or {}, level
         self.each = []  # [verb, text, [indexes]]
         self.draining, self.leaked, self.unchanged, self.hidden = [], [], [], []
         self.health, self.lingering = {}, {}
@@ -239,9 +285,9 @@ class _Causes:
         elif g.get("processes_error") and not hs:
             self.add(":", g["processes_error"], i)
         elif hs:
-            self.add("is", "used by " + ", ".join(
+            self.add("is", "used by " + _bound.listed((
                 _holding.describe(h) + (f", {_holding.mps_server_text(h['mps_server'])}" if h.get("mps_server") else "")
-                for h in hs), i)
+                for h in hs), self.level), i)
         elif trend and used is not None:
             kinds = {"draining": self.draining, "leaked": self.leaked}
             kinds.get(trend["kind"], self.hidden if unseen else self.unchanged).append((i, trend))
@@ -292,7 +338,7 @@ class _Causes:
         resettable = {i for i, _t in self.leaked + self.unchanged}
         for who, indexes in self.lingering.items():
             node = "the device node" if len(indexes) == 1 else "their device nodes"
-            parts.append(f"{_gpu_list(indexes)}: {', '.join(who)} {'holds' if len(who) == 1 else 'hold'} only {node}, with"
+            parts.append(f"{_gpu_list(indexes)}: {_bound.listed(who, self.level)} {'holds' if len(who) == 1 else 'hold'} only {node}, with"
                          f" no context (lingering: not what keeps {_them(indexes)} busy"
                          + ("; a reset waits until nothing holds the node)" if resettable & set(indexes) else ")"))
         return parts
@@ -576,7 +622,7 @@ def short(text, limit=240) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def agreement(gpus: list, raw: dict, max_memory_used_mib: int):
+def agreement(gpus: list, raw: dict, max_memory_used_mib: int, level: str = _bound.SUMMARY):
     """What nvidia-smi's snapshot ``raw`` (_smi.query) says of the GPUs that NVML found idle.
 
     Returns (seen, disagreement): per GPU index its used MiB and pids; '' when it agrees, else one clause per GPU."""
@@ -594,7 +640,7 @@ def agreement(gpus: list, raw: dict, max_memory_used_mib: int):
         pids = [x["pid"] for x in other["processes"] if x["pid"] not in others]
         seen[str(g["index"])] = {"used_mib": used, "pids": pids}
         if pids:
-            disagree.append(f"nvidia-smi shows GPU {g['index']} used by pid(s) {', '.join(map(str, pids))}")
+            disagree.append(f"nvidia-smi shows GPU {g['index']} used by pid(s) {_bound.listed(map(str, pids), level)}")
         elif used is not None and used > max_memory_used_mib:
             disagree.append(f"nvidia-smi shows GPU {g['index']} with {used} MiB used")
     return seen, "; ".join(disagree)
@@ -616,14 +662,25 @@ class _PollMixin:
         if not self.carried and self.p["delay"] and not self.check_mode:
             self.io.sleep(self.p["delay"])  # before the first look; not counted in timeout, as in wait_for
         self.t0 = self.io.now()
+        if not self.check_mode:
+            self._deadline(0.0)
         if not self.carried and not self.check_mode:
             self._credit()
         try:
             return self._look() if self.check_mode else self._poll()
         except _errors.GpuError as exc:
+            if isinstance(exc, _errors.QueryTimeout) and not self.check_mode and self.elapsed() >= self.p["timeout"]:
+                exc.msg = f"timed out after {self.p['timeout']:g} s: {exc.msg}"  # a call cut at the wait's deadline
             out = exc.result()
             out.update({k: v for k, v in self.result.items() if k != "changed"})
             return False, out
+
+    def _deadline(self, extra: float) -> None:
+        """Every call of the host (NVML, nvidia-smi) ends by the wait's timeout (``extra`` s past it: the diagnosis's
+        look once the time is up): each call's limit is min(query_timeout, the time left)."""
+        set_deadline = getattr(self.io, "set_deadline", None)
+        if set_deadline is not None:
+            set_deadline(self.t0 - self.offset + self.p["timeout"] + extra)
 
     def _credit(self) -> None:
         """Count the settle window from the moment the release that ran just before last saw a holder
@@ -641,7 +698,7 @@ class _PollMixin:
 
     def _look(self):
         p, io, state = self.p, self.io, self.state
-        gpus = io.snapshot(True)
+        gpus = self.look(True)
         _check_lost(gpus)
         before, polls, samples = gpus, 1, {}
         if p["reset_leaked"]:
@@ -653,7 +710,7 @@ class _PollMixin:
                 if t >= limit or not self._undecided(gpus, t):
                     break
                 io.sleep(min(p["sleep"], max(0.0, limit - t)))
-                gpus = io.snapshot(False)
+                gpus = self.look(False)
                 _check_lost(gpus)
                 polls += 1
             self.reset_leaked(gpus, self.elapsed())
@@ -662,7 +719,8 @@ class _PollMixin:
         return True, dict(self.result, would_wait=not all(g["idle"] for g in gpus), elapsed=round(self.elapsed(), 3),
                           polls=polls, idle_gpus=[g["index"] for g in gpus if g["idle"]], gpus=gpus, gpus_before=before,
                           samples=samples, confirmation=None,
-                          msg=diagnosis(gpus, p["max_memory_used_mib"]) or "all selected GPUs are idle")
+                          msg=diagnosis(gpus, p["max_memory_used_mib"], level=p.get("detail"))
+                          or "all selected GPUs are idle")
 
     def _undecided(self, gpus: list, t: float) -> bool:
         """Whether a GPU that reset_leaked may reset holds memory with no process, not yet told a leak."""
@@ -675,7 +733,7 @@ class _PollMixin:
         slice_end = io.now() + p["progress_slice"] if p["progress_slice"] else None
         confirmed = {}
         while True:
-            done, gpus = step(state, self.elapsed(), io.snapshot, io.alive, p["settle"], FULL_SCAN_EVERY)
+            done, gpus = step(state, self.elapsed(), self.look, io.alive, p["settle"], FULL_SCAN_EVERY)
             if state["credited"] and state["polls"] == 1 and not {g["index"] for g in gpus} <= set(
                     p["quiet_since"].get("gpus") or ()):
                 # The release did not watch every GPU this wait selects: its quiet time says nothing of the others.
@@ -693,7 +751,7 @@ class _PollMixin:
                 if early[1]:
                     state.update(idle_at_first_look=False, last_holder_at=state["last_poll_at"])
                     done = False
-                confirmed = {"at": scan_at, "job": _host_calls.Answered(early)}
+                confirmed = {"at": scan_at, "job": Answered(early)}
             if scan_at is not None and not done and confirmed.get("at") != scan_at:
                 # The GPUs look idle and the settle window opens: nvidia-smi is asked now, beside the polls of
                 # the window, so that the wait returns as the window closes; a holder within the window starts
@@ -753,12 +811,14 @@ class _JudgeMixin:
         gpus = result["gpus"]
         result.update(elapsed=round(elapsed, 3), confirmation=None, blockers=blockers(gpus),
                       left_blockers=[{"gpu": i, "pid": h["pid"], "reason": why} for i, h, why in found])
-        text = ((p["msg"] + ": ") if p["msg"] else "") + blocked_text(found, elapsed, p["timeout"], p["blocker_grace"])
+        text = ((p["msg"] + ": ") if p["msg"] else "") + blocked_text(found, elapsed, p["timeout"], p["blocker_grace"],
+                                                                      p.get("detail"))
         return False, dict(_errors.Blocked(text).result(), **result)
 
     def _timed_out(self, elapsed: float):
         p, state, result = self.p, self.state, self.result
-        gpus = self.io.snapshot(True)  # the diagnosis names device-file holders too
+        self._deadline(p.get("query_timeout") or 0.0)  # one more look, for the diagnosis: one query's time at most
+        gpus = self.look(True)  # the diagnosis names device-file holders too
         for g in gpus:
             record_sample(state, elapsed, g, len(memory_holders(g)))
         memory = trends(state, elapsed, p["leak_after"], p["max_memory_used_mib"])
@@ -766,7 +826,7 @@ class _JudgeMixin:
                       elapsed=round(elapsed, 3), confirmation=None, blockers=blockers(gpus), memory=memory)
         refusals = reset_summary(state.get("resets"))
         text = ((p["msg"] + ": ") if p["msg"] else "") + f"timed out after {p['timeout']:g} s: " + (
-            diagnosis(gpus, p["max_memory_used_mib"], memory, p["leak_after"])
+            diagnosis(gpus, p["max_memory_used_mib"], memory, p["leak_after"], p.get("detail"))
             or f"a holder appeared within the last {p['settle']:g} s (settle)") + (f"; {refusals}" if refusals else "")
         return False, dict(_errors.WaitTimeout(text).result(), **result)
 
@@ -791,13 +851,33 @@ class _JudgeMixin:
                 raw = self.io.smi_query(path)
                 break
             except (_errors.GpuError, ValueError) as exc:
-                if attempt == 2:
+                # No second try that would begin at or past the wait's timeout.
+                late = self.t0 is not None and self.elapsed() + min(p["sleep"], 1.0) >= p["timeout"]
+                if attempt == 2 or late:
+                    tries = "twice" if attempt == 2 else f"before the wait's timeout ({p['timeout']:g} s)"
                     raise _errors.BackendError(
-                        f"confirm_with_nvidia_smi: nvidia-smi failed twice on GPU(s) {', '.join(str(g['index']) for g in gpus)}"
+                        f"confirm_with_nvidia_smi: nvidia-smi failed {tries} on GPU(s) {', '.join(str(g['index']) for g in gpus)}"
                         f" ({short(getattr(exc, 'msg', exc))}) after NVML found them idle. Retry, or set"
                         " confirm_with_nvidia_smi=false to trust NVML alone.", backend="nvidia-smi") from None
                 self.io.sleep(min(p["sleep"], 1.0))
-        return agreement(gpus, raw, p["max_memory_used_mib"])
+        return agreement(gpus, raw, p["max_memory_used_mib"], p.get("detail"))
+
+
+def node_holders(io, gpus: list, protect) -> dict:
+    """{index: every process that holds the GPU's device node (/dev/nvidia<minor>)}, from one full device-file scan
+    (``io.device_holders()``): the protected daemons (``protect``, the option's patterns) count too, marked so."""
+    scan = io.device_holders()
+    out = {}
+    for gpu in gpus:
+        found = out.setdefault(gpu["index"], [])
+        for pid, files in sorted(scan.items()):
+            if not any(_holding.node_of(f)[1] == gpu.get("minor_number") for f in files):
+                continue
+            info = io.read(pid) or {"pid": pid, "name": None}
+            names = _snapshot._names(info) & set(_snapshot.PROTECTED_NAMES)
+            found.append({"pid": pid, "name": sorted(names)[0] if names else info.get("name"),
+                          "protected": bool(_snapshot.is_protected(info, extra=protect, exe_of=io.exe))})
+    return out
 
 
 class _ResetMixin:
@@ -811,7 +891,7 @@ class _ResetMixin:
         if not todo:
             return False
         smi = io.smi_path()
-        holders = io.node_holders([g for g, _t in todo])
+        holders = node_holders(io, [g for g, _t in todo], _validate.regexes("protect", p.get("protect")))
         done = False
         for gpu, trend in todo:
             g = dict(gpu)
@@ -869,13 +949,14 @@ class Wait(_PollMixin, _JudgeMixin, _ResetMixin):
     exit and the timeout's diagnosis - in its steps (_PollMixin, _JudgeMixin, _ResetMixin), which share this
     object's state, set here.
 
-    ``io`` has the methods of ``_host.wait_io.WaitIO`` (unit tests pass a fake host: no driver there). ``run()`` returns
-    (ok, result): the keyword arguments of exit_json when ok, else of fail_json, whose ``error`` names the kind
-    of every failure (_errors)."""
+    ``io`` is a ``_host.protocols.WaitHost`` (``_host.wait_io.WaitIO``; unit tests pass a fake host: no driver there).
+    ``run()`` returns (ok, result): the keyword arguments of exit_json when ok, else of fail_json, whose ``error``
+    names the kind of every failure (_errors)."""
 
-    def __init__(self, params: dict, io, check_mode: bool = False, diff: bool = False):
+    def __init__(self, params: dict, io, selection, check_mode: bool = False, diff: bool = False):
         self.p = params
         self.io = io
+        self.look = Looks(params, io, selection)
         self.check_mode = check_mode
         self.diff = diff
         carried = params.get("progress_state")

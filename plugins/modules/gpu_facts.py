@@ -428,7 +428,8 @@ ansible_facts:
 
 import os
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _procs, _snapshot
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _snapshot
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     IDLE_ARGS,
     SNAPSHOT_ARGS,

@@ -327,6 +327,16 @@ gpus:
   returned: when the release ran
   type: list
   elements: dict
+waited_for_lock:
+  description:
+    - This run waited for another run's release or fence of the same container or GPU (O(lock_timeout)) - what it
+      found, stopped and released is what the other run left. C(seconds) it waited, C(for) what (C(CT 129),
+      C(GPU 3)), the other run's C(pid) and C(module), and C(text), the sentence that says it (also a warning).
+  returned: when it waited
+  type: dict
+  sample: {"seconds": 3.1, "for": "CT 129", "pid": 4242, "module": "proxmox_gpu_containers",
+           "text": "waited 3.1 s for another run's fence of CT 129 (pid 4242, proxmox_gpu_containers), which ran first:
+                    what it stopped and released is in its own result; this run found what it left"}
 elapsed:
   description: Seconds the release took.
   returned: always
@@ -350,7 +360,8 @@ gpu_errors:
   sample: [{"index": 5, "pci_bus_id": "00000000:AB:00.0", "error": "processes could not be read: Unknown Error"}]
 """
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _fence, _lock, _release, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _fence, _release, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import lock as _lock
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     RELEASE_ARGS,
     SNAPSHOT_ARGS,
@@ -361,9 +372,9 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     validate_snapshot_params,
 )
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_in_group
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.node_io import NodeIO
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.release_io import ReleaseIO
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots import SnapshotTaker
-from ansible_collections.gpuops.gpu.plugins.module_utils._signals import signal_number
 
 
 ARGUMENT_SPEC = dict(
@@ -387,12 +398,12 @@ def main() -> None:
     def body():
         # Everything is validated before anything is read or signalled (_validate has the bounds).
         selection = validate_snapshot_params(p, module)
-        first_signal = signal_number(p["signal"])
+        first_signal = _validate.signal_number(p["signal"])
         filters = _validate.release(p, selection)
         taker = SnapshotTaker(module, selection=selection)
         io = ReleaseIO(taker, run_in_group, module.warn, programs(module, find_pct(module, False)))
         # A container this node does not have is refused as the fence refuses it (on a Proxmox VE node).
-        _fence.check_node_containers(_fence.NodeIO(None, taker, io, p, first_signal), filters["containers"])
+        _fence.check_node_containers(NodeIO(None, taker, io), filters["containers"])
 
         def lock(containers, gpus):  # one release at a time per container and GPU (held until the module exits)
             return _lock.Locks("gpu_release", containers, p["lock_timeout"], module.warn, gpus=gpus).acquire()

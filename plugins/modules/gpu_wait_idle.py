@@ -359,6 +359,7 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     run_module,
     validate_snapshot_params,
 )
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import files
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_in_group
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots import SBIN_DIRS, SnapshotTaker
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.wait_io import WaitIO
@@ -408,11 +409,11 @@ def main() -> None:
         # The wait itself (check mode's look, the polls, nvidia-smi's confirmation, reset_leaked, the timeout's
         # diagnosis) is _wait.Wait, over the real host; every failure it returns carries its error kind.
         io = WaitIO(taker, p, bin_path, run_in_group)
-        ok, result = _wait.Wait(p, io, check_mode=module.check_mode, diff=module._diff).run()
+        ok, result = _wait.Wait(p, io, selection, check_mode=module.check_mode, diff=module._diff).run()
         # Each holder once (_snapshot.compact_result): gpus_before and gpus name pids, holder_processes has the details.
         result = _snapshot.compact_result(result)
         if p["progress_state"] and p["detail_file"]:
-            result = _bound.carry(p["detail_file"], result)  # the first slice's look stays in the file
+            result = _bound.carry(files.read_json(p["detail_file"]), result)  # the first slice's look stays in the file
         return ok, result
 
     run_module(module, body)

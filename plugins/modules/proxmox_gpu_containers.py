@@ -307,6 +307,13 @@ check_mode:
       when check mode was set on a block or an include, which C(ansible_check_mode) does not reflect.
   returned: after the containers were read
   type: bool
+waited_for_lock:
+  description:
+    - This fence waited for another run on one of its containers (O(lock_timeout)) before it read their services, as
+      M(gpuops.gpu.gpu_release)'s RV(gpuops.gpu.gpu_release#module:waited_for_lock) says it (its keys are the same; the
+      role's summary starts with its C(text)); C(release.waited_for_lock) is the release's own wait for a GPU.
+  returned: when it waited
+  type: dict
 pct_calls:
   description:
     - How many C(pct) processes this run started (each one loads the PVE libraries first) - the discovery starts none;
@@ -390,9 +397,10 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
     run_module,
 )
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_in_group
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.node_io import NodeIO, PctCounter
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.release_io import ReleaseIO
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots import SnapshotTaker
-from ansible_collections.gpuops.gpu.plugins.module_utils._signals import signal_number
+from ansible_collections.gpuops.gpu.plugins.module_utils._validate import signal_number
 
 ARGUMENT_SPEC = dict(
     SNAPSHOT_ARGS,
@@ -418,10 +426,10 @@ def main() -> None:
         first_signal = signal_number(p["signal"])
         pct = find_pct(module, required=True)
         taker = SnapshotTaker(module, selection=params["filters"]["gpus"])
-        runner = _fence.PctCounter(run_in_group, pct)   # every pct this run starts, counted (pct_calls)
+        runner = PctCounter(run_in_group, pct)   # every pct this run starts, counted (pct_calls)
         host = ReleaseIO(taker, runner, module.warn, programs(module, pct))
-        io = _fence.NodeIO(pct, taker, host, p, first_signal, module.check_mode, module._diff, runner=runner)
-        fence.append(_fence.Fence(params, io, module.check_mode, module._diff))
+        io = NodeIO(pct, taker, host, p["lock_timeout"], runner=runner)
+        fence.append(_fence.Fence(params, io, module.check_mode, module._diff, first_signal=first_signal))
         return True, fence[0].run()
 
     # A fence that failed after it began says what it did until then.

@@ -24,7 +24,7 @@ def procs(collection):
     """The collection's _procs, imported in this process (the scan as the modules run it)."""
     if collection not in sys.path:
         sys.path.insert(0, collection)
-    from ansible_collections.gpuops.gpu.plugins.module_utils import _procs  # noqa: PLC0415
+    from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs  # noqa: PLC0415
 
     return _procs
 

@@ -18,6 +18,7 @@ vmids 7100-7199 only (containers are cgroups under lxc/, shared by the whole mac
 7100 + 4 * (N - 1) and the next three.
 """
 
+import contextlib
 import datetime
 import fcntl
 import functools
@@ -814,3 +815,86 @@ def test_20_node_that_cannot_be_reached(row, gpusim, collection, tmp_path):
     fatal = [line for line in out.splitlines() if "UNREACHABLE" in line]
     row.outcomes.append(f"failed (rc {rc}, unreachable=1): " + shorten(fatal[0] if fatal else out[-200:]))
     assert alive(server)
+
+
+SLEEPERS = r"""
+import os, signal, sys
+pids = [os.posix_spawn("/bin/sleep", ["sleep", "600"], os.environ) for _ in range(int(sys.argv[1]))]
+print("ready", flush=True)
+print(" ".join(map(str, pids)), flush=True)
+while True:  # their parent reaps them as they exit; in a session of its own (own_process)
+    try:
+        os.wait()
+    except ChildProcessError:
+        signal.pause()
+"""
+# A wrapper that sets the module's RLIMIT_NOFILE (soft and hard; 0: 65536, or the hard limit where this may not raise
+# it), as a login shell's `ulimit -n` would, and execs the interpreter.
+NOFILE = ("import os, resource, sys; n = int(sys.argv[1]); hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+          "try:\n resource.setrlimit(resource.RLIMIT_NOFILE, (n or 65536, n or 65536))\n"
+          "except (ValueError, OSError):\n resource.setrlimit(resource.RLIMIT_NOFILE, (n or hard, hard))\n"
+          "os.execv(sys.argv[2], sys.argv[2:])")
+
+
+@contextlib.contextmanager
+def sleepers(row, host, count, gpu=0):
+    """``count`` sleeping processes, each with a context of 1 MiB on ``gpu`` (registered at once); their parent (which
+    reaps them) and any of them still there are ended after."""
+    proc = own_process(SLEEPERS, str(count))
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    try:
+        assert len(pids) == count
+        host.register(pids, {gpu: 1})
+        yield pids
+    finally:
+        for pid in pids:
+            kill_marked(pid, row.token)
+        end(proc)
+
+
+@matrix(21, "2,000 holders (ulimit -n 1024, and 65536)", "gpu_wait_idle names a few and counts the rest; gpu_release "
+        "signals each one (pidfds watched with poll() within the descriptors' budget, the rest by (pid, start time)):"
+        " JSON, no traceback, nothing unread taken for gone")
+def test_21_two_thousand_holders(row, gpusim, collection, tmp_path):
+    row.standard_bystanders(gpusim)
+    for nofile in (1024, 0):
+        with sleepers(row, gpusim, 2000) as pids:
+            if nofile:
+                wait_args = {"gpus": ["0"], "timeout": 1, "sleep": 0.5, "device_files": devices(gpusim)}
+                res = row.run(gpusim, collection, "gpu_wait_idle", wait_args, limit_s=20)
+                row.failed(res, "timed out", "and 1992 more (detail: full names them)", note="the wait, 2,000 holders")
+                assert len(res["msg"]) < 2000, len(res["msg"])
+            whole = str(tmp_path / f"release-{nofile}.json")
+            args = {"gpus": ["0"], "grace_period": GRACE, "device_files": devices(gpusim), "detail_file": whole}
+            res = row.run(gpusim, collection, "gpu_release", args, limit_s=40,
+                          prefix=[sys.executable, "-c", NOFILE, str(nofile)])
+            row.ok(res, f"ulimit -n {nofile or 65536}: {len(pids)} released")
+            assert len(json.dumps(res)) < 200_000 and res["detail"]["more"].get("released"), res["detail"]
+            with open(whole, encoding="utf-8") as f:
+                res = json.load(f)  # the whole record
+            still = {p for p in pids if alive(p)}
+            released = {r["pid"] for r in res["released"]}
+            assert not still & released, f"released, yet alive: {sorted(still & released)[:10]}"
+            survivors = {r["pid"] for r in res["survivors"]}
+            assert still <= survivors, f"alive, and not named: {sorted(still - survivors)[:10]}"
+            assert set(pids) <= released | survivors, sorted(set(pids) - released - survivors)[:10]
+
+
+@matrix(22, "a hung nvidia-smi in a wait's confirmation", "gpu_wait_idle (timeout 3 s, query_timeout 10 s) ends by its "
+        "timeout plus one query's limit: each call gets min(query_timeout, the time left), no second try past the "
+        "timeout; the message names nvidia-smi")
+def test_22_hung_nvidia_smi_in_a_wait(row, gpusim, collection, tmp_path):
+    row.standard_bystanders(gpusim)
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nexec sleep 3600\n")  # hung in the driver, from its first call
+    smi.chmod(0o755)
+    timeout, query_timeout = 3, 10
+    t0 = time.monotonic()
+    args = {"gpus": ["0"], "timeout": timeout, "query_timeout": query_timeout, "confirm_with_nvidia_smi": True,
+            "nvidia_smi_path": str(smi), "device_files": devices(gpusim)}
+    res = row.run(gpusim, collection, "gpu_wait_idle", args, limit_s=timeout + query_timeout)
+    took = time.monotonic() - t0
+    row.failed(res, "confirm_with_nvidia_smi: nvidia-smi failed before the wait's timeout (3 s)", "did not answer within",
+               note=f"ended after {took:.1f} s")
+    # The wait's timeout plus one query's limit, and slack for a loaded machine (it used to take 2 x 10 + 1 s)
+    assert took < timeout + query_timeout + 5, took

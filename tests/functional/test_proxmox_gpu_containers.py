@@ -6,7 +6,7 @@ import sys
 import time
 
 import pytest
-from modrun import alive, run_module_text
+from modrun import alive, run_module_text, start_module
 
 NAME = "proxmox_gpu_containers"
 
@@ -271,11 +271,92 @@ def test_a_frozen_container_fails_saying_it_did_not_answer(node, collection):
     finally:
         node.ct_freeze(4130, False)
     assert res.get("failed") and res["error"] == "container_timeout", res
-    assert res["msg"].startswith("CT 4130 did not answer: systemctl is-active sglang had not returned after 3 s"), res["msg"]
-    assert "Nothing was stopped" in res["msg"] and "driver" not in res["msg"], res["msg"]
+    assert res["msg"].startswith("CT 4130 is frozen (a suspend-mode backup, or lxc-freeze): `pct exec 4130 -- systemctl"
+                                 " is-active sglang` cannot run in it"), res["msg"]
+    assert "lxc-unfreeze -n 4130" in res["msg"] and "Nothing was stopped" in res["msg"], res["msg"]
+    assert "driver" not in res["msg"], res["msg"]
     assert res["services_stopped"] == [] and "release" not in res
     assert alive(worker)
-    assert took < 60, took  # not a timing assertion: a hang would stop at pytest's own limit instead
+    assert took < 3 + 20, took  # pct_timeout + slack: said as soon as it is seen frozen
+
+
+def test_a_container_frozen_during_the_unit_stop_fails_at_once_naming_it(node, collection):
+    """The unit's stop takes long (its server exits 30 s after SIGTERM) and the container is frozen meanwhile (a backup
+    starts): the fence fails as soon as it is seen frozen, naming the container and the command - not after the stop's
+    whole limit (grace_period + kill_timeout + pct_timeout: 10 + 45 + 5 s here) blaming "frozen or its systemd"."""
+    worker = node.hold(gpus=[4], mib=1024, ct=4130, service="sglang", exit_delay=30)
+    args = {"pct": node.path("bin", "pct"), "containers": [4130], "services": ["sglang"], "state": "released",
+            "pct_timeout": 5}
+    proc = start_module(node, collection, NAME, args)
+    started = time.monotonic()
+    try:
+        deadline = started + 30
+        while not any("stop" in call for call in node.pct_calls()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # systemctl stop runs in the container: SIGTERM sent, the server exits in 30 s
+        node.ct_freeze(4130)
+        try:
+            out, _err = proc.communicate(timeout=120)
+            took = time.monotonic() - started
+        finally:
+            node.ct_freeze(4130, False)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    res = json.loads(out)
+    assert res.get("failed") and res["error"] == "container_timeout", res
+    assert res["msg"].startswith("stopping sglang in CT 4130: CT 4130 is frozen (a suspend-mode backup, or lxc-freeze):"
+                                 " `pct exec 4130 -- systemctl stop sglang` cannot run in it"), res["msg"]
+    assert "lxc-unfreeze -n 4130" in res["msg"] and "Nothing else was stopped" in res["msg"], res["msg"]
+    assert took < 5 + 20, took  # pct_timeout + slack (it used to take the stop's whole 60 s)
+    assert node.systemctl("stop", "sglang", ct=4130).returncode == 0
+    assert gone(worker, 40)
+
+
+def test_a_unit_stop_that_hangs_in_the_container_names_its_systemd(node, collection):
+    """The command reached the container, which is not frozen, and systemctl stop does not return (the server exits 30 s
+    after SIGTERM): at the stop's limit (grace_period + kill_timeout + pct_timeout) the failure names the container's
+    systemd and the command, not the node's pct nor a freeze."""
+    worker = node.hold(gpus=[4], mib=1024, ct=4130, service="sglang", exit_delay=30)
+    started = time.monotonic()
+    res = run(node, collection, containers=[4130], services=["sglang"], state="released", pct_timeout=3,
+              grace_period=1, kill_timeout=1)
+    took = time.monotonic() - started
+    assert res.get("failed") and res["error"] == "container_timeout", res
+    assert "CT 4130's systemd did not finish `pct exec 4130 -- systemctl stop sglang` within 5 s" in res["msg"], res["msg"]
+    assert "is frozen" not in res["msg"] and "pct hung" not in res["msg"], res["msg"]
+    assert took < 5 + 20, took
+    assert gone(worker, 40)
+
+
+HUNG_PCT = """#!/bin/sh
+# The node's pct, hung (pmxcfs blocked) for {which}: it never reaches the container.
+case " $* " in
+  *" {which} "*) exec sleep 3600 ;;
+esac
+exec {real} "$@"
+"""
+
+
+@pytest.mark.parametrize("which", ["stop", "is-active"])
+def test_a_hung_pct_fails_within_pct_timeout_naming_the_nodes_pct(node, collection, tmp_path, which):
+    """pct itself hangs (before it attaches to the container): the fence fails after pct_timeout, naming the node's pct
+    and the command, never the container's systemd (it used to wait the stop's whole limit and blame the container)."""
+    worker = node.hold(gpus=[4], mib=1024, ct=4130, service="sglang")
+    pct = tmp_path / "pct"
+    pct.write_text(HUNG_PCT.format(which=which, real=node.path("bin", "pct")))
+    pct.chmod(0o755)
+    started = time.monotonic()
+    res = run(node, collection, pct=str(pct), containers=[4130], services=["sglang"], state="released", pct_timeout=3)
+    took = time.monotonic() - started
+    assert res.get("failed") and res["error"] == "container_timeout", res
+    assert f"the node's pct hung: `pct exec 4130 -- systemctl {which} sglang` had not reached CT 4130 after 3 s" \
+        in res["msg"], res["msg"]
+    assert "pve-cluster" in res["msg"] and "frozen" not in res["msg"], res["msg"]
+    assert took < 3 + 20, took  # pct_timeout + slack (the stop's whole limit was 10 + 45 + 3 s)
+    assert alive(worker)  # nothing was signalled: its unit was never stopped
+    assert node.systemctl("stop", "sglang", ct=4130).returncode == 0
 
 
 def test_a_notebook_beside_a_stopped_service_is_left_alone(node, collection):

@@ -13,9 +13,8 @@ from __future__ import annotations
 import os
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _procs
-from ansible_collections.gpuops.gpu.plugins.module_utils._release import container_init
-from ansible_collections.gpuops.gpu.plugins.module_utils._signals import Target, check_may_signal, wait_gone
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import calls, procs as _procs
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.signals import Target, check_may_signal, wait_gone
 
 
 class ReleaseIO:
@@ -74,8 +73,19 @@ class ReleaseIO:
     def frozen(pid):
         return _procs.cgroup_frozen(pid)
 
-    def container_init(self, proc):
-        return container_init(proc, self.read, _procs.cgroup_procs)
+    @staticmethod
+    def cgroup_procs(path):
+        return _procs.cgroup_procs(path)
+
+    @staticmethod
+    def exec_watch(vmid, pct_limit):
+        """argv -> the watch of ``pct exec <vmid> -- ...`` (calls.ExecWatch: the container frozen, the node's pct or
+        the container's systemd hung); None for another command."""
+        def make(argv):
+            if vmid is None or len(argv) < 2 or argv[1] != "exec":
+                return None
+            return calls.ExecWatch(vmid, " ".join([os.path.basename(argv[0])] + list(argv[1:])), pct_limit)
+        return make
 
     @staticmethod
     def now():

@@ -11,17 +11,18 @@ the kernel log, each under its time limit - read into _snapshot.build's model (p
 from __future__ import annotations
 
 import os
-import threading
 import time
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import (
-    _errors, _health, _holding, _mig, _nvml, _procs, _redact, _selection, _smi, _snapshot, _validate)
-from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import call_with_timeout, run_in_group
+    _errors, _health, _holding, _mig, _redact, _selection, _smi, _snapshot, _validate)
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import kernel_log, mig_caps, nvml as _nvml, procs as _procs
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import Background, run_in_group
 
 # Where the simulator (tests/gpusim) points the modules at its kernel log; an unset kernel_log reads it.
 KERNEL_LOG_ENV = "GPUOPS_KERNEL_LOG"
 
 SBIN_DIRS = ["/usr/bin", "/usr/sbin", "/sbin", "/usr/local/bin"]
+MIN_CALL_S = 0.2  # the least time a call gets when a deadline is (nearly) up
 
 
 class SnapshotTaker:
@@ -47,10 +48,19 @@ class SnapshotTaker:
         self._texts = {}  # argv tuple -> (match text, shown text)
         self._smi_health = None  # nvidia-smi's health rows, refreshed at each full snapshot
         self._smi_health_fields = {}  # the health fields this nvidia-smi accepts (_smi.health_query)
-        self.kernel_log = None  # what read_xid_events read last (_health.read_kernel_log)
+        self.kernel_log = None  # what read_xid_events read last (kernel_log.read_kernel_log)
+        self.deadline = None  # time.monotonic() by which every call must end (a wait's timeout), or None
+
+    def call_limit(self) -> float:
+        """One call's time limit: query_timeout, or what is left before ``deadline`` when that is less (a wait with
+        timeout T ends by T, a hung nvidia-smi or NVML call included; a floor of MIN_CALL_S)."""
+        limit = self.params["query_timeout"]
+        if self.deadline is not None:
+            limit = min(limit, round(max(self.deadline - time.monotonic(), MIN_CALL_S), 1))
+        return limit
 
     def run_smi(self, argv):
-        """One nvidia-smi run (argv list, no shell, LC_ALL=C) under query_timeout, in its own process group.
+        """One nvidia-smi run (argv list, no shell, the C locale) under query_timeout, in its own process group.
 
         module.run_command cannot kill what it started when the time is up; run_in_group kills the
         whole group, so a hung nvidia-smi never outlives the module.
@@ -59,7 +69,7 @@ class SnapshotTaker:
         what = f"{argv[0]} {argv[1].split('=', 1)[0] if len(argv) > 1 else ''}".strip()
         if self.smi_ids:
             argv = [argv[0], "--id=" + ",".join(self.smi_ids)] + argv[1:]
-        return run_in_group(argv, self.params["query_timeout"], what, {"LC_ALL": "C"})
+        return run_in_group(argv, self.call_limit(), what)
 
     def read_process(self, pid: int):
         """_procs.read_process with this run's redaction (O(redact), O(cmdline)); the raw text stays here."""
@@ -142,7 +152,7 @@ class SnapshotTaker:
         wanted = self.params["backend"]
         if wanted in ("nvml", "auto"):
             try:
-                call_with_timeout(_nvml.init, self.params["query_timeout"], "NVML initialisation")
+                Background(_nvml.init, what="NVML initialisation").result(self.call_limit())
                 return "nvml"
             except _errors.LibraryNotFound:
                 if wanted == "nvml":
@@ -154,37 +164,34 @@ class SnapshotTaker:
         if self.backend is None:
             self.backend = self._choose_backend()
         if self.backend == "nvml":
-            timeout = self.params["query_timeout"]
+            timeout = self.call_limit()
             deadline = time.monotonic() + timeout
-            return call_with_timeout(lambda: _nvml.query(deadline=deadline), timeout, "NVML query")
-        thread, box = None, {}
+            return Background(_nvml.query, deadline, what="NVML query").result(timeout)
+        health = None
         if self._smi_health is None or need_minors:
             # Health is one more nvidia-smi run, at the same time as the others (the minor numbers', the
             # snapshot's): at the first and each full snapshot, kept in between.
-            def health():
-                try:
-                    box["rows"] = _smi.health_query(self.run_smi, self.smi, self._smi_health_fields)
-                except Exception as exc:  # pylint: disable=broad-except  # reported below
-                    box["error"] = exc
-
-            thread = threading.Thread(target=health, name="gpuops:nvidia-smi health", daemon=True)
-            thread.start()
+            health = Background(_smi.health_query, self.run_smi, self.smi, self._smi_health_fields,
+                                what="nvidia-smi health")
         try:
             if need_minors and self.minors is None:
                 # Minor numbers tie /dev/nvidiaN to a GPU; only nvidia-smi's XML report has them.
                 self.minors = _smi.minor_query(self.run_smi, self.smi)
-            raw = _smi.query(self.run_smi, self.smi, self.minors)
+            raw = _smi.query(self.run_smi, self.smi, self.minors, background=Background)
+            mig_caps.fill_device_nodes(raw["gpus"])
         finally:
-            if thread is not None:
-                thread.join()
-        rows, problem = self._smi_health, None
-        if thread is not None:
+            rows, error = self._smi_health, None
+            if health is not None:
+                try:
+                    rows = health.result()
+                except Exception as exc:  # pylint: disable=broad-except  # reported below
+                    rows, error = {}, exc
+        problem = None
+        if health is not None:
             # A health query that fails (a GPU lost while it ran, one that is not selected) does not fail the
             # snapshot: the health fields are then null, the GPUs' errors say why, and the next full snapshot
             # asks again.
-            error = box.get("error")
-            self._smi_health = None if error else box["rows"]
-            rows = box.get("rows") or {}
+            self._smi_health = None if error else rows
             problem = None if error is None else (
                 f"nvidia-smi --query-gpu (health): {getattr(error, 'msg', None) or error}")
         _smi.merge_health(raw["gpus"], rows, problem)
@@ -199,9 +206,9 @@ class SnapshotTaker:
             found = self.module.get_bin_path(argv[0], required=False, opt_dirs=SBIN_DIRS)
             if not found:
                 return 127, "", f"{argv[0]}: not found"
-            return run_in_group([found] + argv[1:], self.params["query_timeout"], "dmesg", {"LC_ALL": "C"})
+            return run_in_group([found] + argv[1:], self.call_limit(), "dmesg")
 
-        self.kernel_log = _health.read_kernel_log(path, dmesg)
+        self.kernel_log = kernel_log.read_kernel_log(path, dmesg)
         text = self.kernel_log["text"]
         events = None if text is None else _health.parse_xid_events(text)
         self.kernel_log = _health.kernel_log_summary(self.kernel_log, events)

@@ -13,14 +13,15 @@ from __future__ import annotations
 import os
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _procs, _smi, _snapshot
+from ansible_collections.gpuops.gpu.plugins.module_utils import _smi
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
 from ansible_collections.gpuops.gpu.plugins.module_utils._host import calls
 
 
 class WaitIO:
     """The real host of a wait: snapshots (a SnapshotTaker), /proc, nvidia-smi, the clock.
 
-    ``bin_path(name)``: the path of a program or None; ``run_command(argv, timeout, what, env)`` ->
+    ``bin_path(name)``: the path of a program or None; ``run_command(argv, timeout, what)`` ->
     (rc, out, err), raising QueryTimeout (calls.run_in_group)."""
 
     def __init__(self, taker, params: dict, bin_path, run_command):
@@ -28,41 +29,36 @@ class WaitIO:
         self.p = params
         self.bin_path = bin_path
         self.run_command = run_command
-        self._count_checked = bool(params.get("progress_state"))  # a later slice: the first one checked it
-        self.selection = taker.selection  # the gpus option, as _validate parsed it
-        indexes = self.selection.indexes()
-        if indexes is not None and (params["expected_count"] is None or self._count_checked):
-            # nvidia-smi is asked about the selected GPUs only, from the first look on: an unselected GPU
-            # that is lost or failing makes nvidia-smi exit non-zero, and must not fail this wait.
-            taker.smi_ids = [str(i) for i in indexes]
 
-    def snapshot(self, full: bool) -> list:
-        """The selected GPUs; ``full``: with the device-file scan (when include_device_holders)."""
-        taker, p = self.taker, self.p
-        snap = taker.take(gather_processes=True, gather_holders=full and p["include_device_holders"])
-        if not self._count_checked:
-            _snapshot.check_count(snap["gpus"], p["expected_count"])
-            self._count_checked = True
-        try:
-            selected = self.selection.pick(snap["gpus"])
-        except _errors.SelectionError:
-            if not (taker.smi_ids and taker.backend == "nvidia-smi"):
-                raise
-            taker.smi_ids = None  # once more, unrestricted: the message lists the GPUs the host has
-            selected = self.selection.pick(taker.take(gather_processes=False, gather_holders=False)["gpus"])
-        if self.selection:
-            # From now on nvidia-smi (the backend, and the final confirmation) sees the selected GPUs only.
-            taker.smi_ids = [str(g["index"]) for g in selected]
-        return selected
+    def snapshot(self, full: bool, processes: bool = True) -> list:
+        """Every GPU the driver shows (nvidia-smi: those ``restrict`` named); ``full``: with the device-file scan (when
+        include_device_holders); ``processes``: with the GPUs' processes read."""
+        return self.taker.take(gather_processes=processes,
+                               gather_holders=processes and full and self.p["include_device_holders"])["gpus"]
+
+    def restrict(self, indexes) -> None:
+        """nvidia-smi (the backend, and the confirmation) is asked about these GPU indexes only (None: every GPU)."""
+        self.taker.smi_ids = indexes
+
+    def restricted(self) -> bool:
+        """Whether the backend, nvidia-smi, is asked about some GPUs only."""
+        return bool(self.taker.smi_ids) and self.taker.backend == "nvidia-smi"
 
     @staticmethod
     def alive(pid, start_time) -> bool:
-        ident = _procs.read_identity(pid)
+        try:
+            ident = _procs.read_identity(pid, strict=True)
+        except OSError:
+            return True  # cannot tell (EMFILE, EACCES, ...): never taken for gone
         return ident is not None and (start_time is None or ident[1] == start_time)
 
     @staticmethod
     def now() -> float:
         return time.monotonic()
+
+    def set_deadline(self, deadline) -> None:
+        """Every call of the snapshots and of nvidia-smi ends by ``deadline`` (time.monotonic(); None: none)."""
+        self.taker.deadline = deadline
 
     @staticmethod
     def boot_id():
@@ -81,27 +77,23 @@ class WaitIO:
         return self.taker.smi or self.confirm_path()
 
     def smi_query(self, path) -> dict:
-        return _smi.query(self.taker.run_smi, path)
+        return _smi.query(self.taker.run_smi, path, background=calls.Background)
 
     def run(self, argv: list, what: str):
-        return self.run_command(argv, self.p["query_timeout"], what, {"LC_ALL": "C"})
+        return self.run_command(argv, self.p["query_timeout"], what)
 
-    def node_holders(self, gpus: list) -> dict:
-        """{index: every process that holds the GPU's device node (/dev/nvidia<minor>)}, by one full device-file
-        scan, whatever include_device_holders says: the protected daemons count too."""
-        scan = _procs.scan_fd_holders(self.p["device_files"], exclude_pids=(os.getpid(),))
-        out = {}
-        for gpu in gpus:
-            found = out.setdefault(gpu["index"], [])
-            for pid, files in sorted(scan.items()):
-                if not any(_holding.node_of(f)[1] == gpu.get("minor_number") for f in files):
-                    continue
-                info = self.taker._read_for_build(pid) or {"pid": pid, "name": None}  # the raw command line, to match only
-                names = _snapshot._names(info) & set(_snapshot.PROTECTED_NAMES)
-                found.append({"pid": pid, "name": sorted(names)[0] if names else info.get("name"),
-                              "protected": bool(_snapshot.is_protected(info, extra=self.taker.protect,
-                                                                       exe_of=_procs.read_exe))})
-        return out
+    def device_holders(self) -> dict:
+        """{pid: [device files]} of every process that holds a GPU device file: one full scan, whatever
+        include_device_holders says."""
+        return _procs.scan_fd_holders(self.p["device_files"], exclude_pids=(os.getpid(),))
+
+    def read(self, pid: int):
+        """The process with its raw command line (to match protect only), or None when it is gone."""
+        return self.taker._read_for_build(pid)
+
+    @staticmethod
+    def exe(pid: int):
+        return _procs.read_exe(pid)
 
     @staticmethod
     def background(func, *args):

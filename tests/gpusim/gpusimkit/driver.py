@@ -264,9 +264,10 @@ class Driver:
                 raise RequestError("usage: alloc <types> <gpu>:<mib>[,<gpu>:<mib>...]")
             return f"ok {self.register(conn.peer_pid, args[0], args[1])}"
         if op == "alloc-pid":
-            if len(args) != 3 or not args[0].isdigit():
-                raise RequestError("usage: alloc-pid <pid> <types> <gpu>:<mib>[,...]")
-            return f"ok {self.register(int(args[0]), args[1], args[2])}"
+            pids = args[0].split(",") if args else []
+            if len(args) != 3 or not all(p.isdigit() for p in pids):
+                raise RequestError("usage: alloc-pid <pid>[,<pid>...] <types> <gpu>:<mib>[,...]")
+            return "ok " + ",".join(str(self.register(int(p), args[1], args[2])) for p in pids)
         if op == "free":
             which = None
             if args:

@@ -388,7 +388,7 @@ class SimHost:
             "GPUSIM_DIR": self.dir,
             # The modules read Xid events from this file, never from the real kernel log (README "Health").
             "GPUOPS_KERNEL_LOG": self.path(KMSG),
-            # Each simulated node has its own /run for the release locks (plugins/module_utils/_lock.py).
+            # Each simulated node has its own /run for the release locks (plugins/module_utils/_host/lock.py).
             "GPUOPS_LOCK_DIR": self.path("run", "gpuops.gpu"),
             # The node's /etc/pve (pmxcfs) and LXC's lxcpath (the monitors' command sockets): the fence reads them
             # (plugins/module_utils/_fence.py, README "The node's files").
@@ -802,10 +802,13 @@ class SimHost:
             return None
         return container.host_pid(ip[0], int(text))
 
-    def register(self, pid: int, gpus: Dict[int, int], types: str = "C") -> int:
-        """alloc-pid: register an existing process (any host pid) as holding gpus {index: mib}."""
+    def register(self, pid: Union[int, Sequence[int]], gpus: Dict[int, int], types: str = "C") -> int:
+        """alloc-pid: register an existing process (any host pid) as holding gpus {index: mib}; a list of pids: each
+        of them alike, in one request (procs rewritten once: thousands of holders at once)."""
         spec = ",".join(f"{int(g)}:{int(m)}" for g, m in sorted(gpus.items()))
-        return int(proctools.driver_request(self.dir, f"alloc-pid {int(pid)} {types} {spec}"))
+        pids = [pid] if isinstance(pid, int) else list(pid)
+        reply = proctools.driver_request(self.dir, f"alloc-pid {','.join(str(int(p)) for p in pids)} {types} {spec}")
+        return int(reply.split(",")[0])
 
     # --- faults -----------------------------------------------------------------------------
     def fault(self, init_error: Union[str, int, None] = None, lose_gpu: Union[int, Iterable[int], None] = None,

@@ -25,9 +25,12 @@ CASES = [
     ("filter.proxmox_fence_result", {"filter.gpu_idle_result", "module_utils._redact", "module_utils._bound",
                                      "module_utils._mig"}),
     ("filter.gpu_idle_result", {"module_utils._redact", "module_utils._bound"}),
-    # the wait's action plugin and the options filter need the number checks, not the holding model
-    ("action.gpu_wait_idle", {"module_utils._validate", "module_utils._errors", "module_utils._redact"}),
-    ("filter.gpu_wait_options", {"module_utils._validate", "module_utils._errors", "module_utils._redact"}),
+    # the wait's action plugin and the options filter need the number checks, not the holding model (and the small
+    # _host.calls, where the patterns' time budget has its timer)
+    ("action.gpu_wait_idle", {"module_utils._validate", "module_utils._errors", "module_utils._redact",
+                              "module_utils._host", "module_utils._host.calls"}),
+    ("filter.gpu_wait_options", {"module_utils._validate", "module_utils._errors", "module_utils._redact",
+                                 "module_utils._host", "module_utils._host.calls"}),
     # the redaction needs none of the validation (_validate, _holding, _health)
     ("module_utils._redact", set()),
 ]

@@ -154,6 +154,17 @@ def test_proxmox_fence_result_summary_names_what_was_stopped():
     assert out["stats"]["released"] == [8812, 8813]
 
 
+def test_a_fence_that_waited_for_another_run_says_so():
+    # Two runs on one container: the second waited for the first's locks and found nothing left; its summary says why
+    # "released 0 process(es)" is not "nothing was there".
+    waited = {"seconds": 3.1, "for": "CT 129", "pid": 4242, "module": "proxmox_gpu_containers",
+              "text": "waited 3.1 s for another run's fence of CT 129 (pid 4242, proxmox_gpu_containers), which ran"
+                      " first: what it stopped and released is in its own result; this run found what it left"}
+    out = proxmox_fence_result(dict(CTS, services_stopped=[], waited_for_lock=waited),
+                               release=dict(RELEASE_OK, released=[], stopped_units=[], changed=False))
+    assert out["summary"].startswith(waited["text"] + "; fenced CT 129 (processes); released 0 process(es)"), out["summary"]
+
+
 # --- "ready" only when proved: every kind of non-success result of each module the roles call ------------
 
 CRASH_EXCEPTION = {"changed": False, "failed": False, "failed_when_result": False,

@@ -14,6 +14,7 @@ import stat
 import pytest
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _bound
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import files
 from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import compact_result
 
 
@@ -131,7 +132,7 @@ def test_nested_results_are_bounded_with_their_prefix():
 def test_detail_file_has_the_whole_result(tmp_path):
     whole = release_result(16, 4, 4)
     path = str(tmp_path / "r.json")
-    out = _bound.bound(whole, _bound.SUMMARY, path)
+    out = _bound.bound(whole, _bound.SUMMARY, path, write=files.write_json)
     assert out["detail"]["file"] == path and out["detail"]["more"]
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     with open(path, encoding="utf-8") as f:
@@ -142,7 +143,7 @@ def test_detail_file_has_the_whole_result(tmp_path):
 @pytest.mark.parametrize("path", ["/nonexistent-dir/r.json", "relative.json"])
 def test_a_detail_file_that_cannot_be_written_is_a_warning(path):
     said = []
-    out = _bound.bound({"changed": False}, _bound.SUMMARY, path, said.append)
+    out = _bound.bound({"changed": False}, _bound.SUMMARY, path, said.append, files.write_json)
     assert out["detail"]["file"] is None
     assert len(said) == (1 if path.startswith("/") else 0)  # a relative path: the option's own check fails the task
 
@@ -150,9 +151,10 @@ def test_a_detail_file_that_cannot_be_written_is_a_warning(path):
 def test_a_later_slice_carries_the_first_look_from_the_file(tmp_path):
     path = str(tmp_path / "w.json")
     (tmp_path / "w.json").write_text(json.dumps({"gpus_before": [{"index": 0}], "holder_processes": {"5": {"pid": 5}}}))
-    out = _bound.carry(path, {"gpus": [{"index": 0}], "holder_processes": {"6": {"pid": 6}}})
+    out = _bound.carry(files.read_json(path), {"gpus": [{"index": 0}], "holder_processes": {"6": {"pid": 6}}})
     assert out["gpus_before"] == [{"index": 0}] and set(out["holder_processes"]) == {"5", "6"}
-    assert _bound.carry(str(tmp_path / "none.json"), {"gpus": []}) == {"gpus": []}
+    assert files.read_json(str(tmp_path / "none.json")) is None
+    assert _bound.carry(None, {"gpus": []}) == {"gpus": []}
 
 
 @pytest.mark.parametrize("gpus, processes_kept", [(64, _bound.CAP_PROCESSES), (128, _bound.CAP_PROCESSES),
@@ -164,3 +166,26 @@ def test_a_smaller_host_keeps_more_per_gpu(gpus, processes_kept):
     out = _bound.summarize(result)
     assert {len(g["processes"]) for g in out["gpus"]} == {processes_kept}
     assert {g["more"]["processes"] for g in out["gpus"]} == {200 - processes_kept}
+
+
+@pytest.mark.parametrize("count, level, expected", [
+    (3, "summary", "a0, a1, a2"),
+    (_bound.CAP, "summary", ", ".join(f"a{i}" for i in range(_bound.CAP))),
+    (_bound.CAP + 5, "summary", ", ".join(f"a{i}" for i in range(_bound.CAP)) + ", and 5 more (detail: full names them)"),
+    (2000, "summary", ", ".join(f"a{i}" for i in range(_bound.CAP)) + ", and 1992 more (detail: full names them)"),
+    (20, "full", ", ".join(f"a{i}" for i in range(20))),
+    (0, "summary", ""),
+])
+def test_a_message_names_a_few_and_counts_the_rest(count, level, expected):
+    assert _bound.listed((f"a{i}" for i in range(count)), level) == expected
+
+
+def test_a_one_gpu_result_of_2000_released_stays_small():
+    # The result's own lists do not grow with its GPUs: a release of 2,000 processes on one GPU (250 KB when scaled
+    # as a one-GPU result's) keeps an 8-GPU host's share.
+    whole = {"gpus_before": [busy_gpu(0, [], [])], "released": [
+        {"pid": 1000 + i, "name": "sleep", "cmdline": "x" * 200, "signals": ["SIGTERM"]} for i in range(2000)]}
+    out = _bound.bound(whole)
+    assert len(out["released"]) == _bound.CAP_ENTRIES * _bound.ENTRY_TIMES
+    assert out["detail"]["more"]["released"] == 2000 - len(out["released"])
+    assert len(json.dumps(out)) < 60_000

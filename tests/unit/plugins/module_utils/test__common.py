@@ -71,8 +71,8 @@ def test_unknown_minor_numbers_keep_every_node():
 def test_run_smi_restricts_to_the_selected_gpus(monkeypatch):
     seen = {}
 
-    def fake(argv, timeout, what, env_update):
-        seen.update(argv=argv, timeout=timeout, what=what, env=env_update)
+    def fake(argv, timeout, what):
+        seen.update(argv=argv, timeout=timeout, what=what)
         return 0, "", ""
 
     monkeypatch.setattr("ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots.run_in_group", fake)
@@ -80,4 +80,4 @@ def test_run_smi_restricts_to_the_selected_gpus(monkeypatch):
     taker.smi_ids = ["0", "3"]
     taker.run_smi(["/usr/bin/nvidia-smi", "--query-gpu=index,uuid", "--format=csv"])
     assert seen == {"argv": ["/usr/bin/nvidia-smi", "--id=0,3", "--query-gpu=index,uuid", "--format=csv"],
-                    "timeout": 3.0, "what": "/usr/bin/nvidia-smi --query-gpu", "env": {"LC_ALL": "C"}}
+                    "timeout": 3.0, "what": "/usr/bin/nvidia-smi --query-gpu"}

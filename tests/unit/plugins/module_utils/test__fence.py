@@ -6,8 +6,9 @@
 
 A fake, because a unit test has no Proxmox VE node: the node's files (its containers, which run, their config
 files in pve-container's format) and its ``pct`` answer from tables, the GPUs are a list and the release is a
-recorder. NodeIO's reading of the files is tested at the end, against real files and real sockets. The real pct
-shim, containers and release run in tests/functional/test_proxmox_gpu_containers.py.
+recorder (FakeNode.run_release, given to the Fence as its release). NodeIO's reading of the files is tested at the
+end, against real files and real sockets. The real pct shim, containers and release run in
+tests/functional/test_proxmox_gpu_containers.py.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ import types
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _fence, _pct, _selection
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _fence, _pct, _release, _selection
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import Background, run_all
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.node_io import NodeIO
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.protocols import NodeHost
 from ansible_collections.gpuops.gpu.plugins.modules import proxmox_gpu_containers
 
 # The node's containers as its files say them: which run (their LXC monitors' sockets), and each one's config file
@@ -37,6 +41,12 @@ GPUS = [{"index": i, "uuid": f"GPU-{i}", "minor_number": 7 - i} for i in range(8
 
 
 class FakeNode:
+    """A node (_host.protocols.NodeHost) from tables; its release is a recorder (``run_release``)."""
+
+    release_io = None  # the release's host: run_release below never reaches it
+    background = staticmethod(Background)
+    run_all = staticmethod(run_all)
+
     def __init__(self, frozen=(), active=(), stop_rc=0, release_failure=None, gpus=GPUS, configs=None):
         self.calls = []                   # the pct calls
         self.reads = []                   # the node's files read: "node", then each vmid whose config was read
@@ -94,33 +104,57 @@ class FakeNode:
     def gpus(self):
         return self._gpus
 
-    def held(self):
-        """What the containers' processes hold ({vmid: GPU indexes}: ``holds``), as the kernel shows it."""
-        return {vmid: set(gpus) for vmid, gpus in getattr(self, "holds", {}).items()}
+    def look(self):
+        """A full snapshot's GPUs as the kernel shows the containers' processes: on each GPU a process of every
+        container that keeps it busy (``busy`` {vmid: GPU indexes}: a context there, a blocker), a holder of its
+        /dev/nvidiaN of every container that holds it (``holds``), and the holders of MIG devices' capability nodes
+        (``held_migs`` {vmid, None for the node: MIG UUIDs})."""
+        self.looks = getattr(self, "looks", 0) + 1
+        gpus = {}
 
-    def held_mig(self):
-        """{vmid (None: the node): MIG UUIDs} its processes are on (``held_migs``)."""
-        return {vmid: set(uuids) for vmid, uuids in getattr(self, "held_migs", {}).items()}
+        def gpu(i):
+            return gpus.setdefault(i, {"index": i, "processes": [], "holders": [], "blockers": []})
+        for vmid, held in getattr(self, "busy", {}).items():
+            for i in held:
+                gpu(i)["processes"].append({"pid": 1000 + vmid, "container": {"kind": "lxc", "id": vmid}})
+                gpu(i)["blockers"].append(1000 + vmid)
+        for vmid, held in getattr(self, "holds", {}).items():
+            for i in held:
+                gpu(i)["holders"].append({"pid": 2000 + vmid, "evidence": "device", "container": {"kind": "lxc", "id": vmid}})
+        for vmid, uuids in getattr(self, "held_migs", {}).items():
+            gpu(0)["holders"].append({"pid": 3000 + (vmid or 0), "evidence": "control", "mig_devices": sorted(uuids),
+                                      "container": None if vmid is None else {"kind": "lxc", "id": vmid}})
+        return [gpus[i] for i in sorted(gpus)]
 
-    def holding(self):
-        self.holding_calls = getattr(self, "holding_calls", 0) + 1
-        return {vmid: set(gpus) for vmid, gpus in getattr(self, "busy", {}).items()}
+    def gpu_locks(self, _containers, _gpus):
+        return False
 
-    def release(self, filters, draining=(), units_stopped=()):
+    def run_release(self, p, filters, io, first_signal, check_mode, diff, lock):
+        """_release.run_release's place: records the options the fence built."""
+        assert getattr(io, "_io", io) is self.release_io and lock == self.gpu_locks and first_signal == 15
         self.released.append(list(filters["containers"]))
-        self.units_stopped = list(units_stopped)
-        self.draining = list(draining)
+        self.units_stopped = list(p["units_stopped"])
+        self.draining = list(p["draining_gpus"])
         self.release_gpus = filters["gpus"].indexes()
         if self.release_failure:
-            return {"released": []}, self.release_failure
-        return {"changed": True, "released": [{"pid": 4242}]}, None
+            raise self.release_failure
+        return {"changed": True, "released": [{"pid": 4242}]}
+
+
+def test_the_fake_is_a_node_host():
+    assert isinstance(FakeNode(), NodeHost)
+
+
+# The module's options the fence's release starts from (_fence.validate keeps them as params["release"]).
+RELEASE_BASE = dict(gpus=[], grace_period=10.0, kill_timeout=5.0, lock_timeout=0.0, include_device_holders=True)
 
 
 def fence(node, check_mode=False, diff=False, **params):
     p = dict(containers=[], units=[], state="present", force=False, include_stopped=False, shutdown_timeout=60,
-             pct_timeout=30.0, stop_timeout=65.0, filters={"gpus": _selection.Selection()})
+             pct_timeout=30.0, stop_timeout=65.0, release=RELEASE_BASE, filters={"gpus": _selection.Selection()})
     p.update(params)
-    return _fence.Fence(p, node, check_mode=check_mode, diff=diff)
+    return _fence.Fence(p, node, check_mode=check_mode, diff=diff, first_signal=15,
+                        release=getattr(node, "run_release", None))
 
 
 @pytest.mark.parametrize("params, containers, running, gpus, configs_read", [
@@ -173,7 +207,7 @@ def test_the_options_are_checked_once_into_the_values_the_release_takes(gpus, se
     params = _fence.validate(p)
     assert params["containers"] == params["filters"]["containers"] == [129, 130]
     node = FakeNode()
-    _fence.Fence(params, node).run()
+    _fence.Fence(params, node, first_signal=15, release=node.run_release).run()
     assert node.released == [[129, 130]] and node.release_gpus == selected
 
 
@@ -249,10 +283,10 @@ def test_a_service_that_does_not_stop_fails_and_is_not_reported_stopped(stop_rc,
 
 
 def test_a_failed_release_keeps_its_partial_result():
-    failure = _errors.GpuError("2 process(es) survived SIGKILL")
+    failure = _release.ReleaseFailed("release_incomplete", "2 process(es) survived SIGKILL", {"released": []})
     node = FakeNode(release_failure=failure)
     f = fence(node, containers=[129], state="released")
-    with pytest.raises(_errors.GpuError) as exc:
+    with pytest.raises(_release.ReleaseFailed) as exc:
         f.run()
     assert exc.value is failure and f.finish()["release"] == {"released": []}
 
@@ -352,16 +386,11 @@ class ToolkitNode(FakeNode):
 
     def __init__(self, holding, **kw):
         super().__init__(configs=TOOLKIT_CONFIGS, **kw)
-        self.holding = holding
-        self.held_calls = 0
+        self.busy = holding
 
     def node(self):
         self.reads.append("node")
         return sorted(self.configs), set(TOOLKIT_RUNNING)
-
-    def held(self):
-        self.held_calls += 1
-        return {vmid: set(gpus) for vmid, gpus in self.holding.items()}
 
 
 @pytest.mark.parametrize("params, holding, rows, gpus", [
@@ -380,7 +409,7 @@ def test_toolkit_hook_and_unreadable_passthrough(params, holding, rows, gpus):
     for vmid in rows:
         if vmid != 140:
             assert any(m.startswith(f"CT {vmid}: lxc.hook.mount: /opt/gpu-hook may pass NVIDIA devices") for m in node.warnings)
-    assert node.held_calls == 1
+    assert node.looks == 1
 
 
 def test_a_toolkit_uuid_no_gpu_has_is_null_with_a_warning():
@@ -477,7 +506,7 @@ def test_a_pending_mig_mode_change_in_the_fences_scope_is_a_warning(containers, 
 
 def node_io(pve_dir, lxc_path="/nonexistent/lxc"):
     release_io = types.SimpleNamespace(warn=lambda msg: None, now=lambda: 0.0)
-    return _fence.NodeIO("/usr/sbin/pct", None, release_io, {}, None, pve_dir=str(pve_dir), lxc_path=str(lxc_path))
+    return NodeIO("/usr/sbin/pct", None, release_io, pve_dir=str(pve_dir), lxc_path=str(lxc_path))
 
 
 def pve(tmp_path, vmlist, node="pve1", configs=None):
@@ -594,10 +623,10 @@ def test_a_config_that_passes_every_gpu_is_fenced_by_what_its_processes_hold(run
     every = None if 164 in rows else list(range(8))   # c 195:*: every GPU, gpus null
     assert node.release_gpus == res["gpus"] == every and node.released == [sorted(rows)]
     if said is None:
-        assert not [m for m in node.warnings if "passes every GPU" in m] and not getattr(node, "holding_calls", 0)
+        assert not [m for m in node.warnings if "passes every GPU" in m] and getattr(node, "looks", 0) <= 1
     else:
         assert any(said in m for m in node.warnings), node.warnings
-        assert node.holding_calls == 1
+        assert node.looks == 1
     if containers and len(running) > 1:
         assert [r for r in node.reads if r != "node"][0] == containers[0]  # the other running configs read after
 
@@ -608,7 +637,7 @@ def test_what_the_release_saw_counts_too():
     node = SharedNode([160, 161], {160: [0], 161: [4]})
     gpu5 = {"index": 5, "minor_number": 2, "memory": {"used": 1024}, "blockers": [77],
             "processes": [{"pid": 77, "used_mib": 1024, "container": {"kind": "lxc", "id": 160}}], "holders": {}}
-    node.release = lambda filters, draining=(), units_stopped=(): (
-        {"changed": True, "released": [], "gpus_before": [gpu5], "holder_processes": {}}, None)
+    node.run_release = lambda *_args, **_kw: {"changed": True, "released": [], "gpus_before": [gpu5],
+                                              "holder_processes": {}}
     res = fence(node, containers=[160], state="released").run()
     assert res["containers"][0]["wait_gpus"] == [0, 5] and res["wait_gpus"] == [0, 5]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _health
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import kernel_log
 
 
 def gpu(**fields):
@@ -195,9 +196,9 @@ def test_xid_events_of_one_gpu():
 def test_read_kernel_log_from_a_file(tmp_path):
     log = tmp_path / "kmsg"
     log.write_text(KMSG)
-    got = _health.read_kernel_log(str(log))
+    got = kernel_log.read_kernel_log(str(log))
     assert got["text"] == KMSG and got["source"] == str(log) and got["problem"] is None
-    missing = _health.read_kernel_log(str(tmp_path / "nope"))
+    missing = kernel_log.read_kernel_log(str(tmp_path / "nope"))
     assert missing["text"] is None and "nope" in missing["problem"]
     summary = _health.kernel_log_summary(missing)
     assert not summary["readable"] and "run as root on the node" in summary["problem"]
@@ -207,10 +208,10 @@ def test_read_kernel_log_falls_back_to_dmesg(monkeypatch):
     def denied(_path):
         raise PermissionError(1, "Operation not permitted")
 
-    monkeypatch.setattr(_health, "_read_kmsg", denied)
-    got = _health.read_kernel_log(None, lambda argv: (0, DMESG, ""))
+    monkeypatch.setattr(kernel_log, "_read_kmsg", denied)
+    got = kernel_log.read_kernel_log(None, lambda argv: (0, DMESG, ""))
     assert got["source"] == "dmesg" and got["text"] == DMESG
-    got = _health.read_kernel_log(None, lambda argv: (1, "", "dmesg: read kernel buffer failed: Operation not permitted"))
+    got = kernel_log.read_kernel_log(None, lambda argv: (1, "", "dmesg: read kernel buffer failed: Operation not permitted"))
     assert got["text"] is None
     assert "/dev/kmsg: Operation not permitted" in got["problem"] and "dmesg: exit 1" in got["problem"]
 

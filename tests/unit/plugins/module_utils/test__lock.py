@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _lock
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import lock as _lock
 
 
 @pytest.mark.parametrize("containers, gpus, exclusive, expected", [
@@ -138,14 +138,32 @@ def test_acquire_says_whether_it_waited(lockdir):
     # The caller reads the GPUs again after a wait: what it read before is another release's leftover.
     clock = Clock()
     free = locks([129], 0, clock)
-    assert free.acquire() is False  # free: taken at once
+    assert free.acquire() == {}  # free: taken at once
     free.release()
     held = locks([129], 0, clock)
     held.acquire()
     clock.on_sleep = held.release  # the other run finishes while this one waits
-    other = locks([129], 5.0, clock)
-    assert other.acquire() is True and clock.slept
+    warnings = []
+    other = locks([129], 5.0, clock, warnings)
+    waited = other.acquire()
+    assert waited and clock.slept and waited == other.waited
+    # It says so: how long, for what, whose run (the holder's record: this process, as the first Locks wrote it).
+    assert waited["for"] == "CT 129" and waited["pid"] == os.getpid() and waited["seconds"] >= 0, waited
+    assert warnings == [waited["text"]] == [_lock.waited_text(waited)]
+    assert warnings[0].startswith(f"waited {waited['seconds']:g} s for another run's ")
+    assert f"of CT 129 (pid {os.getpid()}" in warnings[0] and "this run found what it left" in warnings[0]
     other.release()
+
+
+@pytest.mark.parametrize("waited, text", [
+    ({"seconds": 3.1, "for": "CT 129", "pid": 4242, "module": "proxmox_gpu_containers"},
+     "waited 3.1 s for another run's fence of CT 129 (pid 4242, proxmox_gpu_containers), which ran first"),
+    ({"seconds": 0.4, "for": "GPU 3", "pid": 17, "module": "gpu_release"},
+     "waited 0.4 s for another run's release of GPU 3 (pid 17, gpu_release), which ran first"),
+    ({"seconds": 2, "for": "CT 7", "pid": None, "module": None}, "waited 2 s for another run's release of CT 7, which"),
+])
+def test_the_wait_for_another_run_is_said(waited, text):
+    assert _lock.waited_text(waited).startswith(text)
 
 
 def test_a_record_of_a_pid_now_reused_names_no_holder(lockdir):
@@ -159,5 +177,5 @@ def test_release_all_lets_go_of_what_the_run_took(lockdir):
     locks([129], 0, clock).acquire()
     _lock.release_all()
     again = locks([129], 0, clock)
-    assert again.acquire() is False
+    assert not again.acquire()
     _lock.release_all()

@@ -13,7 +13,7 @@ import ctypes
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils._nvml import (
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.nvml import (
     PciInfo,
     PciInfoV1,
     ProcessInfoV1,

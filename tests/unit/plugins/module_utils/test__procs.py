@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils._procs import (
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.procs import (
     container_from_cgroup,
     is_kernel_thread,
     parse_stat,
@@ -112,7 +112,7 @@ def test_split_cmdline(raw, expected):
     (b"", "", False),
 ])
 def test_container_marker(environ, systemd, expected):
-    from ansible_collections.gpuops.gpu.plugins.module_utils._procs import container_marker
+    from ansible_collections.gpuops.gpu.plugins.module_utils._host.procs import container_marker
 
     assert container_marker(environ, systemd) is expected
 
@@ -130,7 +130,7 @@ def test_container_marker(environ, systemd, expected):
     (None, None),
 ])
 def test_unit_from_cgroup(path, unit):
-    from ansible_collections.gpuops.gpu.plugins.module_utils._procs import unit_from_cgroup
+    from ansible_collections.gpuops.gpu.plugins.module_utils._host.procs import unit_from_cgroup
 
     assert unit_from_cgroup(path) == unit
 
@@ -143,7 +143,7 @@ DIR = 0o040755
 
 
 def test_device_identities_index_inode_and_the_device_number_of_character_devices():
-    from ansible_collections.gpuops.gpu.plugins.module_utils._procs import device_identities
+    from ansible_collections.gpuops.gpu.plugins.module_utils._host.procs import device_identities
 
     index = device_identities([
         ("/dev/nvidia1", (CHR, 12, 195, 1, 0, 5)),
@@ -159,7 +159,7 @@ def test_device_identities_index_inode_and_the_device_number_of_character_device
 
 
 def test_device_identities_name_an_identity_by_its_first_path():
-    from ansible_collections.gpuops.gpu.plugins.module_utils._procs import device_identities
+    from ansible_collections.gpuops.gpu.plugins.module_utils._host.procs import device_identities
 
     index = device_identities([("/dev/nvidia0", (CHR, 11, 195, 0, 0, 5)), ("/dev/char/195:0", (CHR, 11, 195, 0, 0, 5))])
     assert set(index.values()) == {"/dev/char/195:0"}
@@ -177,7 +177,7 @@ def test_device_identities_name_an_identity_by_its_first_path():
     ("/dev/null", (CHR, 7, 1, 3, 0, 5), None),
 ])
 def test_identity_match(name, identity, expected):
-    from ansible_collections.gpuops.gpu.plugins.module_utils._procs import device_identities, identity_match
+    from ansible_collections.gpuops.gpu.plugins.module_utils._host.procs import device_identities, identity_match
 
     index = device_identities([("/dev/nvidia0", (CHR, 11, 195, 0, 0, 5)),
                                ("/tmp/sim/dev/nvidia2", (REG, 900, 0, 0, 254, 1))])
@@ -188,7 +188,7 @@ def test_stat_identity_agrees_with_os_stat(tmp_path):
     """statx (through libc) and the os.stat fallback read the same identity, links followed."""
     import os
 
-    from ansible_collections.gpuops.gpu.plugins.module_utils import _procs
+    from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
 
     target = tmp_path / "nvidia0"
     target.write_text("")
@@ -236,7 +236,7 @@ def _fake_proc(tmp_path):
 
 
 def test_scan_fd_holders_compares_identity_not_the_link_text(tmp_path):
-    from ansible_collections.gpuops.gpu.plugins.module_utils import _procs
+    from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
 
     proc, pattern = _fake_proc(tmp_path)
     sim = str(tmp_path / "sim" / "dev")
@@ -252,7 +252,7 @@ def test_scan_fd_holders_records_the_fd_tables_it_may_not_read(tmp_path, monkeyp
     import errno
     import os
 
-    from ansible_collections.gpuops.gpu.plugins.module_utils import _procs
+    from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
 
     proc, pattern = _fake_proc(tmp_path)
     listdir = os.listdir
@@ -275,7 +275,7 @@ def test_scan_fd_holders_records_the_fd_tables_it_may_not_read(tmp_path, monkeyp
 
 
 def test_scan_fd_holders_without_device_files_reads_nothing(tmp_path):
-    from ansible_collections.gpuops.gpu.plugins.module_utils import _procs
+    from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
 
     proc, _pattern = _fake_proc(tmp_path)
     assert _procs.scan_fd_holders([str(tmp_path / "none" / "nvidia*")], proc=str(proc)) == {}
@@ -285,7 +285,7 @@ def test_scan_fd_holders_finds_this_process_through_a_hard_link(tmp_path):
     """On the live /proc: this test's own fd on a hard link of the device file, under another name."""
     import os
 
-    from ansible_collections.gpuops.gpu.plugins.module_utils import _procs
+    from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
 
     (tmp_path / "dev").mkdir()
     node = tmp_path / "dev" / "nvidia0"
@@ -300,7 +300,7 @@ def test_scan_fd_holders_finds_this_process_through_a_hard_link(tmp_path):
 
 
 def test_holders_incomplete_warning():
-    from ansible_collections.gpuops.gpu.plugins.module_utils._procs import holders_incomplete_warning
+    from ansible_collections.gpuops.gpu.plugins.module_utils._host.procs import holders_incomplete_warning
 
     assert holders_incomplete_warning([]) == ""
     text = holders_incomplete_warning([7, 8, 9], uid=65534)

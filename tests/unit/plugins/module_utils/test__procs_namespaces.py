@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _procs
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
 
 
 def fake_proc(tmp_path, pid, nspid, cgroup):

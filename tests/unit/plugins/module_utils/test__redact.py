@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _procs, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
 from ansible_collections.gpuops.gpu.plugins.module_utils._redact import (
     MASK,
     MAX_SHOWN,

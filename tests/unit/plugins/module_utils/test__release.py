@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _procs, _release, _selection, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _release, _selection, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.protocols import ReleaseHost
 
 SIGTERM, SIGKILL = 15, 9
 
@@ -57,6 +59,7 @@ class FakeHost:
         self.events = events or {}          # snapshot number -> [process dicts that appear]
         self.dies_on = dies_on or {}
         self.signalled, self.snapshots, self.commands, self.clock = [], 0, [], 0.0
+        self.warnings = []
 
     def exit(self, pid):
         self.procs.pop(pid, None)
@@ -129,6 +132,16 @@ class FakeHost:
     def bins(self, name):
         return f"/usr/sbin/{name}"
 
+    def frozen(self, _pid):
+        return False
+
+    def cgroup_procs(self, path):
+        """The processes of the payload cgroup ``path`` (the fake's processes sit one level below it)."""
+        return [pid for pid, p in self.procs.items() if (p.get("cgroup") or "").startswith(path + "/")]
+
+    def warn(self, text):
+        self.warnings.append(text)
+
     def run_command(self, argv, timeout, what):
         self.commands.append(argv)
         unit = argv[-1]
@@ -136,6 +149,10 @@ class FakeHost:
             if p.get("unit") == unit:
                 self.exit(p["pid"])
         return 0, "", ""
+
+
+def test_the_fake_is_a_release_host():
+    assert isinstance(FakeHost([], {}), ReleaseHost)
 
 
 def params(**over):
@@ -632,10 +649,6 @@ class InitHost(FakeHost):
         super().__init__(procs, contexts, **kw)
         self.init = dict(init)
         self.on_signal = dict(on_signal or {})
-
-    def container_init(self, proc):
-        pid = self.init.get((proc.get("container") or {}).get("id"))
-        return (pid, self.procs[pid]["start_time"]) if pid in self.procs else None
 
     def pin(self, info):
         target, ok = super().pin(info)

@@ -11,21 +11,22 @@ import time
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _signals
-from ansible_collections.gpuops.gpu.plugins.module_utils._procs import read_identity
+from ansible_collections.gpuops.gpu.plugins.module_utils import _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import signals as _signals
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.procs import read_identity
 
 
 @pytest.mark.parametrize("value, expected", [
     ("SIGTERM", 15), ("TERM", 15), ("sigint", 2), ("9", 9), (15, 15), (" SIGKILL ", 9), ("SIGUSR1", 10),
 ])
 def test_signal_number(value, expected):
-    assert _signals.signal_number(value) == expected
+    assert _validate.signal_number(value) == expected
 
 
 @pytest.mark.parametrize("value", ["SIGFOO", "", "0", "999", "-1", "TERM!"])
 def test_signal_number_rejects(value):
     with pytest.raises(ValueError, match="signal"):
-        _signals.signal_number(value)
+        _validate.signal_number(value)
 
 
 @pytest.fixture
@@ -102,9 +103,9 @@ def test_fallback_without_pidfd(child, monkeypatch):
 
 
 # --- a process this one may not signal: NotPermitted, naming root and become, never a traceback --------
-def _in_child_as_nobody(fn):
-    """Run fn() in a forked child (no exec) that dropped to uid/gid 65534 when this runs as root; return
-    what it returned, or the type and text of what it raised."""
+def _in_child(fn, setup):
+    """Run setup() then fn() in a forked child (no exec); return what fn returned, or the type and text of what it
+    raised."""
     import pickle
 
     r, w = os.pipe()
@@ -112,10 +113,7 @@ def _in_child_as_nobody(fn):
     if pid == 0:  # pragma: no cover (the child)
         os.close(r)
         try:
-            if os.geteuid() == 0:
-                os.setgroups([])
-                os.setgid(65534)
-                os.setuid(65534)
+            setup(w)
             try:
                 out = ("ok", fn())
             except Exception as exc:  # pylint: disable=broad-except
@@ -128,6 +126,18 @@ def _in_child_as_nobody(fn):
         data = f.read()
     os.waitpid(pid, 0)
     return pickle.loads(data)
+
+
+def _as_nobody(_w):
+    if os.geteuid() == 0:
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+
+
+def _in_child_as_nobody(fn):
+    """fn() in a forked child that dropped to uid/gid 65534 when this runs as root (_in_child)."""
+    return _in_child(fn, _as_nobody)
 
 
 def test_a_process_of_another_user_fails_at_pin_naming_root_and_become(child):
@@ -174,3 +184,57 @@ def test_a_refused_signal_is_not_permitted(child, monkeypatch, pidfd):
         t2.open()
     assert t2.fd is None
     t.close()
+
+
+# --- EMFILE means "cannot tell", never "gone" (DESIGN 5a) ----------------------------------------------------------
+def _use_up_descriptors(w):
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (w + 16, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    vars(_signals).get("_PIDFDS", {})["free"] = None  # the budget as this child sees it
+    try:
+        while True:
+            os.open("/dev/null", os.O_RDONLY)
+    except OSError:
+        pass
+
+
+def _with_descriptors_used_up(fn):
+    """fn() in a forked child whose descriptors are all taken (RLIMIT_NOFILE lowered, then filled): a real EMFILE on
+    every open (_in_child)."""
+    return _in_child(fn, _use_up_descriptors)
+
+
+def test_a_target_that_cannot_be_read_is_not_gone(child):
+    p = child()
+    start = read_identity(p.pid)[1]
+
+    def pin_signal_wait():
+        t = _signals.Target(p.pid, start)
+        return t.open(), t.alive(), t.send(signal.SIGTERM), len(_signals.wait_gone([t], 0.05)), getattr(t, "unread", ""), t.signals
+
+    status, out = _with_descriptors_used_up(pin_signal_wait)
+    assert status == "ok", out
+    pinned, alive, sent, left, unread, signals = out
+    assert pinned and alive, "taken for gone while its /proc entry could not be read"
+    assert not sent and signals == [], "signalled without being told apart from another process"
+    assert left == 1 and "EMFILE" in unread, unread
+    assert p.poll() is None
+
+
+def test_pidfds_stay_within_the_budget_and_exits_free_them(child):
+    procs = [child() for _n in range(6)]
+    targets = [_signals.Target(p.pid, read_identity(p.pid)[1]) for p in procs]
+    saved = dict(_signals._PIDFDS)
+    _signals._PIDFDS["free"] = 2  # two pidfds at once: the others are watched through /proc
+    try:
+        assert all(t.open() for t in targets)
+        assert sum(t.fd is not None for t in targets) == 2
+        assert all(t.send(signal.SIGTERM) for t in targets)
+        assert _signals.wait_gone(targets, 5) == []
+        assert all(t.fd is None for t in targets) and _signals._PIDFDS["free"] == 2
+    finally:
+        for t in targets:
+            t.close()
+        _signals._PIDFDS.update(saved)
+    assert all(p.wait(5) == -signal.SIGTERM for p in procs)

@@ -13,7 +13,7 @@ import pytest
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _validate, _wait
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import GpuError, InvalidOption, RegexTooSlow
-from ansible_collections.gpuops.gpu.plugins.module_utils._signals import signal_number
+from ansible_collections.gpuops.gpu.plugins.module_utils._validate import signal_number
 
 NAN = float("nan")
 INF = float("inf")

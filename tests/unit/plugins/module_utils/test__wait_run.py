@@ -16,8 +16,9 @@ import copy
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _wait
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _selection, _wait
 from ansible_collections.gpuops.gpu.plugins.module_utils._holding import verdict
+from ansible_collections.gpuops.gpu.plugins.module_utils._host.protocols import WaitHost
 
 
 def gpu(index=0, used=0, procs=(), holders=(), in_container=False, **fields):
@@ -61,7 +62,7 @@ class FakeHost:
         self.timeline = timeline
         self.smi = list(smi or [])          # nvidia-smi's answers ({"gpus": [...]} or an exception), in order
         self.path = smi_path
-        self.holders = node_holders or {}   # {index: [{pid, name, protected}]}
+        self.holders = node_holders or {}   # {index: [{pid, name}]}: who holds each GPU's device node
         self.answer = run or (lambda argv: (0, "Disabled, Disabled", ""))
         self.slept, self.looks, self.commands, self.queries = [], [], [], 0
 
@@ -72,13 +73,24 @@ class FakeHost:
         self.slept.append(seconds)
         self.t += seconds
 
-    def snapshot(self, full):
+    def snapshot(self, full, processes=True):
         self.looks.append((round(self.t, 3), full))
         return copy.deepcopy(self.timeline(self.t, full))
+
+    def restrict(self, indexes):
+        self.restricted_to = indexes
+
+    @staticmethod
+    def restricted():
+        return False
 
     @staticmethod
     def alive(pid, start_time):
         return False
+
+    @staticmethod
+    def boot_id():
+        return None
 
     def confirm_path(self):
         return self.path
@@ -97,12 +109,24 @@ class FakeHost:
         self.commands.append(argv)
         return self.answer(argv)
 
-    def node_holders(self, gpus):
-        return {g["index"]: self.holders.get(g["index"], []) for g in gpus}
+    def device_holders(self):
+        return {h["pid"]: [f"/dev/nvidia{index}"] for index, held in self.holders.items() for h in held}
+
+    def read(self, pid):
+        return next(({"pid": pid, "name": h["name"], "cmdline": h["name"]} for held in self.holders.values() for h in held
+                     if h["pid"] == pid), None)
+
+    @staticmethod
+    def exe(_pid):
+        return None
 
     @staticmethod
     def background(func, *args):
         return Done(func, *args)
+
+
+def test_the_fake_is_a_wait_host():
+    assert isinstance(FakeHost(lambda t, full: []), WaitHost)
 
 
 PARAMS = {"timeout": 10.0, "delay": 0.0, "sleep": 0.5, "settle": 1.0, "msg": None, "confirm_with_nvidia_smi": None,
@@ -112,7 +136,8 @@ PARAMS = {"timeout": 10.0, "delay": 0.0, "sleep": 0.5, "settle": 1.0, "msg": Non
 
 def wait(timeline, check_mode=False, diff=False, host=None, **params):
     host = host or FakeHost(timeline)
-    ok, result = _wait.Wait(dict(PARAMS, **params), host, check_mode=check_mode, diff=diff).run()
+    p = dict(PARAMS, **params)
+    ok, result = _wait.Wait(p, host, _selection.parse(p.get("gpus")), check_mode=check_mode, diff=diff).run()
     return ok, result, host
 
 
@@ -262,7 +287,7 @@ RESETS = [
     ("persistence mode on: refused", {"persistence_mode": True}, [], 0, False, False, "refused",
      ["persistence mode is on for GPU 2", "nvidia-smi -pm 0 -i 2"]),
     ("a daemon holds the node: refused", {},
-     [{"pid": 9, "name": "nvidia-persistenced", "protected": True}], 0, False, False, "refused",
+     [{"pid": 9, "name": "nvidia-persistenced"}], 0, False, False, "refused",
      ["pid 9 (nvidia-persistenced, an NVIDIA daemon: systemctl stop nvidia-persistenced) holds the device node of GPU 2"]),
     ("nvidia-smi -r fails: refused with its output", {}, [], 255, False, False, "refused",
      ["nvidia-smi -r -i 2 failed (exit 255): GPU 00000000:12:00.0 is currently in use by another process."]),
@@ -494,3 +519,45 @@ def test_the_progress_line_says_the_hook_will_not_stop_it():
     ok, result, _host = wait(other_tenant, left_holders=LEFT, blocker_grace=60.0, timeout=120.0, progress_slice=2.0)
     assert ok and result["pending"]
     assert "pid 872 python3, CT 130, left by the release: the hook will not stop it" in result["progress"], result["progress"]
+
+
+class DeadlineHost(FakeHost):
+    """A FakeHost that records the deadlines the wait sets for its calls (WaitIO.set_deadline)."""
+
+    def __init__(self, timeline, **kwargs):
+        super().__init__(timeline, **kwargs)
+        self.deadlines = []
+
+    def set_deadline(self, deadline):
+        self.deadlines.append((round(self.t, 3), deadline))
+
+
+def test_every_call_of_a_wait_ends_by_its_timeout_and_the_diagnosis_gets_one_query_more():
+    host = DeadlineHost(busy_until(100.0))
+    ok, res, _host = wait(None, host=host, timeout=4.0, query_timeout=10.0)
+    assert not ok and res["error"] == "wait_timeout", res
+    # At the start: the wait's timeout; once the time is up, one look more for the diagnosis: one query's limit.
+    assert host.deadlines == [(0.0, 4.0), (4.0, 14.0)], host.deadlines
+
+
+def test_a_slice_of_a_wait_ends_by_the_whole_waits_timeout():
+    # A later progress slice (the action plugin's): 3 s of the 10 s already went by in the slices before it.
+    host = DeadlineHost(busy_until(100.0))
+    state = {"wait": _wait.new_state(), "offset": 3.0}
+    wait(None, host=host, progress_state=state, progress_slice=1.0, query_timeout=10.0)
+    assert host.deadlines[0] == (0.0, 7.0), host.deadlines
+
+
+def test_no_second_nvidia_smi_try_past_the_timeout():
+    from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
+
+    class Late(DeadlineHost):
+        def smi_query(self, path):
+            self.queries += 1
+            self.t += 3.0  # hung until the call's limit: the time left of the wait's timeout
+            raise _errors.QueryTimeout("nvidia-smi --query-gpu did not answer within 3 s and was killed")
+
+    host = Late(idle)
+    ok, res, _host = wait(None, host=host, timeout=3.0, confirm_with_nvidia_smi=True, query_timeout=10.0)
+    assert not ok and host.queries == 1, (host.queries, res)
+    assert res["msg"].startswith("confirm_with_nvidia_smi: nvidia-smi failed before the wait's timeout (3 s)"), res["msg"]

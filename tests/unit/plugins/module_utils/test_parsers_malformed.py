@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _pct, _procs, _smi
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _pct, _smi
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
 
 # the 17 fields of _smi.GPU_FIELDS, as R580 prints them
 GPU_ROW = ("0, GPU-0, NVIDIA H200, 1650123456789, 00000000:18:00.0, 143771, 0, 143771, 0, 0, 0, 34, 70.00, Enabled,"

@@ -48,7 +48,7 @@ def confirm(taker, params=None):
     params = params or PARAMS
     io = WaitIO(taker, params, lambda name: "/usr/bin/nvidia-smi", None)
     io.sleep = lambda seconds: None
-    return _wait.Wait(params, io).confirm(GPUS)
+    return _wait.Wait(params, io, _selection.Selection()).confirm(GPUS)
 
 
 @pytest.mark.parametrize("answers, attempts", [([GOOD], 1), ([FAILED, GOOD], 2)], ids=["first try", "retried once"])

@@ -32,7 +32,8 @@ from __future__ import annotations
 import ctypes
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _mig, _raw
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _raw
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import mig_caps
 
 try:
     import pynvml
@@ -446,7 +447,7 @@ class _GpuReader:
             dev["processes"], problem = sub.processes()
             if problem:
                 dev["processes_error"] = f"processes could not be read: {problem}"
-            dev["device_nodes"] = _mig.device_nodes(gpu_minor, dev["gpu_instance_id"], dev["compute_instance_id"])
+            dev["device_nodes"] = mig_caps.device_nodes(gpu_minor, dev["gpu_instance_id"], dev["compute_instance_id"])
             self.failures.extend((f"mig_devices.{field}", function, f"{dev['uuid']}: {text}")
                                  for field, function, text in sub.failures)
             out.append(dev)

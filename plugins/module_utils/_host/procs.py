@@ -16,6 +16,7 @@ unit tests on the text; read_process and container_user read /proc (and a contai
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections import namedtuple
@@ -29,7 +30,6 @@ ProcStat = namedtuple("ProcStat", ["pid", "comm", "state", "ppid", "pgrp", "sess
 # Proxmox VE >= 6.2 puts a container's payload under /lxc/<vmid>/ns/...; plain LXC 4+ uses
 # lxc.payload.<name>. The monitor (lxc.monitor/<vmid>, lxc.monitor.<name>) is not the payload.
 _LXC_CGROUP = re.compile(r"(?:^|/)lxc(?:/|\.payload\.)(\d+)(?:/|$)")
-_PAYLOAD_CGROUP = re.compile(r"^(.*?/lxc/\d+/ns|.*?/lxc\.payload\.\d+)(?:/|$)")
 
 
 def parse_stat(text: str) -> ProcStat:
@@ -100,13 +100,6 @@ def container_from_cgroup(text: str):
         if match:
             return int(match.group(1))
     return None
-
-
-def payload_cgroup(path: str):
-    """The root of the container payload cgroup that ``path`` lies in (``/lxc/129/ns``, ``/lxc.payload.129``), or
-    None."""
-    match = _PAYLOAD_CGROUP.match(path or "")
-    return match.group(1) if match else None
 
 
 def cgroup_path(text: str):
@@ -181,13 +174,20 @@ def split_cmdline(raw: bytes) -> list:
 
 # --- reading /proc (thin I/O over the parsers above) ---------------------------------------
 
-def _read(path: str, mode: str = "r"):
+# What a read of /proc fails with when the process is there but cannot be read: no descriptor free in this process
+# (EMFILE) or on the host (ENFILE), no memory, no permission. None of them means "gone" (DESIGN 5a: "cannot tell").
+CANNOT_TELL = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EACCES, errno.EPERM)
+
+
+def _read(path: str, mode: str = "r", strict: bool = False):
+    """The text (bytes with mode "rb") of ``path``; None when it is not there. ``strict``: a read that failed for
+    a reason in CANNOT_TELL raises its OSError instead (the caller must not take it for "gone")."""
     try:
         with open(path, mode) as f:  # pylint: disable=unspecified-encoding
             return f.read()
-    except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
-        return None
-    except OSError:
+    except OSError as exc:
+        if strict and exc.errno in CANNOT_TELL:
+            raise
         return None
 
 
@@ -198,12 +198,13 @@ def boot_id(proc: str = "/proc"):
     return text.strip() if text else None
 
 
-def read_identity(pid: int, proc: str = "/proc"):
+def read_identity(pid: int, proc: str = "/proc", strict: bool = False):
     """(pid, starttime) of a live process, or None when it is gone or a zombie.
 
-    A leader in state Z whose other threads still run is alive: only its main thread exited.
+    A leader in state Z whose other threads still run is alive: only its main thread exited. ``strict``: a stat that
+    cannot be read (CANNOT_TELL: EMFILE, EACCES, ...) raises its OSError instead of reading as gone.
     """
-    st = read_stat(pid, proc)
+    st = read_stat(pid, proc, strict)
     if st is None:
         return None
     if st.state in ("Z", "X") and not _thread_fd_dirs(proc, str(pid)):
@@ -217,9 +218,10 @@ def process_state(pid: int, proc: str = "/proc"):
     return None if st is None else st.state
 
 
-def read_stat(pid: int, proc: str = "/proc"):
-    """/proc/<pid>/stat parsed (parse_stat), or None when the process is gone or its stat cannot be read."""
-    text = _read(f"{proc}/{pid}/stat")
+def read_stat(pid: int, proc: str = "/proc", strict: bool = False):
+    """/proc/<pid>/stat parsed (parse_stat), or None when the process is gone or its stat cannot be read (``strict``:
+    an OSError for a read that failed for a reason in CANNOT_TELL)."""
+    text = _read(f"{proc}/{pid}/stat", strict=strict)
     if text is None:
         return None
     try:

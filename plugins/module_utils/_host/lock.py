@@ -77,6 +77,17 @@ def holder_text(record: dict, now: float) -> str:
     return ", ".join(parts) or "its holder did not say who it is"
 
 
+def waited_text(waited: dict) -> str:
+    """'waited 3.1 s for another run's fence of CT 129 (pid 4242, proxmox_gpu_containers), which ran first: ...' - what
+    a run that waited for a lock says (``waited``: Locks.waited), so that what it found left is not read as all there
+    was."""
+    kind = {"proxmox_gpu_containers": "fence", "gpu_release": "release"}.get(waited.get("module"), "release")
+    who = ", ".join(str(x) for x in (f"pid {waited['pid']}" if waited.get("pid") else None, waited.get("module")) if x)
+    return (f"waited {waited.get('seconds', 0):g} s for another run's {kind} of {waited.get('for')}"
+            + (f" ({who})" if who else "") + ", which ran first: what it stopped and released is in its own result;"
+            " this run found what it left")
+
+
 def busy_text(what: str, record: dict, now: float, waited: float) -> str:
     who = holder_text(record, now)
     pid = record.get("pid")
@@ -97,10 +108,12 @@ class Locks:
         self.clock = clock
         self.sleep = sleep
         self.files = []
+        self.waited = {}  # when it waited for another run: {seconds, for, pid, module, text} (waited_text)
 
-    def acquire(self) -> bool:
+    def acquire(self) -> dict:
         """Take every lock of the plan, waiting up to ``timeout`` seconds in all; raise Locked naming the holder.
-        True when it waited for one (what the caller read before is stale: another release ran meanwhile).
+        When it waited for one (what the caller read before is stale: another release ran meanwhile): ``waited``, a
+        warning saying so (waited_text), and that record returned; else {} (false).
 
         Where the directory cannot be made (not root, a read-only /run), the release runs unlocked, with a warning."""
         where = lock_dir()
@@ -108,9 +121,9 @@ class Locks:
             os.makedirs(where, mode=0o700, exist_ok=True)
         except OSError as exc:
             self.warn(f"no lock against another release at once: cannot create {where} ({exc.strerror})")
-            return False
+            return {}
         start = self.clock()
-        waited = False
+        waited = None  # the holder's record, when one was waited for
         _HELD.append(self)
         unopened = []  # (what, why): one warning for them all (without root, every lock file fails alike)
         for name, exclusive, what in self.plan:
@@ -135,7 +148,9 @@ class Locks:
                     self.release()
                     raise Locked(busy_text(what if record.get("what") is None else record["what"], record, now,
                                            self.timeout), lock=os.path.join(where, name), holder=record or None)
-                waited = True
+                if waited is None:
+                    record = self._record(where, name, exclusive)
+                    waited = dict(record, what=record.get("what") or what)
                 self.sleep(min(POLL_S, max(0.0, self.timeout - (now - start))))
             if exclusive:
                 self._write(fd, what)
@@ -144,7 +159,12 @@ class Locks:
             whys = sorted({why for _what, why in unopened})
             self.warn(f"no lock against another release at once: cannot open the lock files of "
                       f"{', '.join(what for what, _why in unopened)} in {where} ({'; '.join(whys)})")
-        return waited
+        if waited is not None:
+            self.waited = {"seconds": round(self.clock() - start, 1), "for": waited.get("what") or what,
+                           "pid": waited.get("pid"), "module": waited.get("module")}
+            self.waited["text"] = waited_text(self.waited)
+            self.warn(self.waited["text"])
+        return self.waited
 
     def _record(self, where: str, name: str, exclusive: bool) -> dict:
         """Who holds the lock that could not be taken: the record in its file, by a living holder; for a GPU's lock
