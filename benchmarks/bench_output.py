@@ -13,6 +13,12 @@ Per GPU count, one simulated host (tests/gpusim) with that many GPUs and
   context on its own GPU and every /dev/nvidiaN open, as CUDA does), with a real server's command line (about 300
   characters): 1, then 4, then 16 of them (--per-gpu), so 1, 4 and 16 processes with a context on each GPU.
 
+With --fenced (the heavy node of issue 34): one host of --sizes GPUs whose --per-gpu servers run inside the fenced
+container, and the fence (proxmox_gpu_containers state=released) then the wait (gpu_wait_idle) as a play under
+ansible-runner itself, with --diff, in check mode and then for real: the largest event's len(str(res)) as
+ansible-runner measures it (MAX_EVENT_RES raised, so that what it would drop is measured too), against the 200,000
+of DESIGN.md 6b.
+
 At each step each module runs as Ansible runs it (tests/functional/modrun.py's run_module: a fresh interpreter and
 an args file, with ``_ansible_inject_invocation`` so that the result carries its ``invocation`` as ansible-runner
 sees it) in summary and in full. Measured: len(str(result)). Nothing asserts on a size (the functional test
@@ -20,6 +26,7 @@ tests/functional/test_output_size.py does): the table says which results fit und
 
     .venv/bin/python benchmarks/bench_output.py [--smoke] [--sizes 8,32,64] [--per-gpu 1,4,16] [--others 20]
                                                 [--vmid-base 7700] [--dump DIR]
+    .venv/bin/python benchmarks/bench_output.py --fenced [--sizes 64] [--per-gpu 4]
 """
 
 import argparse
@@ -34,6 +41,7 @@ sys.path.insert(0, os.path.join(benchlib.ROOT, "tests", "functional"))
 import modrun  # noqa: E402  pylint: disable=wrong-import-position,import-error
 
 RUNNER_LIMIT = 700000  # ansible-runner's MAX_EVENT_RES (characters of str(result))
+EVENT_GOAL = 200000    # DESIGN.md 6b: every event under this, even on a 64-GPU node with --diff
 WORKER_MIB = 1024
 MODULES = ("gpu_facts", "gpu_release", "gpu_wait_idle", "proxmox_gpu_containers")
 LEVELS = ("summary", "full")
@@ -58,13 +66,72 @@ def start_base(host, others, vmid):
 TREE_GPUS = 16  # the workers of one tree start at once: at most this many (a loaded machine starts 64 in over 30 s)
 
 
-def add_servers(host, count, first):
-    """``count`` servers of one worker per GPU (numbered from ``first``), each as trees of TREE_GPUS workers."""
+def add_servers(host, count, first, ct=None):
+    """``count`` servers of one worker per GPU (numbered from ``first``), each as trees of TREE_GPUS workers (in
+    container ``ct``, or on the host)."""
     gpus = len(host.scenario().gpus)
     for index in range(first, first + count):
         for low in range(0, gpus, TREE_GPUS):
-            host.hold(gpus=f"{low}-{min(low + TREE_GPUS, gpus) - 1}", mib=WORKER_MIB, tree=True,
+            host.hold(gpus=f"{low}-{min(low + TREE_GPUS, gpus) - 1}", mib=WORKER_MIB, tree=True, ct=ct,
                       name=f"{COMMAND} --worker-set {index}")
+
+
+def fenced_play(host, vmid):
+    """The fence of CT ``vmid`` and the wait after it, on this simulated node, as one play (predeploy's two steps)."""
+    devices = [benchlib.device_glob(host)]
+    return [{"name": "Fence and wait on a heavy node", "hosts": "node", "gather_facts": False, "tasks": [
+        {"name": "Fence", "gpuops.gpu.proxmox_gpu_containers": {
+            "containers": [vmid], "state": "released", "pct": host.path("bin", "pct"), "device_files": devices}},
+        {"name": "Wait", "gpuops.gpu.gpu_wait_idle": {"device_files": devices, "timeout": 60}}]}]
+
+
+def run_fenced(host, vmid, colroot, tmp, cmdline):
+    """The fenced play under ansible-runner (``cmdline``: '--diff', '--check --diff'): {status, events: [(size,
+    event, task)] the largest first, dropped: events whose res ansible-runner's own limit would drop}."""
+    inventory = {"all": {"hosts": {"node": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}
+    run = modrun.run_under_runner(colroot, tmp, fenced_play(host, vmid), inventory, base=host.env_vars(),
+                                  cmdline=cmdline, MAX_EVENT_RES=str(10 ** 9))
+    sizes = modrun.event_sizes(run.events)
+    return {"status": run.status, "events": sizes, "over_goal": [s for s in sizes if s[0] >= EVENT_GOAL],
+            "dropped": [s for s in sizes if s[0] > RUNNER_LIMIT]}
+
+
+def hosts(sizes, prefix):
+    """(a workspace, a fresh simulated host, its GPU count) for each of ``sizes``; each host torn down after its turn."""
+    with benchlib.workspace(prefix) as ws:
+        for gpus in sizes:
+            with benchlib.sim_host(gpus=gpus) as host:
+                yield ws, host, gpus
+
+
+def run_fenced_bench(args):
+    """--fenced: per size, the servers in the fenced container; the play in check mode, then for real."""
+    started = benchlib.machine()
+    rows, data = [], []
+    for ws, host, gpus in hosts(args.sizes, "gpubench-fenced-"):
+        host.ct_create(args.vmid_base, hostname=f"fenced-{args.vmid_base}")
+        host.ct_start(args.vmid_base)
+        t0 = time.monotonic()
+        add_servers(host, args.per_gpu[-1], 0, ct=args.vmid_base)
+        start_s = time.monotonic() - t0
+        for mode, cmdline in (("check", "--check --diff"), ("real", "--diff")):
+            t0 = time.monotonic()
+            out = run_fenced(host, args.vmid_base, ws.colroot, ws.path(f"runner-{gpus}-{mode}"), cmdline)
+            biggest = out["events"][0] if out["events"] else (0, None, None)
+            data.append({"gpus": gpus, "per_gpu": args.per_gpu[-1], "mode": mode, "start_s": round(start_s, 1),
+                         "seconds": round(time.monotonic() - t0, 1), "status": out["status"],
+                         "events": [list(e) for e in out["events"][:8]]})
+            rows.append([gpus, args.per_gpu[-1], mode, out["status"], f"{biggest[0]:,}", biggest[2],
+                         "yes" if biggest[0] < EVENT_GOAL else "NO", "yes" if not out["dropped"] else "NO"])
+    benchlib.table(f"Servers in the fenced container, --diff: the largest event's len(str(res)) (goal < {EVENT_GOAL:,};"
+                   f" ansible-runner drops a res over {RUNNER_LIMIT:,})",
+                   ["GPUs", "servers", "mode", "status", "largest event", "task", f"< {EVENT_GOAL:,}",
+                    f"< {RUNNER_LIMIT:,}"], rows)
+    result = {"name": "output-fenced", "machine": started, "runs": data,
+              "params": {"sizes": args.sizes, "servers": args.per_gpu[-1], "vmid": args.vmid_base, "goal": EVENT_GOAL,
+                         "limit": RUNNER_LIMIT, "measure": "len(str(event_data['res'])) under ansible-runner"}}
+    benchlib.write_json("output-fenced", result)
+    return result
 
 
 def run_modules(ws, host, vmid, dump=None):
@@ -100,27 +167,25 @@ def run_modules(ws, host, vmid, dump=None):
 def run(args):
     started = benchlib.machine()
     rows, data = [], []
-    with benchlib.workspace("gpubench-out-") as ws:
-        for gpus in args.sizes:
-            with benchlib.sim_host(gpus=gpus) as host:
-                start_base(host, args.others, args.vmid_base)
-                servers = 0
-                for per_gpu in args.per_gpu:
-                    t0 = time.monotonic()
-                    add_servers(host, per_gpu - servers, servers)
-                    servers = per_gpu
-                    start_s = time.monotonic() - t0
-                    count = benchlib.process_count()
-                    results = run_modules(ws, host, args.vmid_base, args.dump and os.path.join(args.dump, f"x{per_gpu}"))
-                    processes = per_gpu * (gpus + -(-gpus // TREE_GPUS)) + args.others + 2
-                    data.append({"gpus": gpus, "per_gpu": per_gpu, "gpu_processes": processes, "machine_processes": count,
-                                 "start_s": round(start_s, 1), "results": results})
-                    for name in MODULES:
-                        r = results[name]
-                        rows.append([gpus, per_gpu, processes, name + (" (check)" if name != "gpu_facts" else ""),
-                                     f"{r['summary']:,}", "yes" if r["summary"] < RUNNER_LIMIT else "NO",
-                                     f"{r['full']:,}", "yes" if r["full"] < RUNNER_LIMIT else "NO",
-                                     "failed: " + r["failed"][:60] if r["failed"] else "ok"])
+    for ws, host, gpus in hosts(args.sizes, "gpubench-out-"):
+        start_base(host, args.others, args.vmid_base)
+        servers = 0
+        for per_gpu in args.per_gpu:
+            t0 = time.monotonic()
+            add_servers(host, per_gpu - servers, servers)
+            servers = per_gpu
+            start_s = time.monotonic() - t0
+            count = benchlib.process_count()
+            results = run_modules(ws, host, args.vmid_base, args.dump and os.path.join(args.dump, f"x{per_gpu}"))
+            processes = per_gpu * (gpus + -(-gpus // TREE_GPUS)) + args.others + 2
+            data.append({"gpus": gpus, "per_gpu": per_gpu, "gpu_processes": processes, "machine_processes": count,
+                         "start_s": round(start_s, 1), "results": results})
+            for name in MODULES:
+                r = results[name]
+                rows.append([gpus, per_gpu, processes, name + (" (check)" if name != "gpu_facts" else ""),
+                             f"{r['summary']:,}", "yes" if r["summary"] < RUNNER_LIMIT else "NO",
+                             f"{r['full']:,}", "yes" if r["full"] < RUNNER_LIMIT else "NO",
+                             "failed: " + r["failed"][:60] if r["failed"] else "ok"])
     benchlib.table(f"Result sizes (len(str(result)), invocation included; ansible-runner's limit: {RUNNER_LIMIT:,})",
                    ["GPUs", "per GPU", "GPU processes", "module", "summary", f"< {RUNNER_LIMIT:,}", "full",
                     f"< {RUNNER_LIMIT:,}", "result"], rows)
@@ -140,7 +205,13 @@ def main(argv=None):
     ap.add_argument("--others", type=int, help="other processes on the host (default 20; smoke 4)")
     ap.add_argument("--dump", metavar="DIR", help="also write each result to DIR/x<per GPU>/<module>-<GPUs>-<level>.json")
     ap.add_argument("--vmid-base", type=int, default=7700, help="the fence's container (default 7700)")
+    ap.add_argument("--fenced", action="store_true",
+                    help="the servers (--per-gpu, its last) in the fenced container; the fence and the wait under"
+                         " ansible-runner with --diff, in check mode and for real (default 64 GPUs, 4 servers)")
     args = ap.parse_args(argv)
+    if args.fenced:
+        args.sizes = args.sizes or [64]
+        args.per_gpu = args.per_gpu or [4]
     args.sizes = args.sizes or ([8] if args.smoke else [8, 32, 64])
     args.per_gpu = args.per_gpu or ([1, 4] if args.smoke else [1, 4, 16])
     args.others = args.others if args.others is not None else (4 if args.smoke else 20)
@@ -149,7 +220,7 @@ def main(argv=None):
     if args.per_gpu[0] < 1:
         ap.error("--per-gpu: at least 1")
     benchlib.install_signal_handlers()
-    run(args)
+    (run_fenced_bench if args.fenced else run)(args)
     return 0
 
 

@@ -117,18 +117,19 @@ options:
         700,000 characters, and a host with many GPUs and many processes per GPU returns more than that in full.
       - V(summary) keeps every GPU and every verdict whole (C(idle), C(busy_reasons) not empty, C(blockers) not empty,
         C(fits), C(health), C(idle_gpus)) and caps each list that grows with the processes - a GPU's C(processes)
-        (2), C(holders) by evidence, C(blockers) and C(lingering) (8 pids each), C(busy_reasons) (4, each cut at
-        200 characters); the holders' details (64, the blockers' first, each with 8 files per directory and 8
+        (1), C(holders) by evidence, C(blockers) and C(lingering) (8 pids each), C(busy_reasons) (4, each cut at
+        200 characters); the holders' details (32, the blockers' first, each with 8 files per directory and 8
         GPUs); the processes and units released, surviving, respawned, skipped or protected, and a wait's
         C(left_blockers) (16); a release's C(left_holders) (64); a wait's C(blockers) (8 per GPU) and C(samples)
         (16 per GPU - the first, where the wait began, and the latest 15). What is kept comes first by what matters
-        (a GPU's blockers first); command lines are cut at 100 characters.
+        (a GPU's blockers first); command lines are cut at 100 characters; a failure's C(msg) at 2,000; the diff
+        names 8 holders per GPU and 8 units.
       - Those caps (but the number of holders' details and of samples) are a host's of 64 GPUs or more; a host of N GPUs
         gets 64 / N times as many (rounded down), so a small host's lists are cut only where a large host's would be.
       - 'An object whose lists were cut carries C(more), the entries left out by key (C({"processes": 12, "holders":
         {"lingering": 1000}})); the lists of the result itself that were cut are counted in C(detail.more).'
-      - A result of 64 GPUs with 16 processes on each stays well under 700,000 characters (the collection's
-        C(benchmarks/bench_output.py) prints the sizes).
+      - A result of 64 GPUs with 16 processes on each stays under 200,000 characters, with C(--diff) too (the
+        collection's C(benchmarks/bench_output.py) prints the sizes).
       - V(full) returns the whole result, as big as the host makes it.
     type: str
     choices: [summary, full]
@@ -319,7 +320,9 @@ detail:
       description:
         - How many entries the summary left out of each list or mapping of the result itself, by its dotted key
           (C(holder_processes), C(released), C(release.released), C(ansible_facts.gpu_holder_processes),
-          C(blockers.3), C(samples.0)); empty when nothing was left out (and always with V(full)).
+          C(blockers.3), C(samples.0)); empty when nothing was left out (and always with V(full)). C(msg) counts the
+          characters cut from a failure's message, which a summary keeps under 2,000 characters (the whole of it with
+          V(full) and in O(detail_file)).
         - A GPU's own lists that were cut are counted in its C(more) - C(processes), C(blockers), C(busy_reasons),
           C(lingering), and C(holders) by evidence - and a process's (or a holder's details') in its C(more) -
           C(files) by directory, C(gpus); the GPUs themselves, their C(idle), C(fits), C(health) and C(idle_gpus) are

@@ -47,7 +47,7 @@ _value:
     - "GPU 2: 1200 MiB used by processes not visible from this PID namespace (another container or the host), or a leaked context"
 """
 
-from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import gpu_blockers
+from ansible_collections.gpuops.gpu.plugins.plugin_utils._tables import gpu_blockers
 
 
 class FilterModule:

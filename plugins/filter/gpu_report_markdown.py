@@ -41,7 +41,7 @@ _value:
     | pve | 0 | NVIDIA H200 | 0 | 143771 | 143771 | yes | - | ok | - |
 """
 
-from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import gpu_report_markdown
+from ansible_collections.gpuops.gpu.plugins.plugin_utils._tables import gpu_report_markdown
 
 
 class FilterModule:

@@ -42,7 +42,7 @@ _value:
     gpuops_gpu_ready{host="pve",gpu="0",uuid="GPU-5f3b8c1e-0000-4000-8000-000000000000",name="NVIDIA H200"} 1
 """
 
-from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import gpu_report_prometheus
+from ansible_collections.gpuops.gpu.plugins.plugin_utils._tables import gpu_report_prometheus
 
 
 class FilterModule:

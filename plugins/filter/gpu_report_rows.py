@@ -63,7 +63,7 @@ _value:
   elements: dict
 """
 
-from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import gpu_report_rows
+from ansible_collections.gpuops.gpu.plugins.plugin_utils._tables import gpu_report_rows
 
 
 class FilterModule:

@@ -33,7 +33,7 @@ _value:
   elements: str
 """
 
-from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import gpu_report_table
+from ansible_collections.gpuops.gpu.plugins.plugin_utils._tables import gpu_report_table
 
 
 class FilterModule:

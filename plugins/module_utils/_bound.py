@@ -25,8 +25,8 @@ the units; a wait's blockers and samples - at a few entries, with what it left o
 What is kept comes first by what matters: a GPU's blockers first in each of its lists, the blockers' details
 first among the holders'. Nothing is cut that a verdict reads: a GPU is never dropped, nor its idle flag.
 The whole result is in ``detail: full``, and in ``detail_file`` (JSON, mode 0600) whatever ``detail`` is.
-The caps keep 64 GPUs x 16 processes per GPU under a fifth of the limit (tests/functional/test_output_size.py,
-benchmarks/bench_output.py).
+The caps keep 64 GPUs x 16 processes per GPU under 200,000 characters, a diff with them (DESIGN.md 6b;
+tests/functional/test_output_size.py, benchmarks/bench_output.py --fenced).
 """
 
 from __future__ import annotations
@@ -47,14 +47,15 @@ DETAIL_ARGS = dict(
 # SCALE_GPUS // N times as many per GPU (scale()), so that its lists are cut only where a large host's would be.
 SCALE_GPUS = 64
 CAP = 8             # pids of a GPU's list (blockers, holders by evidence, lingering); files and GPUs of a process
-CAP_PROCESSES = 2   # a GPU's processes (each with its details; busy_reasons name more of them)
+CAP_PROCESSES = 1   # a GPU's processes (each with its details; blockers and busy_reasons name more of them)
 CAP_REASONS = 4     # a GPU's busy reasons
 CAP_ENTRIES = 16    # processes or units of a result's list (released, survivors, skipped_processes, ...), scaled too
 ENTRY_TIMES = 8     # ... up to this many times (an 8-GPU host's): a result's lists do not grow with its GPUs
 CAP_LEFT = 64       # a release's left_holders (each keeps a GPU busy: the wait fails fast on any of them), scaled
-CAP_DETAILS = 64    # holders' details (holder_processes), on any host (the blockers' first)
+CAP_DETAILS = 32    # holders' details (holder_processes), on any host (the blockers' first)
 CAP_SAMPLES = 16    # the points of a GPU's samples: its first (where the wait began) and the latest
 TEXT = 200          # characters of a busy reason in a summary
+MSG = 2000          # characters of a result's msg in a summary (the whole of it in detail: full and detail_file)
 CMDLINE = 100       # characters of a command line in a summary (_redact.cut's marker says how many more)
 
 GPU_LISTS = ("gpus_before", "gpus", "gpu_devices")
@@ -281,5 +282,11 @@ def bound(result: dict, level: str = SUMMARY, path: str = None, warn=None, write
     more = {}
     out = result if level == FULL else summarize(result, more)
     out = dict(out)
+    msg = out.get("msg")
+    if level == SUMMARY and isinstance(msg, str) and len(msg) > MSG:
+        # One message, printed whole on a failure's line: its first MSG characters say the first causes.
+        kept = MSG - 100  # the marker takes less
+        more["msg"] = len(msg) - kept  # characters, not entries
+        out["msg"] = msg[:kept] + f" [... {more['msg']} more characters: the whole message with detail: full, or in detail_file]"
     out[DETAIL] = {"level": level, "file": written, "more": more}
     return out

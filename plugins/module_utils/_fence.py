@@ -389,8 +389,10 @@ class Discovery:
         if not self._shared:
             return
         busy = {k: set(v) for k, v in self._holding.items()}
-        if release and isinstance(release.get("gpus_before"), list):
-            looked = _snapshot.expand_gpus(release["gpus_before"], release.get("holder_processes"))
+        # the release's first look (in check mode its only one, gpus)
+        first = release.get("gpus_before", release.get("gpus")) if release else None
+        if isinstance(first, list):
+            looked = _snapshot.expand_gpus(first, release.get("holder_processes"))
             for vmid, gpus in _holding.workload_gpus(looked).items():
                 busy.setdefault(vmid, set()).update(gpus)
         every = sorted(g["index"] for g in self.gpus() or [])
@@ -468,6 +470,7 @@ class Fence:
         self.result = dict(changed=False, containers=[], running=[], skipped_containers=[], gpus=None, wait_gpus=None,
                            services_stopped=[], shut_down=[], check_mode=check_mode, pending_passthrough=[], pct_calls=0)
         self.before = {}
+        self.release = None        # the release's own result (its outcome is the result's ``release``)
         self.discovery = Discovery(params, io, self.result)
         self.first_signal = first_signal
         self.run_release = release or _release.run_release   # the unit tests give a fake
@@ -573,7 +576,7 @@ class Fence:
             self._shutdown(running)
         elif releasing:
             self._release(running, looked)
-        self.discovery.cover(containers, res.get("release"))
+        self.discovery.cover(containers, self.release)
         # What a wait after this fence covers: the union of the counted containers' wait_gpus (null: every GPU).
         res["wait_gpus"] = _union(c["wait_gpus"] for c in counted)
         return self.finish()
@@ -605,18 +608,19 @@ class Fence:
             # snapshot - /proc is read once.
             io, self.discovery.looked = _FirstLook(io, look), None
         try:
-            release = self.run_release(p, filters, io, self.first_signal, self.check_mode, self.diff,
-                                       lock=self.io.gpu_locks)
+            self.release = self.run_release(p, filters, io, self.first_signal, self.check_mode, self.diff,
+                                            lock=self.io.gpu_locks)
         except _release.ReleaseFailed as exc:
-            res["release"] = _snapshot.compact_result(exc.partial)
+            self.release = exc.partial
+            res["release"] = outcome(exc.partial)
             raise
-        # Each holder once (_snapshot.compact_result), as gpu_release returns it.
-        res["release"] = _snapshot.compact_result(release)
+        res["release"] = outcome(self.release)
 
     def finish(self) -> dict:
         res = self.result
         res["pct_calls"] = self.io.pct_calls()
         res["changed"] = bool(res["services_stopped"] or res["shut_down"] or (res.get("release") or {}).get("changed"))
+        diff = []
         if self.diff and self.before:
             after = {vmid: dict(status=ct["status"], services=dict(ct["services"])) for vmid, ct in self.before.items()}
             for entry in res["services_stopped"]:
@@ -624,8 +628,24 @@ class Fence:
                     after[str(entry["vmid"])]["services"][entry["unit"]] = "inactive"
             for vmid in res["shut_down"]:
                 after[str(vmid)] = dict(status="stopped", services={u: "inactive" for u in self.p["units"]})
-            res["diff"] = dict(before=self.before, after=after)
+            diff.append(dict(before_header="containers", after_header="containers", before=self.before, after=after))
+        if self.diff and isinstance((self.release or {}).get("diff"), dict):
+            diff.append(self.release["diff"])  # the release's units and GPUs, before and after
+        if diff:
+            res["diff"] = diff
         return res
+
+
+def outcome(release) -> dict:
+    """What the fence's result carries of its release (``release``): the release's result, its holders once
+    (_snapshot.compact_result), with the GPUs before and after as records (_snapshot.gpu_record: the table's and the
+    wait's before, not the snapshot) and without its diff (the fence's own diff shows it)."""
+    if not isinstance(release, dict):
+        return release
+    out = {k: v for k, v in release.items() if k != "diff"}
+    if isinstance(out.get("gpus"), list):
+        out["gpus"] = [_snapshot.gpu_record(g) for g in out["gpus"]]
+    return _snapshot.compact_result(out)
 
 
 def _union(gpu_lists):

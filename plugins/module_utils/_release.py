@@ -20,7 +20,7 @@ import re
 import signal
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _holding, _scope, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _holding, _redact, _scope, _snapshot, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._validate import signal_name
 
 SIGKILL = int(signal.SIGKILL)
@@ -196,17 +196,43 @@ def report(proc: dict, **extra) -> dict:
     return out
 
 
-def holder_lines(gpus, without=()) -> str:
-    """The diff text: one line per GPU and holder (minus the pids in ``without``)."""
-    lines = []
-    for gpu in gpus:
-        seen = set(without)
-        for proc in list(gpu["processes"]) + list(gpu["holders"]):
-            if proc["pid"] in seen:
-                continue
-            seen.add(proc["pid"])
-            lines.append(f"GPU {gpu['index']}: {_holding.describe(proc)}")
-    return "\n".join(lines) + ("\n" if lines else "")
+def gpu_line(gpu: dict, without=(), limit=None, memory=True) -> str:
+    """One GPU in a diff: its memory in use (``memory``), then its blockers less the pids in ``without`` (at most
+    ``limit`` named, the rest counted; None: all), else ``idle``, ``released`` (it had blockers, all in ``without``)
+    or why it is busy."""
+    used = (gpu.get("memory") or {}).get("used")
+    head = f"GPU {gpu['index']}: " + (f"{used} MiB used, " if memory and used is not None else "")
+    blockers = _holding.holders_of(gpu)
+    held = [p for p in blockers if p["pid"] not in without]
+    if held:
+        level = _bound.FULL if limit is None else _bound.SUMMARY
+        return head + _bound.listed([_holding.describe(p) for p in held], level, limit=limit or _bound.CAP)
+    if blockers:
+        return head + "released"
+    if gpu.get("idle") is not False:
+        return head + "idle"
+    reasons = [str(r) for r in gpu.get("busy_reasons") or ()]
+    return head + "busy: " + _redact.cut("; ".join(reasons) or "?", _bound.TEXT)
+
+
+def release_diff(units: list, before: list, after, targets=(), limit=None) -> dict:
+    """A release's diff for Ansible's diff display: its units (``units``: the plan's, each with ``state_after``),
+    then one line per GPU (gpu_line) before and after; ``after`` None in check mode - the GPUs as they would be:
+    ``before`` less the ``targets``' pids. ``limit``: the units listed and the holders named per GPU (the rest
+    counted), None for all (detail: full)."""
+    shown = units if limit is None else units[:limit]
+    left = len(units) - len(shown)
+    more = f"+{left} more unit(s)\n" if left else ""
+    lines_before = "".join(f"unit {unit_text(e)}: active\n" for e in shown) + more
+    lines_after = "".join(f"unit {unit_text(e)}: {e['state_after']}\n" for e in shown) + more
+    if after is None:
+        gone = {t["pid"] for t in targets}
+        after_gpus = "".join(gpu_line(g, gone, limit, memory=False) + "\n" for g in before)
+    else:
+        after_gpus = "".join(gpu_line(g, (), limit) + "\n" for g in after)
+    return {"before_header": "units and GPUs before the release", "after_header": "after",
+            "before": lines_before + "".join(gpu_line(g, (), limit) + "\n" for g in before),
+            "after": lines_after + after_gpus}
 
 
 def unreadable_lists(before: list, named: bool) -> tuple:
@@ -524,17 +550,19 @@ class _PlanMixin:
 
     def check_mode_result(self, diff: bool) -> dict:
         res = self.result
-        res["gpus"] = res["gpus_before"]
+        res["gpus"] = res.pop("gpus_before")  # its one look, said once
         res["quiet_since"] = None
-        res["left_holders"] = self._left_holders(res["gpus_before"])
+        res["left_holders"] = self._left_holders(res["gpus"])
         res["stopped_units"] = [dict(e, rc=None, seconds=None) for e in self.plan_units]
         res["released"] = [report(t, signals=[], seconds=None) for t in self.scope.targets]
         if diff:
-            units = "".join(f"unit {unit_text(e)}: active\n" for e in self.plan_units)
-            res["diff"] = {"before": units + holder_lines(res["gpus_before"]),
-                           "after": "".join(f"unit {unit_text(e)}: stopped\n" for e in self.plan_units)
-                           + holder_lines(res["gpus_before"], {t["pid"] for t in self.scope.targets})}
+            res["diff"] = release_diff([dict(e, state_after="stopped") for e in self.plan_units], res["gpus"],
+                                       None, self.scope.targets, self._diff_limit())
         return res
+
+    def _diff_limit(self):
+        """The units and holders per GPU a diff names: _bound's cap in summary, all of them with detail: full."""
+        return None if self.p.get("detail") == _bound.FULL else _bound.CAP
 
 
 class _StopMixin:
@@ -685,7 +713,10 @@ class _StopMixin:
         res["quiet_since"] = self._quiet_since(after)
         res["left_holders"] = self._left_holders(after)
         if after is not None and diff:
-            res["diff"] = {"before": holder_lines(res["gpus_before"]), "after": holder_lines(after)}
+            done = {(u["container"], u["unit"]) for u in res["stopped_units"]}
+            units = [dict(e, state_after="stopped" if (e["container"], e["unit"]) in done else "active (not stopped)")
+                     for e in self.plan_units]
+            res["diff"] = release_diff(units, res["gpus_before"], after, limit=self._diff_limit())
         self._judge_outcome(first_signal)
         return res
 
@@ -993,6 +1024,10 @@ class ReleaseFailed(_errors.GpuError):
         self.partial = partial
 
 
+COUNTED = ("released", "survivors", "respawned", "protected", "skipped_processes", "stopped_units", "unstopped_units",
+           "left_holders")
+
+
 def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False, diff=False, lock=None) -> dict:
     """One release, as gpu_release and the fence run it: a snapshot, the GPU count, the
     selection, the plan through the gate, then check mode's report or the release itself.
@@ -1038,6 +1073,8 @@ def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False,
     if waited:
         result["waited_for_lock"] = waited  # what it released is what another run left (_lock.waited_text)
     result["elapsed"] = round(io.now() - start, 3)
+    # How many of each, whole: a result in summary caps the lists (_bound), a reader of the outcome counts here.
+    result["counts"] = {k: len(result.get(k) or ()) for k in COUNTED}
     if others:
         result["gpu_errors"] = others
     if release.failure:

@@ -311,11 +311,18 @@ def read_warnings(gpus: list) -> list:
 # ({"/dev": ["nvidia0", "nvidiactl"]}: a CUDA process holds every GPU's node, and the directory is the same
 # for all of them). ``processes`` (the driver's contexts) are left as they are. compact_result() is applied once, where a module emits its result; expand_gpus()
 # gives the controller's filters the snapshot's form back.
+#
+# A result carries its snapshot once: ``gpus`` (the last look) whole, and of the look before (``gpus_before``) only
+# what a before/after table and a diff read of each GPU (gpu_record): its ids, memory, verdict, how many processes
+# and holders it had, and its blockers (the driver's entries of those that are processes, the others by pid).
 
 EVIDENCE_KEYS = (_holding.CONTEXT, _holding.DEVICE, _holding.CONTROL)
 LINGERING = "lingering"
 HOLDER_DETAIL_KEYS = ("pid", "name", "cmdline", "user", "uid", "ppid", "start_time", "container", "unit", "protected", "files")
 RESULT_GPU_KEYS = ("gpus_before", "gpus")
+BEFORE = "gpus_before"
+RECORD_KEYS = ("index", "uuid", "name", "idle", "busy_reasons", "blockers", "mig_selected")
+RECORD_PROCESS_KEYS = ("pid", "used_mib", "name", "container", "unit", "visible")
 HOLDER_PROCESSES = "holder_processes"
 FACTS_GPU_KEYS = ("gpu_devices",)
 FACTS_HOLDER_PROCESSES = "gpu_holder_processes"
@@ -376,13 +383,50 @@ def compact_gpus(gpus, details: dict) -> list:
     return out
 
 
+def gpu_record(gpu):
+    """What a before/after table and a diff read of one GPU (a result's ``gpus_before``): index, uuid, name, memory
+    used and total, health status, idle, blockers, busy_reasons (of a GPU with no blocker: the blockers say it),
+    ``process_count`` and ``holder_count``, and of its blockers only: their pids by evidence in ``holders``, and the
+    driver's entries (pid, used_mib, name, container, unit, visible) of those the holders do not name in
+    ``processes``. A record (or what is not a GPU) is returned as it is."""
+    if not isinstance(gpu, dict) or "process_count" in gpu:
+        return gpu
+    blockers = set(gpu.get("blockers") or ())
+    out = {k: gpu[k] for k in RECORD_KEYS if k in gpu}
+    if blockers and "busy_reasons" in out:
+        out["busy_reasons"] = []  # the blockers say it (a table shows the reasons of a GPU no process holds)
+    memory = gpu.get("memory") if isinstance(gpu.get("memory"), dict) else {}
+    out["memory"] = {"used": memory.get("used"), "total": memory.get("total")}
+    if isinstance(gpu.get("health"), dict):
+        out["health"] = {"status": gpu["health"].get("status")}
+    processes = gpu.get("processes") if isinstance(gpu.get("processes"), list) else []
+    holders = gpu.get("holders")
+    out["process_count"] = len(processes)
+    if isinstance(holders, dict):   # compact: pids by evidence
+        out["holder_count"] = len({p for pids in holders.values() for p in pids or ()})
+        out["holders"] = {k: [p for p in pids or () if p in blockers] for k, pids in holders.items()}
+        named = {p for pids in out["holders"].values() for p in pids}
+    else:                           # the snapshot's: dicts (compact_gpus keeps the blockers' details)
+        out["holder_count"] = len(holders or [])
+        out["holders"] = [h for h in holders or [] if h.get("pid") in blockers]
+        named = {h.get("pid") for h in out["holders"]}
+    # A blocker the holders name has its details there (holder_processes); the driver's entry of one they do not
+    # (not visible from here, its files not readable) is all a table has of it.
+    out["processes"] = [{k: p.get(k) for k in RECORD_PROCESS_KEYS} for p in processes
+                        if p.get("pid") in blockers and p.get("pid") not in named]
+    return out
+
+
 def compact_result(result: dict, keys=RESULT_GPU_KEYS, details_key=HOLDER_PROCESSES) -> dict:
     """``result`` (a module's result, or gpu_facts' ansible_facts with FACTS_GPU_KEYS and FACTS_HOLDER_PROCESSES)
-    with each GPU list in ``keys`` compacted and the holders' details once, in ``result[details_key]``.
+    with each GPU list in ``keys`` compacted and the holders' details once, in ``result[details_key]``; a result's
+    ``gpus_before`` in records (gpu_record: its snapshot is ``gpus``).
 
     A copy: the snapshot's lists stay as the module uses them. Nothing is added when none of ``keys`` holds a
     list (a failure before any snapshot); applying it twice changes nothing."""
     out = dict(result)
+    if isinstance(out.get(BEFORE), list) and BEFORE in keys:
+        out[BEFORE] = [gpu_record(g) for g in out[BEFORE]]
     details = {k: dict(v, gpus=list(v.get("gpus") or [])) for k, v in (out.get(details_key) or {}).items()}
     found = False
     for key in keys:

@@ -288,7 +288,7 @@ def regexes(option: str, patterns) -> list:
 
 def _device_pattern_problem(pattern):
     # Imported when a module checks its options, not with this file: the controller's plugins that need only the
-    # number checks (the gpu_wait_idle action plugin, the gpu_wait_options filter, in every forked worker) do not
+    # number checks (the gpu_wait_idle and predeploy_host action plugins, in every forked worker) do not
     # import _holding and _health. A module's payload still carries them (the AnsiballZ finder reads every import).
     # pylint: disable-next=import-outside-toplevel
     from ansible_collections.gpuops.gpu.plugins.module_utils._holding import device_pattern_problem

@@ -716,11 +716,13 @@ class _PollMixin:
             self.reset_leaked(gpus, self.elapsed())
             samples = state["samples"]
             self._resets_into(self.result)
-        return True, dict(self.result, would_wait=not all(g["idle"] for g in gpus), elapsed=round(self.elapsed(), 3),
-                          polls=polls, idle_gpus=[g["index"] for g in gpus if g["idle"]], gpus=gpus, gpus_before=before,
-                          samples=samples, confirmation=None,
-                          msg=diagnosis(gpus, p["max_memory_used_mib"], level=p.get("detail"))
-                          or "all selected GPUs are idle")
+        looked = dict(self.result, would_wait=not all(g["idle"] for g in gpus), elapsed=round(self.elapsed(), 3),
+                      polls=polls, idle_gpus=[g["index"] for g in gpus if g["idle"]], gpus=gpus, samples=samples,
+                      confirmation=None,
+                      msg=diagnosis(gpus, p["max_memory_used_mib"], level=p.get("detail")) or "all selected GPUs are idle")
+        if before is not gpus:  # one look: it is gpus, said once
+            looked["gpus_before"] = before
+        return True, looked
 
     def _undecided(self, gpus: list, t: float) -> bool:
         """Whether a GPU that reset_leaked may reset holds memory with no process, not yet told a leak."""

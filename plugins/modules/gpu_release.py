@@ -50,7 +50,10 @@ attributes:
   diff_mode:
     support: full
     details:
-      - Shows the holders of each selected GPU before and after.
+      - Shows the units it stops (V(unit sglang.service in CT 129 - active), then V(stopped)) and one line per selected
+        GPU before and after - its memory in use and what keeps it busy (V(GPU 0 - 130048 MiB used, pid 8812 (python3)
+        in CT 129)), then V(idle), V(released) or what is left. With O(detail=summary) each line names at most 8
+        holders (V(and 12 more)) and the diff at most 8 units, the rest counted.
 options:
   containers:
     description:
@@ -299,16 +302,19 @@ places:
   sample: {"CT 129": [8812], "CT 130": [9120]}
 gpus_before:
   description:
-    - The selected GPUs as the release found them, before any signal, in the shape of M(gpuops.gpu.gpu_facts)
-      C(gpu_devices) (the filter P(gpuops.gpu.gpu_table#filter) renders it, given RV(holder_processes)).
-    - Each GPU's C(holders) are lists of pids keyed by their evidence (V(context), V(device), V(control), V(lingering)), their
-      details once in RV(holder_processes).
-  returned: when the GPUs could be read
+    - The selected GPUs as the release found them, before any signal - one record per GPU of what a before and after
+      table reads (the result carries the snapshot once, RV(gpus)) - C(index), C(uuid), C(name), C(memory)
+      (C(used), C(total)), C(health) (C(status)), C(idle), C(busy_reasons), C(blockers), C(process_count) and
+      C(holder_count) (how many processes and device-file holders it had), and of its blockers only - C(processes)
+      (the driver's entries - C(pid), C(used_mib), C(name), C(container), C(unit), C(visible)) and C(holders) (pids by
+      their evidence, V(context), V(device), V(control), V(lingering); their details in RV(holder_processes)). The
+      filter P(gpuops.gpu.gpu_table#filter) renders it as O(gpuops.gpu.gpu_table#filter:before).
+  returned: when the GPUs could be read, but in check mode (its one look is RV(gpus))
   type: list
   elements: dict
 holder_processes:
   description:
-    - The details of every process named in the C(holders) of RV(gpus_before) and RV(gpus), once each, keyed by its
+    - The details of every process named in the C(holders) of RV(gpus_before) (its blockers) and RV(gpus), once each, keyed by its
       pid (a string) - as M(gpuops.gpu.gpu_facts) returns them in C(gpu_holder_processes) (C(name), C(cmdline),
       C(user), C(container), C(unit), C(files) by directory, C(protected), ...), with C(gpus) the indexes of the GPUs
       it holds (a context or the GPU's node), before or after. A pid seen in both looks has the details of the first.
@@ -319,14 +325,25 @@ holder_processes:
                     "protected": null, "files": {"/dev": ["nvidia0", "nvidiactl"]}, "gpus": [0]}}
 gpus:
   description:
-    - The selected GPUs after the release (its last look, after the respawn watch); in check mode the same as
-      RV(gpus_before). Null when that look failed. Memory that the driver frees after an exit may still show here.
-    - Its C(holders) are pids, as in RV(gpus_before); their details are in RV(holder_processes).
+    - The selected GPUs after the release (its last look, after the respawn watch), in the shape of
+      M(gpuops.gpu.gpu_facts) C(gpu_devices); in check mode its one look (no RV(gpus_before)). Null when that
+      look failed. Memory that the driver frees after an exit may still show here.
+    - Each GPU's C(holders) are lists of pids keyed by their evidence (V(context), V(device), V(control),
+      V(lingering)), their details once in RV(holder_processes).
     - With O(detail=summary) a GPU's lists are capped, and its C(more) counts what was left out (see
       M(gpuops.gpu.gpu_facts) C(gpu_devices[].more) and C(detail)).
   returned: when the release ran
   type: list
   elements: dict
+counts:
+  description:
+    - How many entries each list of the outcome has in the whole result - C(released), C(survivors), C(respawned),
+      C(protected), C(skipped_processes), C(stopped_units), C(unstopped_units) and C(left_holders) - whatever
+      O(detail) left in the lists themselves.
+  returned: when the release ran (in check mode too)
+  type: dict
+  sample: {"released": 260, "survivors": 0, "respawned": 0, "protected": 1, "skipped_processes": 12,
+           "stopped_units": 1, "unstopped_units": 0, "left_holders": 0}
 waited_for_lock:
   description:
     - This run waited for another run's release or fence of the same container or GPU (O(lock_timeout)) - what it

@@ -286,16 +286,19 @@ gpus:
   elements: dict
 holder_processes:
   description:
-    - The details of every process named in the C(holders) of RV(gpus_before) and RV(gpus), once each, keyed by its
+    - The details of every process named in the C(holders) of RV(gpus_before) (its blockers) and RV(gpus), once each, keyed by its
       pid (a string), as M(gpuops.gpu.gpu_release) returns them; give it to P(gpuops.gpu.gpu_table#filter) and
       P(gpuops.gpu.gpu_blockers#filter) as their C(holder_processes).
   returned: when the GPUs could be read
   type: dict
 gpus_before:
   description:
-    - The selected GPUs at the first look, in the same shape as RV(gpus) - with RV(gpus), the before and after
-      of the wait without another M(gpuops.gpu.gpu_facts) call (the filter P(gpuops.gpu.gpu_table#filter) renders both).
-  returned: when the first look succeeded
+    - The selected GPUs at the first look, one record per GPU of what a before and after table reads (the result
+      carries the snapshot once, RV(gpus)), as RV(gpuops.gpu.gpu_release#module:gpus_before) - with RV(gpus), the
+      before and after of the wait without another M(gpuops.gpu.gpu_facts) call (the filter
+      P(gpuops.gpu.gpu_table#filter) renders both).
+  returned: when the first look succeeded and a later one was taken (in check mode only with O(reset_leaked) - its one
+    look is RV(gpus))
   type: list
   elements: dict
 samples:

@@ -81,7 +81,9 @@ attributes:
   diff_mode:
     support: full
     details:
-      - Shows the status of each container and the state of each named service before and after.
+      - A list of diffs - the status of each container and the state of each named service before and after
+        (V(containers)); with O(state=released), the release's - the units it stops and one line per GPU before and
+        after, as M(gpuops.gpu.gpu_release) shows them.
 options:
   containers:
     description:
@@ -286,7 +288,7 @@ containers:
     wait_mig_devices:
       description:
         - The GPUs it has only through MIG devices (C(mig_devices)), by index (a string) - their MIG UUIDs; a wait after
-          the fence (P(gpuops.gpu.proxmox_fence_result#filter) C(container_gpus)) covers those MIG devices, not the
+          the fence (C(proxmox_fence_result.container_gpus), M(gpuops.gpu.predeploy_host)) covers those MIG devices, not the
           GPU's others. Empty when it has none.
       type: dict
       returned: always
@@ -374,10 +376,13 @@ shut_down:
   sample: [129]
 release:
   description:
-    - With O(state=released), when a selected container runs - the result of the release of its GPU holders, as
+    - With O(state=released), when a selected container runs - the outcome of the release of its GPU holders, as
       M(gpuops.gpu.gpu_release) returns it (C(released), C(survivors), C(respawned), C(protected),
-      C(skipped_processes), C(stopped_units), C(gpus_before), C(gpus), C(elapsed), C(gpu_errors)); in check mode what
-      would be released. On a failure of the release, what it did until then.
+      C(skipped_processes), C(stopped_units), C(unstopped_units), C(left_holders), C(quiet_since), C(counts),
+      C(elapsed), C(gpu_errors), C(holder_processes)) with its GPUs before and after as records (C(gpus_before) and C(gpus) in
+      the shape of RV(gpuops.gpu.gpu_release#module:gpus_before) - not the snapshot, as the wait after the fence takes
+      its own) and without its diff (the fence's diff shows it); in check mode what would be released. On a failure of
+      the release, what it did until then.
     - The release selects the GPUs of the running containers (RV(gpus)) unless O(gpus) is set (every GPU when RV(gpus)
       is null or empty) - a GPU they do not have whose process list cannot be read is in C(gpu_errors) and a warning,
       and does not fail the fence.

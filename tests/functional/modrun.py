@@ -76,6 +76,30 @@ def controller_env(collection, tmp_path, base=None, **extra):
     return env
 
 
+def run_under_runner(collection, pdd, plays, inventory, base=None, cmdline="", **extra):
+    """``plays`` (a playbook, as a list) run by ansible-runner as AWX runs a job, its private data dir ``pdd`` (a
+    path, made here), ``inventory`` a dict, ``base`` and ``extra`` as controller_env's; returns the runner (its
+    ``status`` and ``events``)."""
+    import ansible_runner  # noqa: PLC0415
+
+    pdd = str(pdd)
+    for sub in ("project", "inventory", "env"):
+        os.makedirs(os.path.join(pdd, sub), exist_ok=True)
+    for path, data in (("project/site.yml", plays), ("inventory/hosts.json", inventory),
+                       ("env/envvars", controller_env(collection, pdd, base=base, **extra))):
+        with open(os.path.join(pdd, path), "w", encoding="utf-8") as f:
+            json.dump(data, f)
+    return ansible_runner.run(private_data_dir=pdd, playbook="site.yml", cmdline=cmdline, quiet=True)
+
+
+def event_sizes(events) -> list:
+    """[(len(str(res)), the event, its task)] of the events that carry a task's result, the largest first: what
+    ansible-runner measures of an event against MAX_EVENT_RES (its display callback replaces a larger res by {})."""
+    out = [(len(str(e["event_data"]["res"])), e["event"], e["event_data"].get("task"))
+           for e in events if isinstance(e.get("event_data"), dict) and "res" in e["event_data"]]
+    return sorted(out, key=lambda x: -x[0])
+
+
 def run_playbook(env, tmp_path, playbook, inventory, *args, timeout=240):
     """(rc, output, seconds) of one ansible-playbook run (``inventory``: a dict, written as JSON in ``tmp_path``;
     ``env``: controller_env's). Past ``timeout`` its process group is killed and the test fails with what it

@@ -241,7 +241,7 @@ def test_a_container_given_the_whole_nvidia_caps_is_fenced_by_the_mig_devices_it
     assert not alive(inside) and alive(beside)
     if collection not in sys.path:
         sys.path.insert(0, collection)
-    from ansible_collections.gpuops.gpu.plugins.filter.proxmox_fence_result import proxmox_fence_result  # noqa: PLC0415
+    from ansible_collections.gpuops.gpu.plugins.plugin_utils._results import proxmox_fence_result  # noqa: PLC0415
     fenced = proxmox_fence_result(res, method="processes")
     assert fenced["container_gpus"] == [b["uuid"]], fenced
     ready = wait(host, collection, gpus=fenced["container_gpus"], left_holders=fenced["left_holders"])

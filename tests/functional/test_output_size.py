@@ -20,7 +20,7 @@ import sys
 
 import ansible_runner
 
-from modrun import controller_env, run_module
+from modrun import controller_env, event_sizes, run_module, run_under_runner
 
 VMID = 7600
 GPUS = 16
@@ -92,7 +92,8 @@ def test_each_holder_once_and_the_size_linear(gpusim_factory, collection):
 
     release = run_module(host, collection, "gpu_release", dict(devices, containers=[VMID]), check_mode=True)
     assert not release.get("failed") and release["changed"], release.get("msg")
-    check(release, ("gpus_before", "gpus"), "holder_processes", dev_dir)
+    assert "gpus_before" not in release  # check mode: one look, said once
+    check(release, ("gpus",), "holder_processes", dev_dir)
     assert {r["pid"] for r in release["released"]} >= set(workers) | {api}
 
 
@@ -161,14 +162,18 @@ def test_every_result_is_bounded_at_64_gpus_and_whole_on_request(gpusim_factory,
         sizes[name] = (runner_size(summary), runner_size(full))
         assert summary["detail"]["level"] == "summary" and full["detail"] == {"level": "full", "file": None, "more": {}}
         # Under half the limit in summary (the caps are reached: 16 per GPU is no larger); in full, what the
-        # scenario makes (past the limit but for the facts, which have one GPU list).
+        # scenario makes (past the limit but for the facts, which have one GPU list, and the fence).
         assert sizes[name][0] < RUNNER_LIMIT // 2, sizes
-        assert sizes[name][1] > RUNNER_LIMIT or name == "gpu_facts", sizes
+        # (the fence carries its release's outcome and its GPUs as records, not the snapshot: under it in full too)
+        assert sizes[name][1] > RUNNER_LIMIT or name in ("gpu_facts", "proxmox_gpu_containers"), sizes
+        # a message at most 2,000 characters in summary; the whole of it in full (the wait names every busy GPU)
+        assert len(summary.get("msg") or "") <= 2000, (name, len(summary["msg"]))
+        if name == "gpu_wait_idle":
+            assert len(full["msg"]) > 2000 and summary["detail"]["more"]["msg"] == len(full["msg"]) - 1900
     facts = run_module(host, collection, "gpu_facts", runs["gpu_facts"][0])["ansible_facts"]
     assert_verdicts_kept(facts["gpu_devices"], facts["gpu_holder_processes"])
     release = run_module(host, collection, "gpu_release", runs["gpu_release"][0], check_mode=True)
-    for key in ("gpus_before", "gpus"):
-        assert_verdicts_kept(release[key], release["holder_processes"])
+    assert_verdicts_kept(release["gpus"], release["holder_processes"])  # check mode: its one look
     # Counted, never lost: every process released is in the list or in the count.
     full = run_module(host, collection, "gpu_release", dict(runs["gpu_release"][0], detail="full"), check_mode=True)
     assert len(release["released"]) + release["detail"]["more"]["released"] == len(full["released"])
@@ -183,7 +188,7 @@ def test_every_result_is_bounded_at_64_gpus_and_whole_on_request(gpusim_factory,
         whole = json.load(f)
     assert {r["pid"] for r in whole["released"]} == {r["pid"] for r in full["released"]}
     assert set(whole["holder_processes"]) == set(full["holder_processes"])
-    assert [g["holders"] for g in whole["gpus_before"]] == [g["holders"] for g in full["gpus_before"]]
+    assert [g["holders"] for g in whole["gpus"]] == [g["holders"] for g in full["gpus"]]
     print("\nlen(str(result)) at 64 GPUs x", PER_GPU, "processes per GPU (summary, full):", sizes)
 
 
@@ -224,3 +229,55 @@ def test_the_roles_events_and_set_stats_fit_under_ansible_runner(gpusim_factory,
     assert len(summary["released"]) + summary["more"]["released"] > 4 * BIG_GPUS
     assert stats["proxmox_fence_summary"]["node"]["released"]
     print(f"\nlargest event {biggest:,}, set_stats {runner_size(stats):,} characters")
+
+
+# --- the heavy node with --diff (issue 34, item 2) --------------------------------------------------------------
+
+EVENT_GOAL = 200000  # DESIGN.md 6b: every event under this as ansible-runner measures it, even with --diff
+FENCED_GPUS = 32
+FENCED_SERVERS = 2   # in the fenced container: 64 workers, each holding all 32 nodes (64 GPUs x 4: bench_output --fenced)
+FENCED_VMID = 7602
+
+
+def test_the_fence_with_diff_on_a_heavy_node_fits_every_event(gpusim_factory, collection, tmp_path):
+    """The fence (servers inside the fenced container) and the wait after it, with --diff, in check mode and then
+    for real, under ansible-runner itself: every event's res under 200,000 characters (ansible-runner's own limit
+    raised, so that what it would drop is measured); the fence carries its release's outcome, not its snapshot and
+    diff again; the diff shows the units and each GPU before and after, bounded."""
+    host = gpusim_factory(gpus=FENCED_GPUS)
+    host.ct_create(FENCED_VMID, hostname="fenced-heavy")
+    host.ct_start(FENCED_VMID)
+    for index in range(FENCED_SERVERS):
+        for low in range(0, FENCED_GPUS, 16):
+            host.hold(gpus=f"{low}-{low + 15}", mib=1024, tree=True, ct=FENCED_VMID, name=f"{COMMAND} --worker-set {index}")
+    devices = [host.path("dev", "nvidia*")]
+    play = [{"name": "Fence and wait", "hosts": "node", "gather_facts": False, "tasks": [
+        {"name": "Fence", "register": "fenced", "gpuops.gpu.proxmox_gpu_containers": {
+            "containers": [FENCED_VMID], "state": "released", "pct": host.path("bin", "pct"), "device_files": devices}},
+        {"name": "Wait", "gpuops.gpu.gpu_wait_idle": {"device_files": devices, "timeout": 60}}]}]
+    inventory = {"all": {"hosts": {"node": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}
+    largest = {}
+    for mode, cmdline in (("check", "--check --diff"), ("real", "--diff")):
+        run = run_under_runner(collection, tmp_path / mode, play, inventory, base=host.env_vars(), cmdline=cmdline,
+                               MAX_EVENT_RES=str(10 ** 9))
+        assert run.status == "successful", "".join(e.get("stdout", "") for e in run.events)[-4000:]
+        sizes = event_sizes(run.events)
+        largest[mode] = sizes[0]
+        assert sizes[0][0] < EVENT_GOAL, (mode, sizes[:3])
+        fence = [e["event_data"]["res"] for e in run.events
+                 if e.get("event") == "runner_on_ok" and e["event_data"].get("task") == "Fence"][0]
+        release = fence["release"]
+        left = fence["detail"]["more"].get("release.released", 0)  # a summary's count of what it left out
+        assert len(release["released"]) + left >= FENCED_SERVERS * (FENCED_GPUS + 2)
+        # the release's outcome, its GPUs as records; its diff is the fence's
+        looks = release["gpus"] + release.get("gpus_before", [])  # check mode: one look (gpus)
+        assert "diff" not in release and looks and all("process_count" in g for g in looks)
+        assert ("gpus_before" in release) is (mode == "real")
+        diffs = [e["event_data"]["diff"] for e in run.events if e.get("event") == "runner_on_file_diff"
+                 and e["event_data"].get("task") == "Fence"][0]
+        gpus = [d for d in diffs if "GPU 0: " in d.get("before", "")][0]
+        before, after = gpus["before"].splitlines(), gpus["after"].splitlines()
+        assert len(before) == len(after) == FENCED_GPUS, (before[:3], after[:3])
+        assert all(len(line) < 1000 for line in before + after) and f"in CT {FENCED_VMID}" in before[0], before[0]
+        assert after[0] == "GPU 0: released" if mode == "check" else after[0].startswith("GPU 0: "), after[0]
+    print(f"\nlargest event with --diff at {FENCED_GPUS} GPUs x {FENCED_SERVERS} servers in the fenced container:", largest)

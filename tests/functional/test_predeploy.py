@@ -6,6 +6,7 @@ Every workload is the simulator's (started by this test); the unreachable node i
 on loopback. vmids from 5129 up (see the fixture vmids) keep clear of the other suites (cgroups under lxc/ are machine-wide).
 """
 
+import json
 import os
 import re
 import sys
@@ -152,8 +153,9 @@ def test_a_node_that_cannot_be_reached_fails_its_gpu_host_at_once(gpusim, collec
     rc, out, took = playbook(host, collection, tmp_path, inv, "--limit", "gpu-ct", "-e", "gpu_idle_timeout=300")
     assert rc != 0
     assert took < 60, "it waited for a server that nobody stopped"
-    assert recap(out, "gpu-ct")["unreachable"] == 1, out[-3000:]
-    assert "pve-down" in out and re.search(r"(?i)connect", out)
+    # The node's connection failed inside the one task: a result with its reason (rc 2), not a lost host.
+    assert rc == 2 and recap(out, "gpu-ct")["failed"] == 1, out[-3000:]
+    assert "pve-down could not be reached" in out and re.search(r"(?i)connect", out)
 
 
 @pytest.mark.parametrize("serial", ["1", "50%"])
@@ -186,7 +188,7 @@ def test_a_stopped_container_waits_on_the_gpus_of_its_config_only(gpusim, collec
     assert rc == 0, out[-4000:]
     assert alive(job)
     # the table of the wait: GPUs 0 and 1 (the config of the stopped container), not GPU 5
-    shown = re.findall(r'"GPU (\d+)  NVIDIA', out)
+    shown = re.findall(r'^GPU (\d+)  NVIDIA', out, re.M)
     assert sorted(set(shown)) == ["0", "1"], out[-3000:]
     assert f"skipped CT {ct_a} (stopped)" in out, out[-3000:]
 
@@ -221,3 +223,48 @@ def test_a_frozen_container_fails_the_fence_and_is_never_ready(gpusim, collectio
     time.sleep(0.5)
     assert alive(server) and host.systemctl("is-active", "sglang", ct=ct_a).stdout.strip() == "active"
     assert host.systemctl("stop", "sglang", ct=ct_a).returncode == 0
+
+
+def test_the_result_file_answers_a_deploy_script_ready_not_ready_and_unreachable(gpusim, collection, tmp_path, vmids):
+    """issue 34 item 3: one run, three GPU hosts - one ready, one whose GPUs stay busy, one whose node cannot be
+    reached. rc 2, one line each in the recap (the task, and the failure or its skip), and predeploy_result_file
+    says per host ready or not, the reason, the blockers and the time - for the unreachable node too."""
+    ct_a, ct_b = vmids
+    host = gpusim
+    host.ct_create(ct_a, hostname="ready-ct", gpus="0-1")
+    host.ct_create(ct_b, hostname="busy-ct", gpus="2-3")
+    host.ct_start(ct_a)
+    host.ct_start(ct_b)
+    outsider = host.hold(gpus=[2], mib=2048, name="python3 other-job.py")
+    inv = inventory(host, {"ready-ct": {"proxmox_node": "pve", "proxmox_vmid": ct_a},
+                           "busy-ct": {"proxmox_node": "pve", "proxmox_vmid": ct_b, "gpu_idle_timeout": 2},
+                           "lost-ct": {"proxmox_node": "pve-down", "proxmox_vmid": ct_a}},
+                    extra_nodes={"pve-down": {"ansible_connection": "ssh", "ansible_host": "127.0.0.1",
+                                              "ansible_port": 9, "ansible_ssh_common_args": "-o ConnectTimeout=3"}})
+    answer_file = tmp_path / "predeploy.json"
+    rc, out, _took = playbook(host, collection, tmp_path, inv, "--limit", "gpu_hosts",
+                              "-e", f"predeploy_result_file={answer_file}")
+    assert rc == 2, out[-3000:]
+    assert alive(outsider)
+    for name in ("ready-ct", "busy-ct", "lost-ct"):
+        r = recap(out, name)
+        assert r["ok"] + r["failed"] + r["skipped"] == 2, (name, r)
+    answer = json.loads(answer_file.read_text())
+    assert answer["ready"] is False
+    hosts = answer["hosts"]
+    assert hosts["ready-ct"]["ready"] is True and hosts["ready-ct"]["reason"] is None
+    assert hosts["busy-ct"]["ready"] is False and hosts["busy-ct"]["failure"]["kind"] == "wait_timeout"
+    assert any(f"pid {outsider}" in b for b in hosts["busy-ct"]["blockers"]), hosts["busy-ct"]
+    assert hosts["lost-ct"]["ready"] is False and hosts["lost-ct"]["failure"]["kind"] == "unreachable"
+    assert "pve-down could not be reached" in hosts["lost-ct"]["reason"]
+    assert all(isinstance(h["elapsed"], (int, float)) for h in hosts.values())
+
+
+def test_a_bad_predeploy_serial_is_refused_naming_it(gpusim, collection, tmp_path, vmids):
+    """issue 33 item 6: -e predeploy_serial=abc ended in an ansible-core traceback (rc 250)."""
+    host = gpusim
+    inv = inventory(host, {"gpu-ct": {"proxmox_node": "pve", "proxmox_vmid": vmids[0]}})
+    rc, out, _took = playbook(host, collection, tmp_path, inv, "-e", "predeploy_serial=abc")
+    assert rc not in (0, 250), out[-3000:]
+    assert "Traceback" not in out
+    assert "predeploy_serial must be a number, a percentage or a list of them" in out and "got abc" in out, out[-3000:]

@@ -185,9 +185,9 @@ def test_services_are_stopped_in_the_selected_container_only(node, collection):
     (entry,) = res["services_stopped"]
     assert (entry["vmid"], entry["unit"], entry["state_before"], entry["rc"]) == (4129, "sglang.service", "active", 0)
     assert entry["seconds"] >= 0
-    assert res["diff"]["before"]["4129"] == {"status": "running", "services": {"sglang.service": "active", "vllm": "inactive"}}
-    assert res["diff"]["after"]["4129"]["services"] == {"sglang.service": "inactive", "vllm": "inactive"}
-    assert res["diff"]["before"]["4132"] == {"status": "stopped", "services": {}}
+    assert res["diff"][0]["before"]["4129"] == {"status": "running", "services": {"sglang.service": "active", "vllm": "inactive"}}
+    assert res["diff"][0]["after"]["4129"]["services"] == {"sglang.service": "inactive", "vllm": "inactive"}
+    assert res["diff"][0]["before"]["4132"] == {"status": "stopped", "services": {}}
     assert gone(a)
     time.sleep(0.6)  # longer than the restart delay
     assert mainpid(node, "sglang", 4129) is None  # stopped through systemd: not restarted
@@ -206,8 +206,8 @@ def test_check_mode_stops_nothing_and_says_what_would_be_stopped(node, collectio
     assert res["changed"]
     assert res["services_stopped"] == [{"vmid": 4129, "unit": "sglang", "state_before": "active", "rc": None, "seconds": None}]
     assert res["shut_down"] == [4129, 4130]
-    assert res["diff"]["after"]["4129"] == {"status": "stopped", "services": {"sglang": "inactive"}}
-    assert res["diff"]["before"]["4130"] == {"status": "running", "services": {"sglang": "inactive"}}
+    assert res["diff"][0]["after"]["4129"] == {"status": "stopped", "services": {"sglang": "inactive"}}
+    assert res["diff"][0]["before"]["4130"] == {"status": "running", "services": {"sglang": "inactive"}}
     assert alive(a) and mainpid(node, "sglang", 4129) == a
     assert [node.ct_status(v) for v in (4129, 4130)] == ["running", "running"]
     node.systemctl("stop", "sglang", ct=4129)
@@ -485,7 +485,7 @@ def test_a_config_that_passes_every_gpu_is_fenced_by_what_its_processes_hold(sha
     timed out on B's job.)"""
     if collection not in sys.path:
         sys.path.insert(0, collection)
-    from ansible_collections.gpuops.gpu.plugins.filter.proxmox_fence_result import proxmox_fence_result  # noqa: PLC0415
+    from ansible_collections.gpuops.gpu.plugins.plugin_utils._results import proxmox_fence_result  # noqa: PLC0415
 
     node = shared_node
     server = node.hold(gpus="0-3", mib=8192, ct=4170, tree=True)
@@ -517,10 +517,10 @@ def test_a_config_that_passes_every_gpu_is_fenced_by_what_its_processes_hold(sha
 
 
 def fence_result(collection, res):
-    """The filter proxmox_fence_result over a module result, as the predeploy playbook reads the fence."""
+    """proxmox_fence_result (plugin_utils._results) over a module result, as the predeploy playbook reads the fence."""
     if collection not in sys.path:
         sys.path.insert(0, collection)
-    from ansible_collections.gpuops.gpu.plugins.filter.proxmox_fence_result import proxmox_fence_result  # noqa: PLC0415
+    from ansible_collections.gpuops.gpu.plugins.plugin_utils._results import proxmox_fence_result  # noqa: PLC0415
     return proxmox_fence_result(res, method="processes")
 
 

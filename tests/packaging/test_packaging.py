@@ -235,25 +235,36 @@ def test_collection_ee_metadata():
         assert depends.active_rules(profiles), f"no system package for {profiles}"
 
 
+def readme_ee_definition(tarball):
+    """The README's EE definition ("In AWX"), its tarball name and path made this build's."""
+    with open(os.path.join(TOP, "README.md"), encoding="utf-8") as f:
+        block = re.search(r"A minimal EE definition.*?```yaml\n(.*?)```", f.read(), re.S)
+    assert block, "README.md: no EE definition after 'A minimal EE definition'"
+    definition = yaml.safe_load(block.group(1))
+    definition["dependencies"]["galaxy"] = {"collections": [{"name": f"collections/{tarball.name}", "type": "file"}]}
+    definition["additional_build_files"] = [{"src": str(tarball), "dest": "collections"}]
+    return definition
+
+
 def test_ansible_builder_create_writes_a_context_with_the_collection(tarball, tmp_path):
     ee = tmp_path / "ee"
     ee.mkdir()
-    definition = {
-        "version": 3,
-        "images": {"base_image": {"name": "quay.io/ansible/awx-ee:24.6.1"}},
-        "dependencies": {
-            "ansible_core": {"package_pip": "ansible-core>=2.20"},
-            "ansible_runner": {"package_pip": "ansible-runner"},
-            "galaxy": {"collections": [{"name": f"collections/{tarball.name}", "type": "file"}]},
-        },
-        "additional_build_files": [{"src": str(tarball), "dest": "collections"}],
-    }
+    definition = readme_ee_definition(tarball)
     (ee / "execution-environment.yml").write_text(yaml.safe_dump(definition, sort_keys=False))
     context = tmp_path / "context"
     run([tool("ansible-builder"), "create", "--file", ee / "execution-environment.yml", "--context", context,
          "--output-filename", "Containerfile", "-v", "3"], cwd=str(ee))
 
     containerfile = (context / "Containerfile").read_text()
+    # ansible-core 2.20+ needs Python 3.12+ on the controller side: the EE names its interpreter, installs it and
+    # installs ansible-core with it (the base image's default Python may be older)
+    interpreter = definition["dependencies"]["python_interpreter"]
+    version = tuple(int(n) for n in re.fullmatch(r"/usr/bin/python(\d+)\.(\d+)", interpreter["python_path"]).groups())
+    assert version >= (3, 12), interpreter
+    assert f'ARG PYCMD="{interpreter["python_path"]}"' in containerfile, containerfile[:2000]
+    assert f'ARG PYPKG="{interpreter["package_system"]}"' in containerfile, containerfile[:2000]
+    assert "RUN $PYCMD -m pip install --no-cache-dir $ANSIBLE_INSTALL_REFS" in containerfile
+    assert 'ANSIBLE_INSTALL_REFS="ansible-core>=2.20' in containerfile
     assert "ansible-galaxy collection install" in containerfile and "-r requirements.yml" in containerfile
     assert "introspect.py introspect" in containerfile
     build = context / "_build"
@@ -323,6 +334,19 @@ def _announced(release):
     }
 
 
+def _removed_features() -> str:
+    """The text of every removed_features entry of the changelog fragments and of the released changelog."""
+    texts = []
+    fragments = os.path.join(TOP, "changelogs", "fragments")
+    for name in sorted(os.listdir(fragments)):
+        with open(os.path.join(fragments, name), encoding="utf-8") as f:
+            texts += (yaml.safe_load(f) or {}).get("removed_features") or []
+    with open(os.path.join(TOP, "changelogs", "changelog.yaml"), encoding="utf-8") as f:
+        for release in ((yaml.safe_load(f) or {}).get("releases") or {}).values():
+            texts += release.get("changes", {}).get("removed_features") or []
+    return "\n".join(texts)
+
+
 EVERYTHING = {"modules": MODULES, "filters": FILTERS, "roles": ROLES, "playbooks": PLAYBOOKS}
 ANNOUNCED = ("a module, plugin or role is announced from its version_added (argument_specs.yml: the main entry point's"
              " version_added); a playbook from an 'add object.playbook' changelog fragment")
@@ -350,7 +374,11 @@ def test_the_release_announces_every_module_plugin_role_and_playbook(source_tree
             releases = yaml.safe_load(f)["releases"]
     # Each plugin is announced once, in the release of its version_added: together the releases announce everything.
     announced = {kind: sorted({n for r in releases.values() for n in _announced(r)[kind]}) for kind in EVERYTHING}
-    assert announced == EVERYTHING, ANNOUNCED
+    # what an earlier release announced and the collection no longer has is named in a removed_features fragment
+    removed = _removed_features()
+    gone = {kind: [n for n in announced[kind] if n not in EVERYTHING[kind]] for kind in EVERYTHING}
+    assert [n for names in gone.values() for n in names if n not in removed] == [], "removed without a removed_features entry"
+    assert {kind: [n for n in announced[kind] if n in EVERYTHING[kind]] for kind in EVERYTHING} == EVERYTHING, ANNOUNCED
     assert releases[version]["changes"].get("release_summary")
     for out in ("CHANGELOG.md", "CHANGELOG.rst"):
         assert (tree / out).is_file()

@@ -20,17 +20,17 @@ PREFIX = "ansible_collections.gpuops.gpu.plugins."
 
 # plugin -> the collection's modules it may load (besides itself and the packages)
 CASES = [
-    # the fence's record (proxmox_fence_result) needs module_outcome, not the tables' code
+    # the records (module_outcome, the fence's and the wait's) need none of the tables' code until a table is made
     # (and the small _bound, which counts what a summary left out, and _mig, which names a container's MIG devices)
-    ("filter.proxmox_fence_result", {"filter.gpu_idle_result", "module_utils._redact", "module_utils._bound",
-                                     "module_utils._mig"}),
-    ("filter.gpu_idle_result", {"module_utils._redact", "module_utils._bound"}),
-    # the wait's action plugin and the options filter need the number checks, not the holding model (and the small
-    # _host.calls, where the patterns' time budget has its timer)
-    ("action.gpu_wait_idle", {"module_utils._validate", "module_utils._errors", "module_utils._redact",
-                              "module_utils._host", "module_utils._host.calls"}),
-    ("filter.gpu_wait_options", {"module_utils._validate", "module_utils._errors", "module_utils._redact",
-                                 "module_utils._host", "module_utils._host.calls"}),
+    ("plugin_utils._results", {"module_utils._redact", "module_utils._bound", "module_utils._mig"}),
+    # the wait's action plugin needs the number checks, not the holding model (and the small _host.calls, where the
+    # patterns' time budget has its timer)
+    ("action.gpu_wait_idle", {"plugin_utils._slices", "module_utils._validate", "module_utils._errors",
+                              "module_utils._redact", "module_utils._host", "module_utils._host.calls"}),
+    # the one task of predeploy and the roles: the records and the wait's slices, not the tables until it prints one
+    ("action.predeploy_host", {"plugin_utils._slices", "plugin_utils._results", "module_utils._validate",
+                               "module_utils._errors", "module_utils._redact", "module_utils._bound", "module_utils._mig",
+                               "module_utils._host", "module_utils._host.calls"}),
     # the redaction needs none of the validation (_validate, _holding, _health)
     ("module_utils._redact", set()),
 ]

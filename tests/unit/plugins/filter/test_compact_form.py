@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import gpu_blockers, gpu_report_rows, gpu_table
+from ansible_collections.gpuops.gpu.plugins.plugin_utils._tables import gpu_blockers, gpu_report_rows, gpu_table
 from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import compact_result
 
 from ansible_collections.gpuops.gpu.tests.unit.plugins.module_utils.test__snapshot_output import host

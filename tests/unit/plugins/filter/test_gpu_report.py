@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ansible_collections.gpuops.gpu.plugins.filter import gpu_report_markdown as gpu_report_markdown_plugin
 from ansible_collections.gpuops.gpu.plugins.filter import gpu_report_prometheus as gpu_report_prometheus_plugin
-from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import (
+from ansible_collections.gpuops.gpu.plugins.plugin_utils._tables import (
     gpu_report_markdown,
     gpu_report_prometheus,
     gpu_report_rows,

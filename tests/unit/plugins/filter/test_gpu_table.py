@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import (
-    FilterModule,
+from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import FilterModule
+from ansible_collections.gpuops.gpu.plugins.plugin_utils._tables import (
     gpu_blockers,
     gpu_report_markdown,
     gpu_report_rows,

@@ -37,7 +37,9 @@ def idle_gpu(index):
 
 GPU_CASES = [
     # (name, gpu, expected lists' lengths, expected more)
-    ("small: as it is", busy_gpu(0, [10, 11], [20]), {"processes": 2, "blockers": 2, "busy_reasons": 2}, None),
+    ("small: as it is", busy_gpu(0, [10], [20]), {"processes": 1, "blockers": 1, "busy_reasons": 1}, None),
+    ("two contexts: one process with its details, both blockers", busy_gpu(0, [10, 11], [20]),
+     {"processes": 1, "blockers": 2, "busy_reasons": 2}, {"processes": 1}),
     ("idle: as it is", idle_gpu(0), {"processes": 0, "blockers": 0, "busy_reasons": 0}, None),
     ("many contexts: capped and counted", busy_gpu(0, list(range(100, 130)), list(range(200, 300))),
      {"processes": _bound.CAP_PROCESSES, "blockers": _bound.CAP, "busy_reasons": _bound.CAP_REASONS},
@@ -127,6 +129,24 @@ def test_nested_results_are_bounded_with_their_prefix():
     out = _bound.bound(facts)
     assert "ansible_facts.gpu_holder_processes" in out["detail"]["more"]
     assert all("more" in g for g in out["ansible_facts"]["gpu_devices"])
+
+
+@pytest.mark.parametrize("length, level, shown", [
+    (1999, _bound.SUMMARY, 1999), (2000, _bound.SUMMARY, 2000),
+    (2001, _bound.SUMMARY, None), (19000, _bound.SUMMARY, None),  # a wait's failure on a busy host: cut
+    (19000, _bound.FULL, 19000),
+])
+def test_a_message_in_summary_is_at_most_2000_characters(tmp_path, length, level, shown):
+    msg = "".join(f"GPU {i}: held by pid {1000 + i} (python3) in CT 129; " for i in range(length))[:length]
+    path = str(tmp_path / "r.json")
+    out = _bound.bound({"failed": True, "msg": msg}, level, path, write=files.write_json)
+    if shown is None:
+        assert len(out["msg"]) <= _bound.MSG and out["msg"].startswith(msg[:1800]) and "detail_file" in out["msg"]
+        assert out["detail"]["more"]["msg"] == length - len(out["msg"].split(" [... ")[0])
+    else:
+        assert out["msg"] == msg and "msg" not in out["detail"]["more"]
+    with open(path, encoding="utf-8") as f:
+        assert json.load(f)["msg"] == msg  # the whole of it
 
 
 def test_detail_file_has_the_whole_result(tmp_path):

@@ -334,9 +334,10 @@ def test_pending_passthrough_changes_are_a_warning(file, removed, added, minors)
 def test_diff_says_which_services_stop_and_which_containers_shut_down():
     node = FakeNode(active={(129, "sglang")})
     res = fence(node, diff=True, containers=[129, 131], units=["sglang"], state="shutdown").run()
-    assert res["diff"]["before"] == {"129": {"status": "running", "services": {"sglang": "active"}},
-                                     "131": {"status": "stopped", "services": {}}}
-    assert res["diff"]["after"]["129"] == {"status": "stopped", "services": {"sglang": "inactive"}}
+    assert [d["before_header"] for d in res["diff"]] == ["containers"]  # no release: its GPUs are not in it
+    assert res["diff"][0]["before"] == {"129": {"status": "running", "services": {"sglang": "active"}},
+                                        "131": {"status": "stopped", "services": {}}}
+    assert res["diff"][0]["after"]["129"] == {"status": "stopped", "services": {"sglang": "inactive"}}
 
 
 def raw_gpu(index, used, contexts):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _release, _selection, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _release, _selection, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.protocols import ReleaseHost
 
@@ -275,6 +275,40 @@ def test_check_mode_reports_the_targets_and_signals_nothing():
     assert "unit vllm.service in CT 129: stopped" in res["diff"]["after"]
 
 
+def diff_gpu(index, used, blockers, idle=None, reasons=()):
+    procs = [{"pid": pid, "name": "python3", "container": {"kind": "lxc", "id": 129}} for pid in blockers]
+    return {"index": index, "memory": {"used": used}, "processes": procs, "holders": [], "blockers": list(blockers),
+            "idle": not blockers and not reasons if idle is None else idle, "busy_reasons": list(reasons)}
+
+
+@pytest.mark.parametrize("gpu, without, limit, memory, line", [
+    (diff_gpu(0, 2048, [11, 12]), (), 8, True, "GPU 0: 2048 MiB used, pid 11 (python3) in CT 129, pid 12 (python3) in CT 129"),
+    (diff_gpu(0, 0, []), (), 8, True, "GPU 0: 0 MiB used, idle"),
+    # bounded: at most ``limit`` named, the rest counted (None with detail: full - all of them)
+    (diff_gpu(3, 9, range(100, 112)), (), 2, True,
+     "GPU 3: 9 MiB used, pid 100 (python3) in CT 129, pid 101 (python3) in CT 129, and 10 more (detail: full names them)"),
+    (diff_gpu(3, 9, range(100, 112)), (), None, False, "GPU 3: " + ", ".join(f"pid {p} (python3) in CT 129" for p in range(100, 112))),
+    # check mode's after: the targets gone, what the release leaves
+    (diff_gpu(1, 4096, [11, 12]), {11, 12}, 8, False, "GPU 1: released"),
+    (diff_gpu(1, 4096, [11, 12]), {11}, 8, False, "GPU 1: pid 12 (python3) in CT 129"),
+    (diff_gpu(2, 30000, [], reasons=["30000 MiB used with no process: " + "x" * 500]), (), 8, True,
+     "GPU 2: 30000 MiB used, busy: 30000 MiB used with no process: " + "x" * 168 + " [... 332 more characters cut]"),
+], ids=["held", "idle", "capped", "full", "check-released", "check-left", "reason-cut"])
+def test_a_diff_says_each_gpu_in_one_bounded_line(gpu, without, limit, memory, line):
+    assert _release.gpu_line(gpu, without, limit, memory) == line
+
+
+def test_a_diff_lists_the_units_bounded_then_the_gpus():
+    units = [{"unit": f"s{i}.service", "container": 129, "state_after": "stopped"} for i in range(10)]
+    before = [diff_gpu(0, 2048, [11])]
+    diff = _release.release_diff(units, before, None, [{"pid": 11}], limit=8)
+    assert diff["before"].splitlines()[0] == "unit s0.service in CT 129: active"
+    assert diff["after"].splitlines()[7:] == ["unit s7.service in CT 129: stopped", "+2 more unit(s)", "GPU 0: released"]
+    real = _release.release_diff(units[:1], before, [diff_gpu(0, 0, [])], limit=8)
+    assert real["after"] == "unit s0.service in CT 129: stopped\nGPU 0: 0 MiB used, idle\n"
+    assert {"before_header", "after_header"} <= set(real)
+
+
 @pytest.mark.parametrize("state, phrase", [("D", "stuck in the kernel"), ("S", "raise kill_timeout"),
                                            ("T", "raise kill_timeout")])
 def test_survivors_are_described_by_their_state(state, phrase):
@@ -493,6 +527,21 @@ def test_a_frozen_container_is_refused_before_anything_is_stopped_or_signalled(c
     assert exc.value.msg.endswith("Nothing was signalled."), exc.value.msg
     assert host.signalled == [] and host.commands == []
     assert exc.value.partial["frozen"] == [{"container": 129, "pids": [101, 102]}] and not exc.value.partial["changed"]
+
+
+@pytest.mark.parametrize("check_mode", [False, True], ids=["run", "check mode"])
+def test_the_outcome_counts_each_list_whole(check_mode):
+    """counts: what each list has before a summary caps it (the fence carries it in its release's outcome)."""
+    host = SlowHost([proc(100 + i) for i in range(30)] + [proc(200, ct=130)], {**{100 + i: [i % 8] for i in range(30)}, 200: [7]},
+                    exit_after={100 + i: {SIGTERM: 0.0} for i in range(30)})
+    p = params(containers=[129], diff=True)
+    res = _release.run_release(p, _validate.release(p, _selection.parse(p["gpus"])), host, SIGTERM, check_mode=check_mode, diff=True)
+    assert res["counts"] == {k: len(res[k]) for k in _release.COUNTED}
+    assert res["counts"]["released"] == 30 and res["counts"]["skipped_processes"] == 1
+    # a summary caps the lists, never the counts
+    assert _bound.bound(res)["counts"]["released"] == 30
+    assert ("gpus_before" in res) is not check_mode  # check mode: one look, in gpus
+    assert len(res["diff"]["before"].splitlines()) == 8  # one line per GPU
 
 
 def test_a_container_frozen_after_the_plan_is_not_signalled_and_the_release_fails():

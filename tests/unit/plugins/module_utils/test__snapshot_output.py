@@ -18,6 +18,7 @@ from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import (
     expand_gpus,
     expand_result,
     files_by_dir,
+    gpu_record,
     files_from_dirs,
 )
 
@@ -82,12 +83,13 @@ def test_round_trip_and_each_pid_once(name, kwargs, count):
     # each pid once in the details, and every pid a GPU names has them
     named = {p for key in ("gpus_before", "gpus") for g in result[key] for p in pids_of(g)}
     assert named == {int(k) for k in details}
-    # a holder's details are said once; the driver's processes (its contexts) keep theirs on their GPU
+    # a holder's details are said once; the driver's processes (its contexts) keep theirs on their GPU, in the
+    # snapshot (gpus) only: the GPUs before are records
     text = json.dumps(result)
     contexts = {p["pid"] for g in gpus for p in g["processes"]}
     for pid in details:
         shown = text.count(f'"cmdline": "{details[pid]["name"]} --serve {pid}"')
-        assert shown == 1 + (2 * sum(1 for g in gpus for p in g["processes"] if p["pid"] == int(pid))), pid
+        assert shown == 1 + sum(1 for g in gpus for p in g["processes"] if p["pid"] == int(pid)), pid
         assert (int(pid) in contexts) == (shown > 1)
     assert text.count('"files"') == len(details)
     # a GPU's holders are pids by evidence; the details say on which GPUs
@@ -99,7 +101,33 @@ def test_round_trip_and_each_pid_once(name, kwargs, count):
     # the snapshot's form back, exactly, through JSON as a result travels
     back = json.loads(json.dumps(result))
     assert expand_gpus(back["gpus"], back["holder_processes"]) == kept
-    assert expand_result(back) == {"changed": False, "gpus_before": kept, "gpus": kept}
+    assert expand_result(back)["gpus"] == kept
+    # the GPUs before: what a table and a diff read of each - its memory, verdict and blockers, counts of the rest
+    for record, g in zip(back["gpus_before"], kept):
+        assert {k: record[k] for k in ("index", "uuid", "idle", "blockers")} == {
+            k: g[k] for k in ("index", "uuid", "idle", "blockers")}
+        assert record["busy_reasons"] == ([] if g["blockers"] else g["busy_reasons"])
+        assert record["memory"] == {"used": g["memory"]["used"], "total": g["memory"]["total"]}
+        assert record["process_count"] == len(g["processes"]) and record["holder_count"] == len(g["holders"])
+        assert {p["pid"] for p in record["processes"]} | set(pids_of(record)) == set(g["blockers"])
+        assert all("cmdline" not in p for p in record["processes"])
+    assert compact_result(back) == back  # twice changes nothing
+
+
+@pytest.mark.parametrize("name, kwargs, count", CASES, ids=[c[0] for c in CASES])
+def test_the_gpus_before_are_records_a_table_reads(name, kwargs, count):
+    """A result's GPUs before name only their blockers (table and diff), so the snapshot is in the result once: with
+    other processes on a host of several GPUs (CUDA and NVML clients), the records take a fraction of its size."""
+    del name, count
+    gpus = host(**kwargs)
+    result = compact_result({"gpus_before": gpus, "gpus": gpus})
+    records, snapshot = len(json.dumps(result["gpus_before"])), len(json.dumps(result["gpus"]))
+    assert records < snapshot / (2 if kwargs.get("cuda") and kwargs["gpus"] > 1 else 1), (records, snapshot)
+    assert gpu_record(result["gpus_before"][0]) == result["gpus_before"][0]
+    # the table's before: its blockers with their details, through the result's holder_processes
+    for g in expand_gpus(result["gpus_before"], result["holder_processes"]):
+        assert {h["pid"] for h in g["holders"]} <= set(g["blockers"])
+        assert all(h["name"] for h in g["holders"])
 
 
 def test_twice_changes_nothing_and_facts_use_their_own_keys():
@@ -121,12 +149,15 @@ def test_results_without_gpus_are_left_alone(result):
 
 def test_a_pid_in_both_looks_is_once_with_the_gpus_of_both():
     before = host(2, cuda=1)
-    after = [dict(g, holders=[h for h in g["holders"] if h["pid"] == 3000 and g["index"] == 1]) for g in before]
+    after = [dict(g, holders=[h for h in g["holders"] if h["pid"] == 1001 and g["index"] == 1]) for g in before]
     result = compact_result({"gpus_before": before, "gpus": after})
-    assert result["holder_processes"]["3000"]["gpus"] == [0, 1]
+    # its context on GPU 0 before (a blocker there), GPU 1's node after
+    assert result["holder_processes"]["1001"]["gpus"] == [0, 1]
     assert result["gpus"][0]["holders"] == {"context": [], "device": [], "control": [], "lingering": []}
-    # a CUDA client beside a server keeps no GPU busy: a lingering device holder
-    assert result["gpus"][1]["holders"]["lingering"] == [3000] and result["gpus"][1]["holders"]["device"] == []
+    # a worker's node of another GPU keeps no GPU busy: a lingering device holder
+    assert result["gpus"][1]["holders"]["lingering"] == [1001] and result["gpus"][1]["holders"]["device"] == []
+    # a CUDA client beside a server blocks nothing: the GPUs before (records of their blockers) do not name it
+    assert "3000" not in result["holder_processes"]
 
 
 def test_expand_without_details_and_old_form():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.filter.proxmox_fence_result import proxmox_fence_result
+from ansible_collections.gpuops.gpu.plugins.plugin_utils._results import proxmox_fence_result
 from ansible_collections.gpuops.gpu.tests.unit.plugins.module_utils.test__mig import A, B
 
 

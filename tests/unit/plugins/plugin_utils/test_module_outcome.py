@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from ansible.errors import AnsibleFilterError
+from ansible.errors import AnsibleError
 
-from ansible_collections.gpuops.gpu.plugins.filter.gpu_idle_result import module_outcome
+from ansible_collections.gpuops.gpu.plugins.plugin_utils._results import module_outcome
 
 
 def gpu(index, idle=True):
@@ -136,7 +136,7 @@ def test_a_success_is_a_success(module):
     pytest.param("gpu_wait_idle", dict(WAIT_CHECK, would_wait="no"), "incomplete", "would_wait", id="wait-check-garbled"),
     # partial results: the action plugin adds gpus_before to a later slice's crash
     pytest.param("gpu_wait_idle", dict(CRASH_SEGV, gpus_before=[gpu(0)]), "crashed", "SIGSEGV", id="wait-slice-crash"),
-    # gpu_release: released, survivors, gpus_before, gpus; a msg is a failure (its success has none)
+    # gpu_release: released, survivors, gpus; a msg is a failure (its success has none)
     pytest.param("gpu_release", shape("gpu_release", msg="1 process survived SIGKILL"), "failed", "survived",
                  id="release-msg-is-failure"),
     pytest.param("gpu_release", shape("gpu_release", msg="refused", error="scope"), "scope", "refused",
@@ -144,6 +144,9 @@ def test_a_success_is_a_success(module):
     pytest.param("gpu_release", {k: v for k, v in RELEASE_OK.items() if k != "gpus"}, "incomplete", "no gpus",
                  id="release-no-after"),
     pytest.param("gpu_release", shape("gpu_release", gpus=None), None, None, id="release-last-look-failed"),
+    # check mode: one look, said once in gpus (no gpus_before)
+    pytest.param("gpu_release", {k: v for k, v in RELEASE_OK.items() if k != "gpus_before"}, None, None,
+                 id="release-check-one-look"),
     # proxmox_gpu_containers
     pytest.param("proxmox_gpu_containers", {k: v for k, v in CTS_OK.items() if k != "check_mode"}, "incomplete",
                  "no check_mode", id="containers-no-check-mode"),
@@ -173,5 +176,5 @@ def test_a_long_crash_output_is_cut():
 
 
 def test_an_unknown_module_is_refused():
-    with pytest.raises(AnsibleFilterError, match="module must be one of"):
+    with pytest.raises(AnsibleError, match="module must be one of"):
         module_outcome(WAIT_OK, "gpu_wait")

@@ -7,8 +7,8 @@ controller's plugins (the module_utils tests run on every target Python, without
 
 from __future__ import annotations
 
-from ansible_collections.gpuops.gpu.plugins.filter.gpu_idle_result import gpu_idle_result
-from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import gpu_blockers, state_text
+from ansible_collections.gpuops.gpu.plugins.plugin_utils._results import gpu_idle_result
+from ansible_collections.gpuops.gpu.plugins.plugin_utils._tables import gpu_blockers, state_text
 from ansible_collections.gpuops.gpu.plugins.module_utils import _bound
 from ansible_collections.gpuops.gpu.tests.unit.plugins.module_utils.test__bound import busy_gpu, release_result
 

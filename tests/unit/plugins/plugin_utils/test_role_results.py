@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.filter.gpu_idle_result import gpu_idle_result
-from ansible_collections.gpuops.gpu.plugins.filter.proxmox_fence_result import proxmox_fence_result
+from ansible_collections.gpuops.gpu.plugins.plugin_utils._results import gpu_idle_result
+from ansible_collections.gpuops.gpu.plugins.plugin_utils._results import proxmox_fence_result
 
 
 def gpu(index, used=0, idle=True, procs=(), reasons=()):
@@ -221,6 +221,10 @@ def test_gpu_idle_result_a_failed_fence_is_not_ready():
     out = gpu_idle_result(WAIT_OK, fence=dict(FENCE, error="gpu_release: the targets live in 2 places"), host="h")
     assert out["ready"] is False and out["failure"] == {"module": "proxmox_fence", "kind": "fence"}
     assert out["error"] == "the fence before the wait failed: gpu_release: the targets live in 2 places"
+    # the fence's own kind, when it says it: a deploy script tells an unreachable node from a busy GPU
+    fence = dict(FENCE, error="proxmox_gpu_containers could not run", failure={"module": "x", "kind": "unreachable"})
+    out = gpu_idle_result(WAIT_OK, fence=fence, host="h")
+    assert out["failure"] == {"module": "proxmox_fence", "kind": "unreachable"}
 
 
 def test_gpu_idle_result_with_nothing_yet_is_not_ready():

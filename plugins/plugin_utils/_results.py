@@ -2,98 +2,22 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
+"""What the modules' results prove, for the controller: module_outcome (whether a module result is a success),
+gpu_idle_result (the record of a release and a wait, the fact gpu_idle_result) and proxmox_fence_result (the record of
+a fence, the fact proxmox_fence_result). The action plugin predeploy_host records them; their keys are documented
+there (plugins/modules/predeploy_host.py, RETURN).
+
+A module result is a success only when it has the keys a success of that module has and no sign of a failure;
+anything else is a failure with a kind (the module's own error, failed, crashed, unreachable, skipped, missing,
+incomplete, inconsistent) and a reason that says what happened and what to do."""
+
 from __future__ import annotations
-
-DOCUMENTATION = r"""
-name: gpu_idle_result
-short_description: The outcome of a release and a wait, as the gpu_idle role records it
-version_added: 0.1.0
-description:
-  - Turns the registered results of M(gpuops.gpu.gpu_release) (optional) and M(gpuops.gpu.gpu_wait_idle) - run with
-    C(failed_when=false), or skipped - into one dict - whether the GPUs are ready, what was released, the diagnosis
-    and the blockers of a failure, the before and after table (P(gpuops.gpu.gpu_table#filter)) and the summary the
-    role publishes with C(set_stats).
-  - The GPUs are ready only when each step proved its part - the wait returned a success, the release (when it ran,
-    or O(release_required)) returned a success, and the fence (O(fence)) has no error.
-  - A module result is a success only when it has the keys a success of that module has and no sign of a failure -
-    for M(gpuops.gpu.gpu_wait_idle) C(ready=true) and C(gpus), the GPUs it checked, each of them idle and in
-    C(idle_gpus) (in check mode C(would_wait) and C(gpus)); for M(gpuops.gpu.gpu_release) C(released), C(survivors),
-    C(gpus_before) and C(gpus), and no C(msg); for M(gpuops.gpu.proxmox_gpu_containers) (judged the same way by
-    P(gpuops.gpu.proxmox_fence_result#filter)) C(containers), C(running), C(skipped_containers), C(services_stopped),
-    C(shut_down) and C(check_mode), and no C(msg); for M(gpuops.gpu.gpu_facts) C(ansible_facts) with C(gpu_devices),
-    C(gpu_count) and C(gpu_driver).
-  - Anything else is a failure - C(ready=false), C(error) says what happened and what to do, C(failure) names the
-    module and the kind - the module's own C(error) when its failure gives one (V(scope), V(timeout),
-    V(library_not_found), ...), else V(failed) (a failure with a C(msg), kept as it is in C(error)), V(crashed)
-    (the interpreter was killed by a signal or printed no JSON, or an unhandled exception, which ansible-core 2.19
-    and later keep under C(failed_when) only as C(failed_when_suppressed_exception), with no C(msg)),
-    V(unreachable), V(skipped), V(missing) (no result), V(incomplete) (a result without the keys of a success) or
-    V(inconsistent) (C(ready=true) next to a GPU that its own result shows busy).
-  - The role C(gpuops.gpu.gpu_idle) sets its fact C(gpu_idle_result) with it; its logic lives here, unit-tested.
-author:
-  - gpuops developers (@gpuops)
-options:
-  _input:
-    description: The registered result of M(gpuops.gpu.gpu_wait_idle) (or of a skipped task).
-    type: dict
-    required: true
-  release:
-    description: The registered result of M(gpuops.gpu.gpu_release), when it ran.
-    type: dict
-  fence:
-    description:
-      - The C(proxmox_fence_result) of the fence that ran before the wait (the C(gpuops.gpu.predeploy) playbook) -
-        what it released and stopped is carried into the result, and its snapshot before the release is the
-        table's before.
-    type: dict
-  host:
-    description: The inventory host the result is for.
-    type: str
-  seen_from:
-    description: The host the modules ran on, when another one (the Proxmox VE node of a container).
-    type: str
-  check_mode:
-    description: Whether the play runs in check mode.
-    type: bool
-    default: false
-  release_required:
-    description:
-      - Whether the release had to run (the role's C(gpu_idle_release)) - then a skipped or missing release result is a
-        failure.
-      - Unset - required when O(release) is a result of a task that ran.
-    type: bool
-"""
-
-EXAMPLES = r"""
----
-- name: Record what the release and the wait did
-  ansible.builtin.set_fact:
-    gpu_idle_result: "{{ wait | gpuops.gpu.gpu_idle_result(release=release, host=inventory_hostname) }}"
-"""
-
-RETURN = r"""
-_value:
-  description:
-    - C(ready), C(elapsed), C(gpus) (how many), C(idle_gpus), C(released) and C(respawned) (pids),
-      C(stopped_units) (C(unit (CT n))), C(shut_down) (vmids), C(check_mode), C(would_wait), C(msg),
-      C(error) (null, or the diagnosis - the module's C(msg) as it is, or what happened and what to do),
-      C(failure) (null, or C({module, kind}) - the step that failed and the kind of its failure, see above),
-      C(blockers) (one line per busy GPU, from the last look at the GPUs),
-      C(table) (lines), C(processes) (one line per process the fence and the release released, left alive or saw
-      respawn, each once, with its container, unit, GPUs, signals and redacted command line) and C(summary) (what
-      C(set_stats) publishes per host - C(ready), C(elapsed), C(gpus),
-      C(idle_gpus), C(released), C(respawned), C(stopped_units), C(shut_down), C(check_mode), C(error), C(failure),
-      and C(more) when some were left out).
-    - C(more), only when a module's result in summary (O(gpuops.gpu.gpu_release#module:detail)) left processes out of
-      C(released) or C(respawned) - C({released, respawned}), how many.
-  type: dict
-"""
 
 import signal
 
-from ansible.errors import AnsibleFilterError
+from ansible.errors import AnsibleError
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _bound
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _mig
 from ansible_collections.gpuops.gpu.plugins.module_utils._redact import cut, redact_text
 
 # --- whether a registered module result is a success (module_outcome), for both roles' filters ------------
@@ -173,11 +97,16 @@ def _no_json(result, module, host):
 
 def _unhandled(result, module, host):
     trace = result.get("failed_when_suppressed_exception") or result.get("exception")
-    line = _last_line(trace if isinstance(trace, str) else "")
+    if not isinstance(trace, str):
+        # ansible-core 2.19+ (a result of _execute_module): an ErrorSummary, its event's traceback when it was
+        # kept (ANSIBLE_DISPLAY_TRACEBACK), else its message
+        event = getattr(trace, "event", None)
+        trace = getattr(event, "formatted_traceback", None) or getattr(event, "msg", None) or ""
+    line = _last_line(trace)
     if line and line != "(traceback unavailable)":
         said = f": {line}"
     else:
-        said = (" (ansible-core keeps its message only in the traceback under failed_when: run again with"
+        said = (" (ansible-core keeps its message only in the traceback: run again with"
                 " ANSIBLE_DISPLAY_TRACEBACK=error to see it)")
     return f"{module} crashed{_where(host)} with an unhandled error{said} - {_crash_advice(module, 'exception')}"
 
@@ -200,8 +129,8 @@ def _success_checks(r, module):
             return (("would_wait", isinstance(r["would_wait"], bool)), ("gpus", _gpu_list(r.get("gpus"))))
         return (("ready: true", r.get("ready") is True), ("gpus (the GPUs it checked)", _gpu_list(r.get("gpus"))),
                 ("idle_gpus", isinstance(r.get("idle_gpus"), list)))
-    if module == "gpu_release":  # gpus: null when its last look failed
-        lists = ("released", "survivors", "gpus_before")
+    if module == "gpu_release":  # gpus: null when its last look failed (gpus_before: not in check mode)
+        lists = ("released", "survivors")
         return tuple((k, isinstance(r.get(k), list)) for k in lists) + (("gpus", "gpus" in r),)
     if module == "proxmox_gpu_containers":
         lists = ("containers", "running", "skipped_containers", "services_stopped", "shut_down")
@@ -226,7 +155,7 @@ def module_outcome(result, module, host=""):
     ``msg`` as it is). ``host``: where the module ran, named in the reason. A skipped task is a failure: call it
     only for a step that had to run."""
     if module not in MODULES:
-        raise AnsibleFilterError(f"module_outcome: module must be one of {', '.join(MODULES)}, got {module!r}")
+        raise AnsibleError(f"module_outcome: module must be one of {', '.join(MODULES)}, got {module!r}")
     where = _where(host)
     if not isinstance(result, dict) or not result:
         return _outcome(module, "missing",
@@ -292,7 +221,9 @@ def _unit_text(entry) -> str:
 def _failure(wait, release, fence, release_required, where):
     """The first step that did not prove its part - the fence, the release, the wait - as a module_outcome, or None."""
     if fence.get("error"):
-        return {"ok": False, "skipped": False, "module": "proxmox_fence", "kind": "fence",
+        # the kind of the fence's own failure (unreachable, crashed, scope, ...) when it has one
+        kind = (fence.get("failure") or {}).get("kind") or "fence"
+        return {"ok": False, "skipped": False, "module": "proxmox_fence", "kind": kind,
                 "reason": f"the fence before the wait failed: {fence['error']}"}
     if release_required is None:
         release_required = _ran(release)
@@ -321,7 +252,7 @@ def _process_line(verb: str, proc: dict) -> str:
 
 def outside_fence(gpus, fence: dict, details=None) -> str:
     # pylint: disable-next=import-outside-toplevel  # the tables' code (and _holding, _snapshot) only where a table is made
-    from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import _gpus, describe, holders
+    from ansible_collections.gpuops.gpu.plugins.plugin_utils._tables import _gpus, describe, holders
     # pylint: disable-next=import-outside-toplevel  # (as the tables' code: the holding model's advice, stop_advice)
     from ansible_collections.gpuops.gpu.plugins.module_utils import _holding
 
@@ -394,7 +325,7 @@ def gpu_idle_result(wait, release=None, fence=None, host="", seen_from="", check
     # Imported here, not at the top: module_outcome (proxmox_fence_result's verdict, in a worker of its own per host)
     # needs none of the tables' code, which costs more to import than the rest of this file.
     # pylint: disable-next=import-outside-toplevel
-    from ansible_collections.gpuops.gpu.plugins.filter.gpu_table import gpu_blockers, gpu_table
+    from ansible_collections.gpuops.gpu.plugins.plugin_utils._tables import gpu_blockers, gpu_table
 
     wait = wait if isinstance(wait, dict) else {}
     release = release if isinstance(release, dict) else {}
@@ -447,6 +378,180 @@ def gpu_idle_result(wait, release=None, fence=None, host="", seen_from="", check
     return out
 
 
-class FilterModule:
-    def filters(self):
-        return {"gpu_idle_result": gpu_idle_result}
+# --- proxmox_fence_result --------------------------------------------------------------------------------
+
+
+# The role variable behind a module option that a message starts with ("containers: ...").
+ROLE_VARIABLES = {"containers": "proxmox_fence_containers", "services": "proxmox_fence_services",
+                  "shutdown_timeout": "proxmox_fence_shutdown_timeout", "pct": "proxmox_fence_pct",
+                  "signal": "proxmox_fence_signal", "grace_period": "proxmox_fence_grace_period",
+                  "kill_timeout": "proxmox_fence_kill_timeout", "device_files": "proxmox_fence_device_files"}
+
+
+def _fence_failure(result, module, host):
+    """The module_outcome of a result when it is not a success, its reason as the role says it: a module's own
+    msg names the role variable when it is about a module option, else the module; the other reasons (a crash,
+    an unreachable node, no result) name the module themselves."""
+    outcome = module_outcome(result, module, host=host)
+    if outcome["ok"]:
+        return None
+    msg = result.get("msg") if isinstance(result, dict) else None
+    if msg is not None and outcome["reason"] == str(msg):
+        option, sep, rest = outcome["reason"].partition(": ")
+        reason = f"{ROLE_VARIABLES[option]}: {rest}" if sep and option in ROLE_VARIABLES else f"{module}: {msg}"
+        outcome = dict(outcome, reason=reason)
+    return outcome
+
+
+def _wait_cover(containers: dict, rows: list, running: list):
+    """What a wait after the fence covers (container_gpus; None: every GPU): the union of each running container's
+    wait_gpus (the GPUs its workload held, when its config passes every GPU of a node whose other containers pass GPUs
+    too; gpus_from says which), else the GPUs of its config; a container that has a GPU only through MIG devices (their
+    capability nodes) gives those MIG devices (by MIG UUID), not the GPU's others. When none of the named containers
+    runs: the GPUs of their configs."""
+    wait = {c["vmid"]: c.get("wait_gpus", c.get("gpus")) for c in rows}
+    union = None if any(g is None for g in wait.values()) else sorted({i for g in wait.values() for i in g})
+    migs = {c["vmid"]: c.get("wait_mig_devices") or {} for c in rows}
+    if union is not None and any(migs.values()):
+        union = _mig.wait_selectors([(g, migs[v].get(str(g))) for v, gs in wait.items() for g in gs])
+    if not running and containers.get("gpus"):
+        union = list(containers["gpus"])
+    return union
+
+
+def _summary_parts(containers, release, method, running, services, units, released, more, shut_down, error) -> list:
+    """The clauses of the fence's one-line summary: what was fenced, stopped, released or shut down, skipped,
+    respawned, and whether it failed."""
+    respawned = list(release.get("respawned") or [])
+    parts = []
+    waited = containers.get("waited_for_lock") or release.get("waited_for_lock")
+    if isinstance(waited, dict) and waited.get("text"):  # another run fenced first: what it left is all this one saw
+        parts.append(str(waited["text"]))
+    if running:
+        parts.append("fenced CT " + ", CT ".join(str(v) for v in running) + f" ({method})")
+    elif not error:
+        parts.append("no running container to fence")
+    for s in services:
+        parts.append(f"stopped {s['unit']} in CT {s['vmid']}")
+    for u in units:
+        parts.append(f"stopped {u.get('unit')} in CT {u.get('container')}" if u.get("container") is not None
+                     else f"stopped {u.get('unit')}")
+    if error and not (running or released or shut_down):
+        pass  # it failed before anything ran: the error says it all
+    elif method == "processes":
+        pids = [r.get("pid") for r in released]
+        parts.append(f"released {len(pids) + more.get('released', 0)} process(es)" + (
+            f" (pid {', '.join(map(str, pids))}" + (f", +{more['released']} more" if more.get("released") else "") + ")"
+            if pids else ""))
+    else:
+        parts.append(f"shut down {len(shut_down)} container(s)")
+    for s in containers.get("skipped_containers") or []:
+        parts.append(f"skipped CT {s.get('vmid')} ({s.get('reason')})")
+    if respawned:
+        parts.append("RESPAWNED pid " + ", ".join(str(r.get("pid")) for r in respawned)
+                     + " - a supervisor restarts the work: its unit was not stopped (see respawned[].advice)")
+    gpu_errors = list(release.get("gpu_errors") or [])
+    for e in gpu_errors:
+        parts.append(f"GPU {e.get('index')} not fenced (not the containers'; its process list could not be read)")
+    if error:
+        parts.append("failed (the error follows)")  # said once, by the role's last task
+    return parts
+
+
+def proxmox_fence_result(containers, release=None, method="processes", check_mode=False, host=""):
+    failure = _fence_failure(containers, "proxmox_gpu_containers", host)
+    containers = containers if isinstance(containers, dict) else {}
+    if release is None:
+        release = containers.get("release")
+    release = release if isinstance(release, dict) else {}
+    running = list(containers.get("running") or [])
+    rows = [c for c in containers.get("containers") or [] if c.get("vmid") in running]
+    per_ct = {c["vmid"]: c.get("gpus") for c in rows}
+    union = _wait_cover(containers, rows, running)
+    services = [{"vmid": s.get("vmid"), "unit": s.get("unit")} for s in containers.get("services_stopped") or []]
+    released = list(release.get("released") or [])
+    respawned = list(release.get("respawned") or [])
+    # What a result in summary left out of its lists (_bound: the module's detail option), counted, never lost.
+    more = {k: _bound.left_out(release, k) or _bound.left_out(containers, f"release.{k}") for k in ("released", "respawned")}
+    more = {k: v for k, v in more.items() if v}
+    units = list(release.get("stopped_units") or [])
+    shut_down = list(containers.get("shut_down") or [])
+    in_check = bool(containers.get("check_mode", check_mode))
+    # The release must have run when the containers were found and some run (method processes); when it ran
+    # anyway (after a service that would not stop), its result is judged too.
+    if failure is None and ((method == "processes" and running) or _ran(release)):
+        failure = _fence_failure(release, "gpu_release", host)
+    error = failure["reason"] if failure else None
+    changed = bool(containers.get("changed")) or bool(release.get("changed"))
+
+    parts = _summary_parts(containers, release, method, running, services, units, released, more, shut_down, error)
+    summary = ("Check mode, nothing was stopped - would have: " if in_check else "") + "; ".join(parts) \
+        + f"; changed={changed}"
+    stats = {"containers": running, "services_stopped": services, "released": [r.get("pid") for r in released],
+             "stopped_units": [{"unit": u.get("unit"), "container": u.get("container")} for u in units],
+             "shut_down": shut_down, "changed": changed, "check_mode": in_check, "error": error,
+             "failure": {"module": failure["module"], "kind": failure["kind"]} if failure else None}
+    if more:
+        stats["more"] = more
+    return dict(method=method, containers=running, skipped=list(containers.get("skipped_containers") or []), gpus=per_ct,
+                gpus_from={c["vmid"]: c.get("gpus_from", "config") for c in rows}, container_gpus=union,
+                services_stopped=services, released=released, respawned=respawned,
+                stopped_units=units, shut_down=shut_down, gpus_before=release.get("gpus_before"),
+                holder_processes=release.get("holder_processes") or {}, quiet_since=release.get("quiet_since"),
+                left_holders=list(release.get("left_holders") or []), gpu_errors=list(release.get("gpu_errors") or []), changed=changed,
+                check_mode=in_check, error=error, failure=stats["failure"], summary=summary, stats=stats, more=more)
+
+
+# --- for the action plugin predeploy_host: the verdict of a release, bounded lines, the play's artifacts -------
+
+LINE = 2000  # characters: no printed line, nor a failure's message, is longer at default verbosity
+
+
+def release_proved(release, host="") -> bool:
+    """Whether a release's result proves its part (the wait runs only after one that does)."""
+    return module_outcome(release, "gpu_release", host=host)["ok"]
+
+
+def line(text) -> str:
+    """One printed line, at most LINE characters."""
+    return cut(str(text), LINE)
+
+
+def message(record: dict) -> str:
+    """A failure's message: the diagnosis, then one clause per busy GPU (the whole of both is in the record)."""
+    blockers = record.get("blockers") or []
+    return record["error"] + (" Busy: " + "; ".join(blockers) if blockers else "")
+
+
+NO_RESULT = ("no result: its task did not run or did not finish (a failure before it, the run stopped early by"
+             " max_fail_percentage or an interrupt, or a later batch of a rolling run not run yet) - nothing proves"
+             " that its GPUs are idle")
+
+
+def host_answer(record) -> dict:
+    """A host's entry in the result file and the per-job artifact: ready, the reason, the blockers, elapsed."""
+    if not isinstance(record, dict) or "ready" not in record:
+        return {"ready": False, "reason": NO_RESULT, "failure": {"module": None, "kind": "missing"}, "blockers": [],
+                "elapsed": None}
+    return {"ready": record["ready"] is True, "reason": record.get("error"), "failure": record.get("failure"),
+            "blockers": list(record.get("blockers") or []), "elapsed": record.get("elapsed"),
+            "check_mode": bool(record.get("check_mode"))}
+
+
+def artifacts(answers: dict, summaries: dict, fences: dict, job_id=None) -> dict:
+    """The play's set_stats data: ``answers`` (host_answer of every host of the play), ``summaries`` (the
+    gpu_idle_result summary of each host that has one) and ``fences`` (the proxmox_fence_result stats of each host
+    fenced in this run, the nodes fenced on their own too).
+
+    gpu_idle_ready is true only when every host of the play has a ready result. Under AWX job slicing each slice is
+    a job whose artifacts a workflow merges with dict.update, the last finished winning: gpu_idle_ready and
+    gpu_idle_summary are then the last slice's, and the key gpu_idle_job_<awx_job_id> (one per job) keeps each
+    slice's answer whatever finishes after it."""
+    ready = bool(answers) and all(a["ready"] for a in answers.values())
+    elapsed = [a["elapsed"] for a in answers.values() if a["elapsed"] is not None]
+    data = {"gpu_idle_ready": ready, "gpu_idle_elapsed": max(elapsed) if elapsed else 0.0,
+            "gpu_idle_summary": dict(summaries), "proxmox_fence_summary": dict(fences)}
+    if job_id is not None:
+        data[f"gpu_idle_job_{job_id}"] = {"ready": ready, "hosts": len(answers),
+                                          "not_ready": {h: a["reason"] for h, a in answers.items() if not a["ready"]}}
+    return data

@@ -1,0 +1,302 @@
+# Copyright (c) gpuops.gpu contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""gpuops.gpu.predeploy_host: one GPU host's pre-deploy job in one task (the pattern of ansible.builtin.reboot).
+
+Over the delegate's connection (the task's delegate_to: the Proxmox VE node of a container, else the host) it runs
+the fence (proxmox_gpu_containers, state released or shutdown), the optional release (gpu_release) and the wait
+(gpu_wait_idle, in slices with a progress line between them); records proxmox_fence_result and gpu_idle_result as
+facts; prints the before/after table; publishes the artifacts and rewrites the result file. It never fails for the
+GPUs (facts and set_stats of a failed task are dropped by ansible-core): the play's next task fails each host that
+is not ready, once, with its bounded message. Its settings are the roles' variables (gpu_idle_*, proxmox_fence_*), read from the host's
+variables (proxmox_fence_*: else the node's), checked against the roles' own argument specs (their defaults too).
+The documentation is plugins/modules/predeploy_host.py."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+import time
+
+from ansible import constants as C
+from ansible import context
+from ansible.errors import AnsibleConnectionFailure
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.plugins.action import ActionBase
+
+try:
+    from ansible.plugins.action import VariableLayer
+except ImportError:  # ansible-core 2.20: the facts of the result are set as the host's variables
+    VariableLayer = None
+from ansible.utils.display import Display
+
+from ansible_collections.gpuops.gpu.plugins.module_utils import _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils._errors import InvalidOption
+from ansible_collections.gpuops.gpu.plugins.plugin_utils import _results
+from ansible_collections.gpuops.gpu.plugins.plugin_utils._slices import run_wait
+
+display = Display()
+
+ROLES = os.path.join(os.path.dirname(__file__), "..", "..", "roles")
+# The spec keys that ArgumentSpecValidator understands (the roles' specs also carry their documentation).
+SPEC_KEYS = ("type", "elements", "choices", "default", "required", "options", "no_log")
+# Variables the roles read for their own tasks (delegate_to), never options of a step.
+ROLE_ONLY = ("gpu_idle_delegate_to", "proxmox_fence_delegate_to")
+
+# role variable -> module option, per step (None: the value is handled by the plugin).
+FENCE = ("containers", "services", "shutdown_timeout", "force", "pct", "signal", "grace_period", "kill_timeout",
+         "escalate", "device_files", "stop_units")
+SELECT = ("gpus", "backend", "device_files", "protect")
+RELEASE = ("containers", "users", "match", "exclude", "pids", "tree", "signal", "grace_period", "escalate",
+           "kill_timeout", "pct")
+WAIT = ("max_memory_used_mib", "max_utilization_pct", "timeout", "settle", "sleep", "confirm_with_nvidia_smi",
+        "min_free_mib", "min_free_pct", "health_checks", "leak_after", "reset_leaked", "blocker_grace")
+WAIT_CHECKED = ("timeout", "settle", "sleep", "expected_count", "max_memory_used_mib", "max_utilization_pct",
+                "min_free_mib", "min_free_pct", "leak_after", "blocker_grace")
+
+
+def role_spec(role: str) -> dict:
+    """The options of the role's meta/argument_specs.yml (main), as ArgumentSpecValidator takes them."""
+    import yaml  # pylint: disable=import-outside-toplevel  # only in the worker that checks a role's variables
+
+    with open(os.path.join(ROLES, role, "meta", "argument_specs.yml"), encoding="utf-8") as handle:
+        options = yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))["argument_specs"]["main"]["options"]
+    return {name: {k: v for k, v in spec.items() if k in SPEC_KEYS} for name, spec in options.items()
+            if name not in ROLE_ONLY}
+
+
+def wanted(tag: str) -> bool:
+    """Whether this run's --tags/--skip-tags select ``tag`` (the task itself is tagged always)."""
+    only = set(context.CLIARGS.get("tags") or ()) - {"all"}
+    skip = set(context.CLIARGS.get("skip_tags") or ())
+    return tag not in skip and (not only or bool(only & {tag, "tagged"}))
+
+
+def _given(values: dict, names) -> dict:
+    """The module options of ``names`` whose value is set (an empty list or string, or null: the module's default)."""
+    return {k: values[k] for k in names if values.get(k) not in (None, "", [])}
+
+
+def _write_json(path: str, value) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(value, handle, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset(("fence", "wait", "containers", "result_file"))
+    _requires_connection = False  # the steps connect when they run (a connection that fails is their result)
+    _changed = False  # whether a module run changed something (set per run, on the instance)
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        del tmp
+        task_vars = task_vars or {}
+        args = self.validate_argument_spec(argument_spec={
+            "fence": {"type": "bool", "default": False}, "wait": {"type": "bool", "default": True},
+            "containers": {"type": "list", "elements": "str"}, "result_file": {"type": "path"}})[1]
+        result_file = args["result_file"] or self._var(task_vars, "predeploy_result_file")
+        host = task_vars.get("inventory_hostname", "")
+        node = self._task.delegate_to or host
+        try:
+            fence_vars = self._role_vars("proxmox_fence", task_vars, node) if args["fence"] else None
+            idle_vars = self._role_vars("gpu_idle", task_vars, None) if args["wait"] else None
+            if idle_vars is not None:
+                self._check_wait(idle_vars)
+        except InvalidOption as exc:
+            result.update(failed=True, msg=exc.msg)
+            return result
+        facts, diffs = {}, []
+        fence = None
+        if fence_vars is not None and wanted("gpuops_fence"):
+            if args["containers"] is not None:
+                fence_vars["proxmox_fence_containers"] = args["containers"]
+            fence = self._fence(fence_vars, task_vars, node, diffs)
+            facts["proxmox_fence_result"] = fence
+        if idle_vars is not None:
+            facts["gpu_idle_result"] = self._idle(idle_vars, fence, fence_vars, task_vars, host, node, diffs)
+        result["changed"] = self._changed
+        if VariableLayer is not None:
+            # Host variables as set_fact sets them (ansible-core 2.21+; not injected facts, which are deprecated).
+            self.register_host_variables({}, VariableLayer.CACHEABLE_FACT)
+            self.register_host_variables(facts, VariableLayer.EPHEMERAL_FACT)
+        else:
+            result["ansible_facts"] = facts
+        stats = self._record_run(task_vars, facts, result_file)
+        if stats:
+            result["ansible_stats"] = stats
+        if diffs:
+            result["diff"] = diffs
+        return result
+
+    # --- the run's answer ----------------------------------------------------------------------------------
+
+    def _play_key(self, task_vars: dict) -> str:
+        parent = self._task
+        while parent is not None and getattr(parent, "_play", None) is None:
+            parent = getattr(parent, "_parent", None)
+        play = getattr(parent, "_play", None)
+        return str(getattr(play, "_uuid", None) or task_vars.get("ansible_play_name", ""))
+
+    def _record_run(self, task_vars: dict, facts: dict, result_file):
+        """This host's answer in the run's state (a file in the controller's per-run directory, under a lock); the
+        result file rewritten from it; and the artifacts: a fence alone adds its host's proxmox_fence_summary (merged);
+        the host whose answer completes its batch publishes the play's (the only one that publishes them, so that no
+        earlier view can be taken up after it): gpu_idle_ready true only when every host of the play proved ready."""
+        host = task_vars.get("inventory_hostname", "")
+        fence, idle = facts.get("proxmox_fence_result"), facts.get("gpu_idle_result")
+        if idle is None:
+            return {"data": {"proxmox_fence_summary": {host: fence["stats"]}}, "per_host": False,
+                    "aggregate": True} if fence else None
+        path = os.path.join(C.DEFAULT_LOCAL_TMP, "gpuops-run.json")
+        key = self._play_key(task_vars)
+        with open(path + ".lock", "a", encoding="utf-8") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    state = json.load(handle)
+            except (OSError, ValueError):
+                state = {"fence": {}, "plays": {}}
+            if fence:
+                state["fence"][host] = fence["stats"]
+            play = state["plays"].setdefault(key, {})
+            play[host] = {"answer": _results.host_answer(idle), "summary": idle["summary"]}
+            _write_json(path, state)
+            hosts = list(task_vars.get("ansible_play_hosts_all") or [host])
+            answers = {h: play[h]["answer"] if h in play else _results.host_answer(None) for h in hosts}
+            if result_file:
+                _write_json(result_file, {"ready": all(a["ready"] for a in answers.values()), "hosts": answers})
+            if not all(h in play for h in task_vars.get("ansible_play_batch") or [host]):
+                return None
+        data = _results.artifacts(answers, {h: p["summary"] for h, p in play.items()}, state["fence"],
+                                  job_id=task_vars.get("awx_job_id"))
+        return {"data": data, "per_host": False, "aggregate": False}
+
+    # --- settings ------------------------------------------------------------------------------------------
+
+    def _var(self, task_vars, name, default=None):
+        return self._templar.template(task_vars[name]) if name in task_vars else default
+
+    def _role_vars(self, role: str, task_vars: dict, node) -> dict:
+        """The role's variables for this host, validated by the role's argument spec (its defaults applied): the
+        host's value, else (proxmox_fence_*) the node's, else gpuops_device_files for the device files."""
+        spec = role_spec(role)
+        node_vars = None
+        if node and node != task_vars.get("inventory_hostname"):
+            node_vars = (task_vars.get("hostvars") or {}).get(node)
+        given = {}
+        for name in spec:
+            if name in task_vars:
+                given[name] = self._templar.template(task_vars[name])
+            elif node_vars is not None and name in node_vars:
+                given[name] = node_vars[name]
+        if f"{role}_device_files" not in given and "gpuops_device_files" in task_vars:
+            given[f"{role}_device_files"] = self._templar.template(task_vars["gpuops_device_files"])
+        checked = ArgumentSpecValidator(spec).validate(given)
+        if checked.error_messages:
+            raise InvalidOption(f"{role} variables: " + "; ".join(checked.error_messages), option=role)
+        return checked.validated_parameters
+
+    @staticmethod
+    def _check_wait(idle_vars: dict) -> None:
+        """The wait's bounds, checked before the fence or the release changes anything (naming the variable)."""
+        params = {"delay": 0.0, **{k: idle_vars.get(f"gpu_idle_{k}") for k in WAIT_CHECKED}}
+        try:
+            _validate.wait(params)
+            _validate.idle(params)
+        except InvalidOption as exc:
+            option = exc.details.get("option")
+            msg = exc.msg[len(option):] if option and exc.msg.startswith(option) else f": {exc.msg}"
+            raise InvalidOption(f"gpu_idle_{option}{msg}", option=option) from None
+
+    # --- the steps -----------------------------------------------------------------------------------------
+
+    def _module(self, name: str, margs: dict, task_vars: dict, diffs: list) -> dict:
+        """One module run on the delegate; a connection that fails is a result (unreachable), not an exception."""
+        try:
+            res = self._execute_module(module_name=name, module_args=margs, task_vars=task_vars)
+        except AnsibleConnectionFailure as exc:
+            return {"unreachable": True, "msg": str(exc)}
+        self._changed = self._changed or bool(res.get("changed"))
+        diff = res.pop("diff", None)
+        diffs.extend(d for d in (diff if isinstance(diff, list) else [diff]) if isinstance(d, dict) and d)
+        return res
+
+    def _fence(self, v: dict, task_vars: dict, node: str, diffs: list) -> dict:
+        method = v["proxmox_fence_method"]
+        margs = {k: v[f"proxmox_fence_{k}"] for k in FENCE}
+        margs["state"] = "shutdown" if method == "shutdown" else "released"
+        res = self._module("gpuops.gpu.proxmox_gpu_containers", margs, task_vars, diffs)
+        fenced = _results.proxmox_fence_result(res, method=method, check_mode=self._play_context.check_mode, host=node)
+        display.display(_results.line(f"[{task_vars.get('inventory_hostname')}] {fenced['summary']}"))
+        return self._bounded(fenced, task_vars.get("inventory_hostname", ""))
+
+    def _idle(self, v: dict, fence, fence_vars, task_vars: dict, host: str, node: str, diffs: list) -> dict:
+        fence = fence or {}
+        check = self._play_context.check_mode
+        select = {k: v[f"gpu_idle_{k}"] for k in SELECT}
+        if not select["gpus"] and fence.get("container_gpus"):
+            select["gpus"] = [str(g) for g in fence["container_gpus"]]
+        count = {} if v["gpu_idle_expected_count"] is None else {"expected_count": v["gpu_idle_expected_count"]}
+        release, wait = None, None
+        handoff = fence
+        if fence.get("error"):
+            pass  # the fence's failure is the answer: nothing more runs
+        elif v["gpu_idle_release"]:
+            margs = dict(select, **count, **_given({k: v[f"gpu_idle_release_{k}"] for k in RELEASE}, RELEASE))
+            if fence_vars is not None:
+                margs["pct"] = fence_vars["proxmox_fence_pct"]
+            release = handoff = self._module("gpuops.gpu.gpu_release", margs, task_vars, diffs)
+        if not fence.get("error") and (release is None or _results.release_proved(release, node)):
+            if wanted("gpuops_wait"):
+                margs = dict(select, **count, **_given({k: v[f"gpu_idle_{k}"] for k in WAIT}, WAIT))
+                if handoff.get("quiet_since"):
+                    margs["quiet_since"] = handoff["quiet_since"]
+                margs["left_holders"] = list(handoff.get("left_holders") or [])
+                wait = self._wait(margs, task_vars, host, check, diffs)
+            else:
+                wait = {"skipped": True, "skip_reason": "this run's --tags/--skip-tags leave out gpuops_wait"}
+        recorded = _results.gpu_idle_result(wait, release=release, fence=fence, host=host, seen_from=node,
+                                            check_mode=check, release_required=bool(v["gpu_idle_release"]))
+        for line in recorded["table"] + (recorded["processes"] if display.verbosity >= 1 else []):
+            display.display(_results.line(line))
+        return self._bounded(recorded, host)
+
+    @staticmethod
+    def _bounded(record: dict, host: str) -> dict:
+        """The record with its failure's ``message`` (what the play's last task fails with): at most LINE characters;
+        a longer one is cut, and the whole is in ``detail_file`` on the controller and printed at -vv."""
+        record["message"] = record["detail_file"] = None
+        if record.get("error") is None:
+            return record
+        whole = _results.message(record)
+        record["message"] = whole
+        if len(whole) > _results.LINE:
+            display.vv(f"[{host}] the whole diagnosis: {whole}")
+            try:
+                fd, path = tempfile.mkstemp(prefix=f"gpuops-{host}-", suffix=".txt",
+                                            dir=os.path.dirname(C.DEFAULT_LOCAL_TMP) or None)
+                with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                    handle.write(whole + "\n")
+            except OSError:
+                path = None
+            tail = f" ... (cut: the whole diagnosis is in {path}, and printed with -vv)" if path else \
+                " ... (cut: the whole diagnosis is printed with -vv)"
+            record["message"] = whole[:_results.LINE - len(tail)] + tail
+            record["detail_file"] = path
+        return record
+
+    def _wait(self, margs: dict, task_vars: dict, host: str, check: bool, diffs: list) -> dict:
+        start = time.monotonic()
+
+        def execute(slice_args):
+            return self._module("gpuops.gpu.gpu_wait_idle", slice_args, task_vars, diffs)
+
+        res = run_wait(execute, margs, host, whole=check)
+        res.setdefault("elapsed", round(time.monotonic() - start, 1))
+        return res
