@@ -2,17 +2,19 @@
 # Copyright (c) gpuops.gpu contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The house in figures, at one commit or side by side at two: lines per file under plugins/, the biggest
-functions and classes, the functions over 50 lines, the exception kinds each parser raises, and the sites of
+"""The house in figures, at one commit or side by side at two: lines (and code lines) per file under plugins/, the
+biggest functions and classes, the functions over 50 lines, the exception kinds each parser raises, and the sites of
 tests/, benchmarks/ and tools/ that reach the simulator past gpusimkit's public API or run a module or a
 playbook outside tests/functional/modrun.py.
 
     tools/house_report.py                 # the working tree
     tools/house_report.py 0266fc8 HEAD    # before and after, side by side
 
-Reads the files of a commit with ``git archive``; prints Markdown.
+Reads the files of a commit with ``git archive``; prints Markdown. A code line is a line with a token of code: not
+blank, not a comment, not a docstring, not a module's DOCUMENTATION, EXAMPLES or RETURN, and nothing of doc_fragments/.
 """
 
+import argparse
 import ast
 import io
 import os
@@ -20,6 +22,7 @@ import re
 import subprocess
 import sys
 import tarfile
+import tokenize
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The parsers of what programs print and the kernel writes (issue 28, item 2): file -> function name prefixes.
@@ -60,6 +63,25 @@ def files_at(rev):
             if member.isfile() and member.name.endswith(".py") and "/build/" not in member.name:
                 out[member.name] = tar.extractfile(member).read().decode("utf-8", "replace")
     return out
+
+
+def code_lines(path, text):
+    """How many lines of ``text`` carry code (see the module's docstring); None for a doc fragment."""
+    if "/doc_fragments/" in path:
+        return None
+    tree = ast.parse(text)
+    docs = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        first = body[0] if isinstance(body, list) and body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            docs.update(range(first.lineno, first.end_lineno + 1))
+        if node in tree.body and isinstance(node, ast.Assign) and any(
+                getattr(t, "id", "") in ("DOCUMENTATION", "EXAMPLES", "RETURN") for t in node.targets):
+            docs.update(range(node.lineno, node.end_lineno + 1))
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
+    return len({n for tok in tokenize.generate_tokens(io.StringIO(text).readline) if tok.type not in skip
+                for n in range(tok.start[0], tok.end[0] + 1)} - docs)
 
 
 def units(files):
@@ -121,7 +143,7 @@ def reaching_sites(files):
 
 def report(rev):
     files = files_at(rev)
-    plugin_lines = {p: t.count("\n") for p, t in files.items() if p.startswith("plugins/")}
+    plugin_lines = {p: (t.count("\n"), code_lines(p, t)) for p, t in files.items() if p.startswith("plugins/")}
     big = units(files)
     internal, runs = reaching_sites(files)
     machine = sorted(p for p, t in files.items() if re.fullmatch(r"plugins/module_utils/[^/]+\.py", p) and MACHINE.search(t))
@@ -129,16 +151,26 @@ def report(rev):
             "machine": machine}
 
 
+def _cell(lines, code):
+    return f"{lines} ({'-' if code is None else code})"
+
+
 def main(argv):
-    revs = argv[1:] or [None]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("revs", nargs="*", metavar="REV", help="commits to compare, side by side (none: the working tree)")
+    revs = parser.parse_args(argv[1:]).revs or [None]
     reports = [(rev or "working tree", report(rev)) for rev in revs]
     names = [n for n, _r in reports]
-    print("## Lines per file under plugins/\n")
+    print("## Lines (code lines) per file under plugins/\n")
     paths = sorted(set().union(*(r["files"] for _n, r in reports)))
     print("| file | " + " | ".join(names) + " |\n| --- |" + " --- |" * len(names))
     for p in paths:
-        print(f"| {p.split('/', 1)[1]} | " + " | ".join(str(r["files"].get(p, "-")) for _n, r in reports) + " |")
-    print("| **plugins/ in all** | " + " | ".join(str(sum(r["files"].values())) for _n, r in reports) + " |")
+        cells = [_cell(*r["files"][p]) if p in r["files"] else "-" for _n, r in reports]
+        print(f"| {p.split('/', 1)[1]} | " + " | ".join(cells) + " |")
+    totals = [_cell(sum(v[0] for v in r["files"].values()), sum(v[1] or 0 for v in r["files"].values()))
+              for _n, r in reports]
+    print("| **plugins/ in all** | " + " | ".join(totals) + " |")
     for name, r in reports:
         print(f"\n## {name}: the five biggest classes and functions; functions over 50 lines\n")
         for kind in ("class", "function"):

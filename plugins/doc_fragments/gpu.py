@@ -16,8 +16,10 @@ options:
       - An empty list selects every GPU of the host.
       - On a GPU in MIG mode a MIG device's UUID (V(MIG-b9f1b336-...), C(nvidia-smi -L)) selects that MIG device alone -
         the release stops its processes only (not those of the GPU's other MIG devices), the wait waits until it has
-        no process and no memory in use; the GPU's index, UUID or bus id means all its MIG devices.
-      - Selectors are ASCII (an index is C([0-9]+), at most 4095); anything else fails before the GPUs are read. A
+        no process and no memory in use; the GPU's index, UUID or bus id means all its MIG devices, also beside one
+        of its MIG UUIDs.
+      - Selectors are ASCII (an index is C([0-9]+), at most 4095 - V(01) is GPU 1; UUIDs and bus ids in any case);
+        anything else fails before the GPUs are read. A
         selector that matches no GPU is an error that lists the GPUs the host has.
     type: list
     elements: str
@@ -291,6 +293,43 @@ options:
         never follow another one's release. From 0 to 86400.
     type: float
     default: 120
+"""
+
+    # The return value every module shares (its RETURN names this fragment: ansible-core 2.20 and later merge it).
+    RETURN = r"""
+detail:
+  description:
+    - What this result holds of the whole (O(detail), O(detail_file)).
+  returned: always
+  type: dict
+  contains:
+    level:
+      description:
+        - V(summary) - each list that grows with the processes is capped (see O(detail)), and what was left out is
+          counted, in C(more) of the object whose lists were cut (a GPU, a holder's details, a process) and in
+          RV(detail.more) for the lists of the result itself; V(full) - the whole result.
+      type: str
+      returned: always
+      sample: summary
+    file:
+      description: The path of O(detail_file), where the whole result was written; null when none was asked for or it could not be written.
+      type: str
+      returned: always
+      sample: /root/gpu-result.json
+    more:
+      description:
+        - How many entries the summary left out of each list or mapping of the result itself, by its dotted key
+          (C(holder_processes), C(released), C(release.released), C(ansible_facts.gpu_holder_processes),
+          C(blockers.3), C(samples.0)); empty when nothing was left out (and always with V(full)). C(msg) counts the
+          characters cut from a failure's message, which a summary keeps under 2,000 characters (the whole of it with
+          V(full) and in O(detail_file)).
+        - A GPU's own lists that were cut are counted in its C(more) - C(processes), C(blockers), C(busy_reasons),
+          C(lingering), and C(holders) by evidence - and a process's (or a holder's details') in its C(more) -
+          C(files) by directory, C(gpus); the GPUs themselves, their C(idle), C(fits), C(health) and C(idle_gpus) are
+          never cut, and a busy GPU keeps at least one blocker and one busy reason.
+      type: dict
+      returned: always
+      sample: {"holder_processes": 976, "released": 1024}
 """
 
     # The input of the report's output filters (gpu_report_markdown, gpu_report_prometheus, gpu_report_table).

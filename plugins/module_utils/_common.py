@@ -83,12 +83,14 @@ def find_pct(module, required: bool):
                               " Proxmox VE node (delegate_to the node), or set pct to the program's path.")
 
 
-def validate_snapshot_params(params: dict, module=None) -> None:
-    """Bad input fails before anything is read or signalled (_validate has every bound)."""
-    _validate.snapshot(params)
+def validate_snapshot_params(params: dict, module=None):
+    """Bad input fails before anything is read or signalled (_validate has every bound); returns the gpus option
+    parsed (_selection.Selection), the one value of it that the run takes."""
+    selection = _validate.snapshot(params)
     if module is not None:
         for warning in _validate.device_pattern_warnings(params):
             module.warn(warning)
+    return selection
 
 
 def _not_finite(value) -> bool:

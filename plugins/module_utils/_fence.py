@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _holding, _mig, _pct, _release, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import (
+    _errors, _health, _holding, _mig, _pct, _release, _selection, _snapshot, _validate)
 
 STATES = ("present", "released", "shutdown")
 PCT_TIMEOUT = 30.0
@@ -598,16 +599,18 @@ class Fence:
         process of the node). It selects the GPUs the fence covers (the running containers' union, when every one is
         known): a GPU the containers do not have (a sick one next door) is reported by the release, never fatal to it."""
         res = self.result
+        selection = self.p["filters"]["gpus"] or _selection.of_indexes(res["gpus"] or ())
+        filters = dict(self.p["filters"], containers=[c["vmid"] for c in running], gpus=selection)
         # The units the fence stopped (in check mode: would stop) are not the release's to stop again.
-        p = release_options(self.p["release"], [c["vmid"] for c in running], draining_gpus(looked, res["services_stopped"]),
-                            res["gpus"] or None, [(s["vmid"], s["unit"]) for s in res["services_stopped"]])
+        p = release_options(self.p["release"], draining_gpus(looked, res["services_stopped"]),
+                            [(s["vmid"], s["unit"]) for s in res["services_stopped"]])
         io, look = self.io.release_io, self.discovery.looked
         if look is not None and not self.p["units"] and p["include_device_holders"]:
             # Nothing ran since the discovery's look (no service, no wait for a lock): it is the release's first
             # snapshot - /proc is read once.
             io, self.discovery.looked = _FirstLook(io, look), None
         try:
-            self.release = self.run_release(p, _validate.release(p), io, self.first_signal, self.check_mode, self.diff,
+            self.release = self.run_release(p, filters, io, self.first_signal, self.check_mode, self.diff,
                                             lock=self.io.gpu_locks)
         except _release.ReleaseFailed as exc:
             self.release = exc.partial
@@ -669,30 +672,26 @@ def _passes_every_gpu(config, gpus, node_gpus) -> bool:
 
 
 def validate(p: dict) -> dict:
-    """The fence's parameters from the module's, every one checked before anything runs."""
-    params = dict(containers=_validate.vmids(p["containers"]), units=_pct.validate_units(p["services"]),
+    """The fence's parameters from the module's, every one checked once before anything runs: ``filters`` are the
+    release's (_validate.release: the gpus option parsed, the containers validated), ``containers`` theirs."""
+    filters = _validate.release(dict(p, **RELEASE_FIXED), _validate.snapshot(p))
+    params = dict(containers=filters["containers"], units=_pct.validate_units(p["services"]), filters=filters,
                   state=p["state"], force=p["force"], include_stopped=p["include_stopped"],
                   shutdown_timeout=_validate.integer("shutdown_timeout", p["shutdown_timeout"], 0, int(_validate.DAY)),
                   pct_timeout=_validate.number("pct_timeout", p["pct_timeout"], above_low=True))
-    _validate.snapshot(p)
-    _validate.release(dict(p, containers=[], **RELEASE_FIXED))
     params["release"] = dict(p)   # the snapshot and release options of the release the fence runs (release_options)
     # A unit stop may take the unit's own stop time (TimeoutStopSec): as long as a release gives its holders.
     params["stop_timeout"] = p["grace_period"] + p["kill_timeout"] + params["pct_timeout"]
     return params
 
 
-def release_options(base: dict, vmids: list, draining=(), gpus=None, units_stopped=()) -> dict:
-    """gpu_release's options for the fence's release over the containers' processes: the module's snapshot and release
-    options (``base``), every holder of the containers with their workloads (RELEASE_FIXED); ``draining``: the GPUs
-    whose memory the stopped services are still freeing (draining_gpus); ``gpus``: the containers' GPU indexes,
-    selected when the module's O(gpus) is not set (None: every GPU); ``units_stopped``: [(vmid, unit)] the fence
-    stopped, or in check mode would stop (the release does not stop them again)."""
-    p = dict(base, containers=list(vmids), draining_gpus=list(draining), units_stopped=list(units_stopped),
-             **RELEASE_FIXED)
-    if gpus and not p.get("gpus"):
-        p["gpus"] = [str(i) for i in gpus]
-    return p
+def release_options(base: dict, draining=(), units_stopped=()) -> dict:
+    """gpu_release's options for the fence's release over the containers' processes (its filters are the fence's:
+    Fence._release): the module's snapshot and release options (``base``), every holder of the containers with their
+    workloads (RELEASE_FIXED); ``draining``: the GPUs whose memory the stopped services are still freeing
+    (draining_gpus); ``units_stopped``: [(vmid, unit)] the fence stopped, or in check mode would stop (the release does
+    not stop them again)."""
+    return dict(base, draining_gpus=list(draining), units_stopped=list(units_stopped), **RELEASE_FIXED)
 
 
 class _FirstLook:

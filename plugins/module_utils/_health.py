@@ -14,7 +14,7 @@ raw fields of each GPU; this file judges them:
   it, the driver branches where it exists, whether it blocks a wait by default, and what to do.
 - ``fit``: whether the free memory of a GPU is enough for the next server (``min_free_mib``,
   ``min_free_pct`` of the total: the larger of the two).
-- ``XID``: the Xid codes of NVIDIA's Xid catalog (XID_CATALOG) with the catalog's immediate action each, whether
+- ``XID``: the Xid codes of NVIDIA's Xid catalog (cited above XID_ACTIONS) with the catalog's immediate action each, whether
   that action blocks (``xid_needs_action``), and the parser of the kernel log's Xid lines.
 
 A field a driver or GPU cannot give is None (and listed in the GPU's ``unsupported``): its check
@@ -232,11 +232,6 @@ def failed_checks(gpu: dict, blocking=()) -> list:
     return out
 
 
-def failure_text(gpu: dict, failure: dict) -> str:
-    """'GPU 3: health check row_remap_pending: a row remap is pending (...): reset the GPU ...'."""
-    return f"GPU {gpu.get('index')}: health check {failure['check']} failed: {failure['detail']}: {failure['action']}"
-
-
 # --- fit ----------------------------------------------------------------------------------------
 
 def memory_source(gpu: dict, backend=None):
@@ -287,8 +282,6 @@ def fit_text(gpu: dict, result: dict) -> str:
 # The page carries no version number; the text read (2026-12-04) lists Xid 1-172, its newest rows gated on
 # "CUDA 12.9; GPU driver R575". Each code keeps the catalog's mnemonic and its "Resolution Bucket (Immediate Action)",
 # the action "immediately needed in order to recover the system and get it back into service".
-XID_CATALOG = ("NVIDIA Xid Catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, Ampere and newer;"
-               " no version on the page; read 2026-12-04: Xid 1-172, newest rows CUDA 12.9 / R575)")
 
 # The catalog's immediate actions, and whether the GPU must not take work until someone acts (the check ``xid``):
 # a reset, a reboot, a site check or a vendor's look blocks; restarting the application or nothing does not.

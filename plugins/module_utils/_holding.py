@@ -48,7 +48,6 @@ from ansible_collections.gpuops.gpu.plugins.module_utils import _health
 CONTEXT = "context"
 DEVICE = "device"
 CONTROL = "control"
-CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 _GPU_NODE = re.compile(r"(?:^|/)nvidia(\d+)$")
 
 

@@ -6,7 +6,7 @@
 # Do not use this from other collections or standalone plugins/modules!
 
 """MIG (Multi-Instance GPU): the MIG devices of a GPU, their capability nodes, and which of them a set of device
-files or a selector names - the one place the modules read MIG from.
+files names - the one place the modules read MIG from (which MIG devices the gpus option names: _selection).
 
 A GPU in MIG mode is split into GPU instances, each into compute instances; a MIG device is one compute instance,
 with its own UUID (``MIG-...``). A process on a MIG device holds its GPU's ``/dev/nvidiaN`` and two capability
@@ -22,7 +22,6 @@ import re
 
 CAP_DEV_DIR = "/dev/nvidia-caps"
 _CAP_NODE = re.compile(r"(?:^|/)nvidia-cap(\d+)$")
-MIG_UUID = re.compile(r"^MIG-[0-9a-fA-F-]+$")
 
 
 def node_minor(path):
@@ -130,26 +129,6 @@ def facts(dev: dict, gpu: dict, holders: list, max_memory_used_mib) -> dict:
         out["idle"] = (not out["processes"] and not any(not h.get("protected") for h in mine)
                        and (used is None or max_memory_used_mib is None or used <= max_memory_used_mib))
     return out
-
-
-def selection(gpus, selectors) -> dict:
-    """{GPU index: {MIG UUIDs, lower case}} for the GPUs that ``selectors`` (the gpus option) name only through MIG
-    UUIDs; a GPU also named by its index, GPU UUID or PCI bus id means all of its MIG devices (it is left out)."""
-    mig = {}
-    whole = set()
-    for sel in selectors or ():
-        text = str(sel).strip()
-        if MIG_UUID.match(text):
-            gpu, dev = find(gpus, text)
-            if gpu is not None:
-                mig.setdefault(gpu["index"], set()).add(dev["uuid"].lower())
-        else:
-            whole.add(text.lower())
-    for gpu in gpus:
-        names = {str(gpu.get("index")), (gpu.get("uuid") or "").lower()}
-        if names & whole or any(w and w in (gpu.get("pci_bus_id") or "").lower() for w in whole if ":" in w):
-            mig.pop(gpu["index"], None)
-    return mig
 
 
 def narrow(gpu: dict, uuids) -> None:

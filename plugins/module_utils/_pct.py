@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _mig, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _holding, _mig, _selection, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import InvalidOption
 
 # systemctl is-active states in which the unit runs, or is about to (it is then stopped).
@@ -317,23 +317,15 @@ def visible_gpus(ids, gpus: list):
     """(GPU indexes, ids no GPU of the node matches) of the toolkit's NVIDIA_VISIBLE_DEVICES ids, with the node's
     GPUs (index, uuid, pci_bus_id): an index is nvidia-container-cli's (the driver's order, as nvidia-smi's), a UUID
     may be a unique prefix (``GPU-fef8089b``), a PCI bus id any of its forms, a ``MIG-`` id gives the GPU of that MIG
-    device (the GPUs' ``mig_devices``, _mig). ``ids`` "all": (every index, [])."""
+    device (the GPUs' ``mig_devices``): the forms of _selection. ``ids`` "all": (every index, [])."""
     if ids == "all":
         return sorted(g["index"] for g in gpus), []
     found, unmatched = set(), []
     for gpu_id in ids or []:
-        text = str(gpu_id).lower()
-        if isinstance(gpu_id, int):
-            match = [g for g in gpus if g["index"] == gpu_id]
-        elif text.startswith("gpu-"):
-            match = [g for g in gpus if (g.get("uuid") or "").lower().startswith(text)]
-        elif text.startswith("mig-"):
-            match = [g for g in gpus if _mig.find([g], text)[0] is not None]
-        else:
-            bus = _snapshot.normalize_bus_id(text)
-            match = [g for g in gpus if bus and _snapshot.normalize_bus_id(g.get("pci_bus_id") or "") == bus]
+        named = _selection.selector(gpu_id)
+        match = _selection.match(named[0], named[1], gpus, prefix=True) if named else []
         if len(match) == 1:
-            found.add(match[0]["index"])
+            found.add(match[0][0]["index"])
         else:
             unmatched.append(gpu_id)
     return sorted(found), unmatched

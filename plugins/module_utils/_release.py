@@ -484,9 +484,7 @@ class _PlanMixin:
         several, or a frozen holder (a suspend-mode backup, lxc-freeze: it runs no handler and its container answers
         no systemctl stop; its supervisor restarts the work after the thaw). Refused before anything is stopped, in
         check mode too."""
-        p = self.p
-        filtered = bool(p["containers"] or p["users"] or p["match"] or p["pids"])
-        problem = scope_problem(targets, filtered, p["all"])
+        problem = scope_problem(targets, self._filtered(), self.p["all"])
         if problem:
             self.result["places"] = places(targets)
             return problem
@@ -530,6 +528,11 @@ class _PlanMixin:
                                             io.bins("pct") if entry["container"] is not None else None)
             self.plan_units.append(entry)
 
+    def _filtered(self) -> bool:
+        """Whether a filter (containers, users, match, pids) narrows the release's scope."""
+        f = self.filters
+        return bool(f["containers"] or f["users"] or f["match"] or f["pids"])
+
     def _nothing_selected_warning(self, before: list) -> None:
         """Which holders the filters missed, and why each one (its gate verdict: what match saw, its place)."""
         held = {}
@@ -537,7 +540,7 @@ class _PlanMixin:
             for x in g.get("processes") or []:
                 if x.get("visible") is not False:
                     held.setdefault(x["pid"], (x, []))[1].append(g["index"])
-        if held and (self.p["containers"] or self.p["users"] or self.p["match"] or self.p["pids"]):
+        if held and self._filtered():
             why = {s["pid"]: s["reason"] for s in self.scope.skipped + self.scope.protected}
             shown = [f"{_holding.describe(x)} on GPU {', '.join(map(str, gpus))}"
                      + (f": {why[pid]}" if pid in why else "") for pid, (x, gpus) in sorted(held.items())]
@@ -1033,7 +1036,7 @@ def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False,
     start = io.now()
     all_gpus = io.snapshot(p["include_device_holders"])
     _snapshot.check_count(all_gpus, p.get("expected_count"), ". Nothing was signalled.")
-    before = _snapshot.select_gpus(all_gpus, p["gpus"])
+    before = filters["gpus"].pick(all_gpus)
     waited = None
     if lock is not None and not check_mode:
         # One release at a time per container and GPU (_lock), taken once the selection is known and before anything
@@ -1042,7 +1045,7 @@ def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False,
         if waited:
             # It waited for another release: what it read before is stale - read the GPUs again.
             all_gpus = io.snapshot(p["include_device_holders"])
-            before = _snapshot.select_gpus(all_gpus, p["gpus"])
+            before = filters["gpus"].pick(all_gpus)
     unreadable, message = unreadable_lists(before, bool(p["pids"]))
     if unreadable and not p["pids"]:
         raise ReleaseFailed("process_list_unreadable", message, dict(

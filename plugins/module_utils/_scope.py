@@ -77,14 +77,6 @@ def user_text(proc: dict) -> str:
     return f"{proc.get('user')} (uid {own_uid(proc)} in CT {ct['id']}, node uid {proc.get('uid')})"
 
 
-def place_text(proc: dict) -> str:
-    ct = container_id(proc)
-    where = f"CT {ct}" if ct is not None else "the host"
-    if proc.get("unit"):
-        where += f", {proc['unit']}"
-    return where
-
-
 def match_miss(match, texts) -> str:
     """Why ``match`` missed a holder, with what it saw (a process that renamed itself - vLLM's ``VLLM::EngineCore``,
     ``VLLM::Worker_TP0``, through setproctitle - shows only its new title), and when only the case differs, that."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import posixpath
-import re
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _errors
 from ansible_collections.gpuops.gpu.plugins.module_utils import _health, _holding, _mig
@@ -33,52 +32,6 @@ DAEMON_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin")
 # MiB on Hopper), so 64 MiB tells the two apart with margin on both sides.
 DEFAULT_MAX_MEMORY_USED_MIB = 64
 TYPE_ORDER = ("compute", "graphics", "mps")
-_UUID = re.compile(r"^(GPU|MIG)-[0-9a-fA-F-]+$")
-_BUS = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
-
-
-def normalize_bus_id(text: str):
-    """'0000:3b:00.0', '3B:00.0', '00000000:3B:00.0' -> '00000000:3B:00.0'; None if not a bus id."""
-    m = _BUS.match(text.strip())
-    if not m:
-        return None
-    domain = int(m.group(1) or "0", 16)
-    return f"{domain:08X}:{m.group(2).upper()}:{m.group(3).upper()}.{m.group(4)}"
-
-
-def select_gpus(gpus: list, selectors) -> list:
-    """The GPUs named by ``selectors`` (indices, UUIDs, PCI bus ids), in index order.
-
-    Empty or None selects all. An unknown selector raises SelectionError listing what exists.
-    """
-    if not selectors:
-        return list(gpus)
-    chosen = {}
-    for sel in selectors:
-        text = str(sel).strip()
-        match = None
-        if text.isdigit():
-            match = [g for g in gpus if g["index"] == int(text)]
-        elif _mig.MIG_UUID.match(text):
-            match = [g for g in gpus if _mig.find([g], text)[0] is not None]  # a MIG device: its GPU (_mig.narrow)
-        elif _UUID.match(text):
-            match = [g for g in gpus if (g.get("uuid") or "").lower() == text.lower()]
-        else:
-            bus = normalize_bus_id(text)
-            if bus is None:
-                raise _errors.SelectionError(
-                    f"gpus: {text!r} is neither a GPU index, a UUID (GPU-...) nor a PCI bus id (00000000:3B:00.0)",
-                    selector=text)
-            match = [g for g in gpus if normalize_bus_id(g.get("pci_bus_id") or "") == bus]
-        if not match:
-            existing = ", ".join(f"{g['index']} ({g.get('uuid')}, {g.get('pci_bus_id')}"
-                                 + "".join(f", {d['uuid']}" for d in g.get("mig_devices") or []) + ")" for g in gpus) or "none"
-            raise _errors.SelectionError(
-                f"gpus: no GPU matches {text!r} on this host; it has: {existing}", selector=text,
-                available=[g["index"] for g in gpus])
-        for g in match:
-            chosen[g["index"]] = g
-    return [chosen[i] for i in sorted(chosen)]
 
 
 def check_count(gpus: list, expected, then: str = "") -> None:
@@ -160,9 +113,10 @@ def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_use
     ``health_checks``: the checks that keep a GPU from being idle (every failing check is in
     ``health.checks`` all the same); ``xid_events``: the kernel log's (_health.parse_xid_events), or
     None when it was not read (each GPU's ``xid_events`` is then None); ``mig_selected`` ({index: MIG UUIDs},
-    _mig.selection): those GPUs are judged as far as those MIG devices go (_mig.narrow). ``host_namespace`` False (a
-    container) or None (cannot tell): a driver pid whose process here does not hold the GPU's node is not that process
-    (_holding.unverified_pids, once the holders are known): named by its pid only, ``visible`` false, ``unverified``.
+    _selection.Selection.resolve): those GPUs are judged as far as those MIG devices go (_mig.narrow).
+    ``host_namespace`` False (a container) or None (cannot tell): a driver pid whose process here does not hold the
+    GPU's node is not that process (_holding.unverified_pids, once the holders are known): named by its pid only,
+    ``visible`` false, ``unverified``.
     """
     cache = {}
 

@@ -36,7 +36,6 @@ except ImportError:  # Python 3.9, 3.10
 DAY = 86400.0
 MIN_SLEEP = 0.05
 MAX_QUERY_TIMEOUT = 300.0
-MAX_GPU_INDEX = 4095
 MAX_GPUS = 1024
 MAX_PID = 4194304  # PID_MAX_LIMIT of 64-bit Linux (2**22)
 MAX_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB
@@ -48,9 +47,6 @@ SEARCH_BUDGET_S = 0.5
 OPTION_BUDGET_S = 2.0
 
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
-_INDEX = re.compile(r"[0-9]{1,4}", re.ASCII)
-_UUID = re.compile(r"(?:GPU|MIG)-[0-9a-fA-F-]{1,80}", re.ASCII)
-_BUS = re.compile(r"(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]", re.ASCII)
 
 
 def _fail(option: str, msg: str, **details):
@@ -128,20 +124,6 @@ def signal_name(num: int) -> str:
         return signal.Signals(num).name
     except ValueError:
         return str(num)
-
-
-def gpu_selectors(values) -> list:
-    """The O(gpus) selectors, stripped: an index, a UUID or a PCI bus id, in ASCII."""
-    out = []
-    for value in values or []:
-        text = str(value).strip()
-        if not text.isascii() or not (_INDEX.fullmatch(text) or _UUID.fullmatch(text) or _BUS.fullmatch(text)):
-            _fail("gpus", f"gpus: {value!r} is neither a GPU index (0 to {MAX_GPU_INDEX}), a UUID (GPU-...) nor a PCI bus"
-                          " id (00000000:3B:00.0), in ASCII", selector=str(value))
-        if _INDEX.fullmatch(text) and int(text) > MAX_GPU_INDEX:
-            _fail("gpus", f"gpus: {value!r} is not a GPU index (0 to {MAX_GPU_INDEX})", selector=str(value))
-        out.append(text)
-    return out
 
 
 def items(values) -> list:
@@ -314,9 +296,14 @@ def _device_pattern_problem(pattern):
     return device_pattern_problem(pattern)
 
 
-def snapshot(params: dict) -> None:
-    """The options of the doc fragment gpuops.gpu.gpu (and .idle where present)."""
-    gpu_selectors(params.get("gpus"))
+def snapshot(params: dict):
+    """The options of the doc fragment gpuops.gpu.gpu (and .idle where present); returns the gpus option parsed
+    (_selection.Selection: the one value every part takes)."""
+    # Imported here, as _device_pattern_problem's: the controller's plugins that check numbers only do not load it.
+    # pylint: disable-next=import-outside-toplevel
+    from ansible_collections.gpuops.gpu.plugins.module_utils import _selection
+
+    selection = _selection.parse(params.get("gpus"))
     number("query_timeout", params["query_timeout"], low=0.0, high=MAX_QUERY_TIMEOUT, above_low=True)
     path("nvidia_smi_path", params["nvidia_smi_path"])
     for pattern in params["device_files"]:
@@ -333,6 +320,7 @@ def snapshot(params: dict) -> None:
         if not where.startswith("/") or where.endswith("/"):
             _fail("detail_file", f"detail_file: {where!r} must be the absolute path of a file (like /root/gpu_release.json)")
     idle(params)
+    return selection
 
 
 def idle(params: dict) -> None:
@@ -361,14 +349,16 @@ def expected_count(params: dict) -> None:
         integer("expected_count", params["expected_count"], 0, MAX_GPUS)
 
 
-def release(params: dict) -> dict:
-    """gpu_release's own options; returns the filters (containers, users, match, pids, exclude)."""
+def release(params: dict, gpus) -> dict:
+    """gpu_release's own options; returns the filters: ``gpus`` (the Selection that ``snapshot`` returned), containers,
+    users, match, pids, exclude - the one validated value of each that the release takes."""
     expected_count(params)
     for name in ("grace_period", "kill_timeout", "lock_timeout"):
         number(name, params[name])
     for pid in params.get("pids") or []:
         integer("pids", pid, 1, MAX_PID)
     return dict(
+        gpus=gpus,
         containers=vmids(params.get("containers")),
         users=params.get("users"),
         match=regex("match", params.get("match")),

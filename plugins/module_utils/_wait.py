@@ -41,14 +41,14 @@ class Looks:
     from the first look on when they are named by index alone (an unselected GPU that is lost or failing makes
     nvidia-smi exit non-zero, and must not fail this wait), else from the first selection on."""
 
-    def __init__(self, p: dict, io):
+    def __init__(self, p: dict, io, selection):
         self.p = p
         self.io = io
+        self.selection = selection  # the gpus option, parsed once (_validate.snapshot: a _selection.Selection)
         self.count_checked = bool(p.get("progress_state"))  # a later slice: the first one checked it
-        self.selectors = _validate.gpu_selectors(p.get("gpus"))
-        indices_only = bool(self.selectors) and all(_validate.is_ascii_digits(x) for x in self.selectors)
-        if indices_only and (p.get("expected_count") is None or self.count_checked):
-            io.restrict(sorted({str(int(x)) for x in self.selectors}, key=int))
+        indexes = selection.indexes()
+        if indexes is not None and (p.get("expected_count") is None or self.count_checked):
+            io.restrict([str(i) for i in indexes])
 
     def __call__(self, full: bool) -> list:
         io, p = self.io, self.p
@@ -57,13 +57,13 @@ class Looks:
             _snapshot.check_count(gpus, p.get("expected_count"))
             self.count_checked = True
         try:
-            selected = _snapshot.select_gpus(gpus, p.get("gpus"))
+            selected = self.selection.pick(gpus)
         except _errors.SelectionError:
             if not io.restricted():
                 raise
             io.restrict(None)  # once more, unrestricted: the message lists the GPUs the host has
-            selected = _snapshot.select_gpus(io.snapshot(False, processes=False), p.get("gpus"))
-        if self.selectors:
+            selected = self.selection.pick(io.snapshot(False, processes=False))
+        if self.selection:
             # From now on nvidia-smi (the backend, and the final confirmation) sees the selected GPUs only.
             io.restrict([str(g["index"]) for g in selected])
         return selected
@@ -955,10 +955,10 @@ class Wait(_PollMixin, _JudgeMixin, _ResetMixin):
     ``run()`` returns (ok, result): the keyword arguments of exit_json when ok, else of fail_json, whose ``error``
     names the kind of every failure (_errors)."""
 
-    def __init__(self, params: dict, io, check_mode: bool = False, diff: bool = False):
+    def __init__(self, params: dict, io, selection, check_mode: bool = False, diff: bool = False):
         self.p = params
         self.io = io
-        self.look = Looks(params, io)
+        self.look = Looks(params, io, selection)
         self.check_mode = check_mode
         self.diff = diff
         carried = params.get("progress_state")

@@ -101,6 +101,8 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+extends_documentation_fragment:
+  - gpuops.gpu.gpu
 ansible_facts:
   description: The GPU facts, all prefixed C(gpu_).
   returned: always
@@ -422,39 +424,6 @@ ansible_facts:
           type: dict
           returned: when a list of this GPU was cut
           sample: {"processes": 12, "blockers": 8, "holders": {"context": 8, "lingering": 1000}}
-detail:
-  description:
-    - What this result holds of the whole (O(detail), O(detail_file)).
-  returned: always
-  type: dict
-  contains:
-    level:
-      description:
-        - V(summary) - each list that grows with the processes is capped (see O(detail)), and what was left out is
-          counted, in C(more) of the object whose lists were cut (a GPU, a holder's details, a process) and in
-          RV(detail.more) for the lists of the result itself; V(full) - the whole result.
-      type: str
-      returned: always
-      sample: summary
-    file:
-      description: The path of O(detail_file), where the whole result was written; null when none was asked for or it could not be written.
-      type: str
-      returned: always
-      sample: /root/gpu-result.json
-    more:
-      description:
-        - How many entries the summary left out of each list or mapping of the result itself, by its dotted key
-          (C(holder_processes), C(released), C(release.released), C(ansible_facts.gpu_holder_processes),
-          C(blockers.3), C(samples.0)); empty when nothing was left out (and always with V(full)). C(msg) counts the
-          characters cut from a failure's message, which a summary keeps under 2,000 characters (the whole of it with
-          V(full) and in O(detail_file)).
-        - A GPU's own lists that were cut are counted in its C(more) - C(processes), C(blockers), C(busy_reasons),
-          C(lingering), and C(holders) by evidence - and a process's (or a holder's details') in its C(more) -
-          C(files) by directory, C(gpus); the GPUs themselves, their C(idle), C(fits), C(health) and C(idle_gpus) are
-          never cut, and a busy GPU keeps at least one blocker and one busy reason.
-      type: dict
-      returned: always
-      sample: {"holder_processes": 976, "released": 1024}
 """
 
 import os
@@ -484,8 +453,8 @@ def main() -> None:
     params = module.params
 
     def body():
-        validate_snapshot_params(params, module)
-        taker = SnapshotTaker(module)
+        selection = validate_snapshot_params(params, module)
+        taker = SnapshotTaker(module, selection=selection)
         try:
             snap = taker.take(gather_processes="processes" in params["gather"],
                               gather_holders="holders" in params["gather"], gather_xid="xid" in params["gather"])
@@ -495,7 +464,7 @@ def main() -> None:
                     gpu_driver={"backend": None, "driver_version": None, "cuda_driver_version": None, "nvml_version": None},
                     gpu_count=0, gpu_devices=[], gpu_kernel_log=None)))
             raise
-        selected = _snapshot.select_gpus(snap["gpus"], params["gpus"])
+        selected = selection.pick(snap["gpus"])
         for warning in facts_warnings(taker, selected, params["gather"]):
             module.warn(warning)
         kernel_log = taker.kernel_log if "xid" in params["gather"] else None

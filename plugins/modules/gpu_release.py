@@ -158,6 +158,8 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+extends_documentation_fragment:
+  - gpuops.gpu.gpu
 released:
   description: The processes that were (in check mode - would be) signalled.
   returned: always
@@ -215,7 +217,7 @@ left_holders:
     - For O(gpuops.gpu.gpu_wait_idle#module:left_holders) of the wait that follows on this host, which then fails
       fast on them, naming each and why it was left, instead of waiting out its timeout.
     - With O(detail=summary), at most 64 of them (at 64 GPUs; 64 / N times as many on N GPUs), counted in
-      RV(detail.more) - each one keeps a GPU busy, so the wait fails fast on any one of them all the same.
+      C(detail.more) - each one keeps a GPU busy, so the wait fails fast on any one of them all the same.
   returned: when not failed
   type: list
   elements: dict
@@ -329,7 +331,7 @@ gpus:
     - Each GPU's C(holders) are lists of pids keyed by their evidence (V(context), V(device), V(control),
       V(lingering)), their details once in RV(holder_processes).
     - With O(detail=summary) a GPU's lists are capped, and its C(more) counts what was left out (see
-      M(gpuops.gpu.gpu_facts) C(gpu_devices[].more) and RV(detail)).
+      M(gpuops.gpu.gpu_facts) C(gpu_devices[].more) and C(detail)).
   returned: when the release ran
   type: list
   elements: dict
@@ -373,39 +375,6 @@ gpu_errors:
   type: list
   elements: dict
   sample: [{"index": 5, "pci_bus_id": "00000000:AB:00.0", "error": "processes could not be read: Unknown Error"}]
-detail:
-  description:
-    - What this result holds of the whole (O(detail), O(detail_file)).
-  returned: always
-  type: dict
-  contains:
-    level:
-      description:
-        - V(summary) - each list that grows with the processes is capped (see O(detail)), and what was left out is
-          counted, in C(more) of the object whose lists were cut (a GPU, a holder's details, a process) and in
-          RV(detail.more) for the lists of the result itself; V(full) - the whole result.
-      type: str
-      returned: always
-      sample: summary
-    file:
-      description: The path of O(detail_file), where the whole result was written; null when none was asked for or it could not be written.
-      type: str
-      returned: always
-      sample: /root/gpu-result.json
-    more:
-      description:
-        - How many entries the summary left out of each list or mapping of the result itself, by its dotted key
-          (C(holder_processes), C(released), C(release.released), C(ansible_facts.gpu_holder_processes),
-          C(blockers.3), C(samples.0)); empty when nothing was left out (and always with V(full)). C(msg) counts the
-          characters cut from a failure's message, which a summary keeps under 2,000 characters (the whole of it with
-          V(full) and in O(detail_file)).
-        - A GPU's own lists that were cut are counted in its C(more) - C(processes), C(blockers), C(busy_reasons),
-          C(lingering), and C(holders) by evidence - and a process's (or a holder's details') in its C(more) -
-          C(files) by directory, C(gpus); the GPUs themselves, their C(idle), C(fits), C(health) and C(idle_gpus) are
-          never cut, and a busy GPU keeps at least one blocker and one busy reason.
-      type: dict
-      returned: always
-      sample: {"holder_processes": 976, "released": 1024}
 """
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _fence, _release, _snapshot, _validate
@@ -445,13 +414,13 @@ def main() -> None:
 
     def body():
         # Everything is validated before anything is read or signalled (_validate has the bounds).
-        validate_snapshot_params(p, module)
+        selection = validate_snapshot_params(p, module)
         first_signal = _validate.signal_number(p["signal"])
-        filters = _validate.release(p)
-        taker = SnapshotTaker(module)
+        filters = _validate.release(p, selection)
+        taker = SnapshotTaker(module, selection=selection)
         io = ReleaseIO(taker, run_in_group, module.warn, programs(module, find_pct(module, False)))
         # A container this node does not have is refused as the fence refuses it (on a Proxmox VE node).
-        _fence.check_node_containers(NodeIO(None, taker, io), p["containers"])
+        _fence.check_node_containers(NodeIO(None, taker, io), filters["containers"])
 
         def lock(containers, gpus):  # one release at a time per container and GPU (held until the module exits)
             return _lock.Locks("gpu_release", containers, p["lock_timeout"], module.warn, gpus=gpus).acquire()

@@ -251,6 +251,8 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+extends_documentation_fragment:
+  - gpuops.gpu.gpu
 elapsed:
   description: Seconds the wait took.
   returned: always
@@ -278,7 +280,7 @@ gpus:
     - The final state of each selected GPU, as in M(gpuops.gpu.gpu_facts) C(gpu_devices) - its C(holders) are pids by
       evidence (C(context), C(device), C(control)), their details once each in RV(holder_processes).
     - With O(detail=summary) a GPU's lists are capped, and its C(more) counts what was left out (see
-      M(gpuops.gpu.gpu_facts) C(gpu_devices[].more) and RV(detail)).
+      M(gpuops.gpu.gpu_facts) C(gpu_devices[].more) and C(detail)).
   returned: always
   type: list
   elements: dict
@@ -350,39 +352,6 @@ resets:
   elements: dict
   sample: [{"index": 2, "action": "done", "reason": "memory leaked and nothing holds the GPU's device node",
             "used_mib": 2048, "rc": 0, "output": "GPU 00000000:3A:00.0 was successfully reset."}]
-detail:
-  description:
-    - What this result holds of the whole (O(detail), O(detail_file)).
-  returned: always
-  type: dict
-  contains:
-    level:
-      description:
-        - V(summary) - each list that grows with the processes is capped (see O(detail)), and what was left out is
-          counted, in C(more) of the object whose lists were cut (a GPU, a holder's details, a process) and in
-          RV(detail.more) for the lists of the result itself; V(full) - the whole result.
-      type: str
-      returned: always
-      sample: summary
-    file:
-      description: The path of O(detail_file), where the whole result was written; null when none was asked for or it could not be written.
-      type: str
-      returned: always
-      sample: /root/gpu-result.json
-    more:
-      description:
-        - How many entries the summary left out of each list or mapping of the result itself, by its dotted key
-          (C(holder_processes), C(released), C(release.released), C(ansible_facts.gpu_holder_processes),
-          C(blockers.3), C(samples.0)); empty when nothing was left out (and always with V(full)). C(msg) counts the
-          characters cut from a failure's message, which a summary keeps under 2,000 characters (the whole of it with
-          V(full) and in O(detail_file)).
-        - A GPU's own lists that were cut are counted in its C(more) - C(processes), C(blockers), C(busy_reasons),
-          C(lingering), and C(holders) by evidence - and a process's (or a holder's details') in its C(more) -
-          C(files) by directory, C(gpus); the GPUs themselves, their C(idle), C(fits), C(health) and RV(idle_gpus) are
-          never cut, and a busy GPU keeps at least one blocker and one busy reason.
-      type: dict
-      returned: always
-      sample: {"holder_processes": 976, "released": 1024}
 """
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _snapshot, _validate, _wait
@@ -435,15 +404,15 @@ def main() -> None:
 
     def body():
         # Every option is checked before anything is read (_validate has the bounds).
-        validate_snapshot_params(p)
+        selection = validate_snapshot_params(p)
         _validate.wait(p)
-        taker = SnapshotTaker(module)
+        taker = SnapshotTaker(module, selection=selection)
         for warning in _validate.device_pattern_warnings(p):
             module.warn(warning)
         # The wait itself (check mode's look, the polls, nvidia-smi's confirmation, reset_leaked, the timeout's
         # diagnosis) is _wait.Wait, over the real host; every failure it returns carries its error kind.
         io = WaitIO(taker, p, bin_path, run_in_group)
-        ok, result = _wait.Wait(p, io, check_mode=module.check_mode, diff=module._diff).run()
+        ok, result = _wait.Wait(p, io, selection, check_mode=module.check_mode, diff=module._diff).run()
         # Each holder once (_snapshot.compact_result): gpus_before and gpus name pids, holder_processes has the details.
         result = _snapshot.compact_result(result)
         if p["progress_state"] and p["detail_file"]:

@@ -199,6 +199,8 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+extends_documentation_fragment:
+  - gpuops.gpu.gpu
 containers:
   description: The selected containers (or, with no O(containers), those whose config passes NVIDIA devices through).
   returned: always
@@ -388,39 +390,6 @@ release:
   type: dict
   sample: {"changed": true, "released": [{"pid": 8812, "name": "python3", "container": {"kind": "lxc", "id": 129},
            "signals": ["SIGTERM"], "seconds": 1.2}], "survivors": [], "respawned": [], "stopped_units": []}
-detail:
-  description:
-    - What this result holds of the whole (O(detail), O(detail_file)).
-  returned: always
-  type: dict
-  contains:
-    level:
-      description:
-        - V(summary) - each list that grows with the processes is capped (see O(detail)), and what was left out is
-          counted, in C(more) of the object whose lists were cut (a GPU, a holder's details, a process) and in
-          RV(detail.more) for the lists of the result itself; V(full) - the whole result.
-      type: str
-      returned: always
-      sample: summary
-    file:
-      description: The path of O(detail_file), where the whole result was written; null when none was asked for or it could not be written.
-      type: str
-      returned: always
-      sample: /root/gpu-result.json
-    more:
-      description:
-        - How many entries the summary left out of each list or mapping of the result itself, by its dotted key
-          (C(holder_processes), C(released), C(release.released), C(ansible_facts.gpu_holder_processes),
-          C(blockers.3), C(samples.0)); empty when nothing was left out (and always with V(full)). C(msg) counts the
-          characters cut from a failure's message, which a summary keeps under 2,000 characters (the whole of it with
-          V(full) and in O(detail_file)).
-        - A GPU's own lists that were cut are counted in its C(more) - C(processes), C(blockers), C(busy_reasons),
-          C(lingering), and C(holders) by evidence - and a process's (or a holder's details') in its C(more) -
-          C(files) by directory, C(gpus); the GPUs themselves, their C(idle), C(fits), C(health) and C(idle_gpus) are
-          never cut, and a busy GPU keeps at least one blocker and one busy reason.
-      type: dict
-      returned: always
-      sample: {"holder_processes": 976, "released": 1024}
 """
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _fence
@@ -461,7 +430,7 @@ def main() -> None:
         params = _fence.validate(p)
         first_signal = signal_number(p["signal"])
         pct = find_pct(module, required=True)
-        taker = SnapshotTaker(module)
+        taker = SnapshotTaker(module, selection=params["filters"]["gpus"])
         runner = PctCounter(run_in_group, pct)   # every pct this run starts, counted (pct_calls)
         host = ReleaseIO(taker, runner, module.warn, programs(module, pct))
         io = NodeIO(pct, taker, host, p["lock_timeout"], runner=runner)

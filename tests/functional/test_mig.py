@@ -187,6 +187,26 @@ def test_the_fence_of_a_mig_container_stops_its_work_and_leaves_the_other_mig_de
     assert not alive(inside) and alive(beside)
 
 
+def test_a_gpu_named_whole_in_any_form_beside_one_of_its_mig_devices_is_taken_whole(gpusim_factory, collection):
+    """Issue 35, item 2: with gpus ["01", "MIG-<a device on GPU 1>"] the facts took GPU 1 whole while the MIG narrowing
+    compared "01" with "1" and kept one MIG device: the release left the other device's job and the wait did not wait
+    for it (a false ready). Every form of naming GPU 1 whole means all its MIG devices, beside a MIG UUID too."""
+    host, _devs = mig_host(gpusim_factory)
+    devs = host.set_mig(1, ["3g.71gb", "2g.35gb"])
+    a = host.hold(devs[0]["uuid"], mib=4096, name="python3 a.py")
+    b = host.hold(devs[1]["uuid"], mib=2048, name="python3 b.py")
+    gpu1 = host.status()["gpus"][1]
+    bus = gpu1["pci_bus_id"]                                  # 00000000:3B:00.0 as the driver writes it
+    targets = {}
+    for whole in ["1", "01", "0001", "GPU-" + gpu1["uuid"][4:].upper(), bus, bus[4:].lower(), bus[9:].lower()]:
+        res = run_module(host, collection, "gpu_release", dict(gpus=[whole, devs[0]["uuid"]], device_files=devices(host)),
+                         check_mode=True)
+        targets[whole] = res.get("msg") or sorted(r["pid"] for r in res["released"])
+    assert targets == dict.fromkeys(targets, sorted([a, b])), targets
+    busy = wait(host, collection, gpus=["01", devs[0]["uuid"]], timeout=1)
+    assert busy.get("failed") and f"pid {b}" in busy["msg"], busy.get("msg")
+
+
 @pytest.mark.parametrize("line", ["lxc.mount.entry: /dev/nvidia-caps dev/nvidia-caps none bind,optional,create=dir",
                                   "dev0: /dev/nvidia-caps"])
 def test_a_container_given_the_whole_nvidia_caps_is_fenced_by_the_mig_devices_its_processes_hold(

@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import time
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _health, _holding, _mig, _redact, _smi, _snapshot, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import (
+    _errors, _health, _holding, _mig, _redact, _selection, _smi, _snapshot, _validate)
 from ansible_collections.gpuops.gpu.plugins.module_utils._host import kernel_log, mig_caps, nvml as _nvml, procs as _procs
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import Background, run_in_group
 
@@ -27,9 +28,11 @@ MIN_CALL_S = 0.2  # the least time a call gets when a deadline is (nearly) up
 class SnapshotTaker:
     """Takes snapshots for one module run; keeps the backend decision and NVML initialised."""
 
-    def __init__(self, module, params=None):
+    def __init__(self, module, params=None, selection=None):
         self.module = module
         self.params = params or module.params
+        # The gpus option as _validate parsed it (_selection.Selection; None: every GPU): the MIG devices it narrows to.
+        self.selection = selection or _selection.Selection()
         self.backend = None
         self.smi = None
         self.minors = None
@@ -242,7 +245,7 @@ class SnapshotTaker:
             min_free_pct=self.params.get("min_free_pct"),
             health_checks=checks,
             xid_events=xids,
-            mig_selected=_mig.selection(raw["gpus"], self.params.get("gpus")),
+            mig_selected=self.selection.resolve(raw["gpus"])[1],
             host_namespace=self.host_namespace(),
         ))
 

@@ -20,10 +20,11 @@ import types
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _fence, _pct, _release
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _fence, _pct, _release, _selection
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import Background, run_all
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.node_io import NodeIO
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.protocols import NodeHost
+from ansible_collections.gpuops.gpu.plugins.modules import proxmox_gpu_containers
 
 # The node's containers as its files say them: which run (their LXC monitors' sockets), and each one's config file
 # (/etc/pve/lxc/<vmid>.conf).
@@ -134,7 +135,7 @@ class FakeNode:
         self.released.append(list(filters["containers"]))
         self.units_stopped = list(p["units_stopped"])
         self.draining = list(p["draining_gpus"])
-        self.release_gpus = [int(g) for g in p["gpus"]] or None
+        self.release_gpus = filters["gpus"].indexes()
         if self.release_failure:
             raise self.release_failure
         return {"changed": True, "released": [{"pid": 4242}]}
@@ -150,7 +151,7 @@ RELEASE_BASE = dict(gpus=[], grace_period=10.0, kill_timeout=5.0, lock_timeout=0
 
 def fence(node, check_mode=False, diff=False, **params):
     p = dict(containers=[], units=[], state="present", force=False, include_stopped=False, shutdown_timeout=60,
-             pct_timeout=30.0, stop_timeout=65.0, release=RELEASE_BASE)
+             pct_timeout=30.0, stop_timeout=65.0, release=RELEASE_BASE, filters={"gpus": _selection.Selection()})
     p.update(params)
     return _fence.Fence(p, node, check_mode=check_mode, diff=diff, first_signal=15,
                         release=getattr(node, "run_release", None))
@@ -194,6 +195,20 @@ def test_a_named_container_whose_config_is_gone_fails():
         fence(node, containers=[129], state="released").run()
     assert exc.value.kind == "no_such_container" and "CT 129's config is gone" in exc.value.msg
     assert fence(FakeNode(configs={**CONFIGS, 129: None})).run()["running"] == [130]  # unnamed: left out
+
+
+@pytest.mark.parametrize("gpus, selected", [([], [0, 1, 2]), (["01"], [1])])
+def test_the_options_are_checked_once_into_the_values_the_release_takes(gpus, selected):
+    """Issue 35, item 2: the module's containers and gpus are checked once (_fence.validate: the release's filters),
+    and the release is handed those values - the running containers, and the gpus option parsed (V(01) is GPU 1),
+    else the containers' GPUs - not the options to check and read again."""
+    spec = proxmox_gpu_containers.ARGUMENT_SPEC
+    p = dict({k: v.get("default") for k, v in spec.items()}, containers="129,130", gpus=gpus, state="released")
+    params = _fence.validate(p)
+    assert params["containers"] == params["filters"]["containers"] == [129, 130]
+    node = FakeNode()
+    _fence.Fence(params, node, first_signal=15, release=node.run_release).run()
+    assert node.released == [[129, 130]] and node.release_gpus == selected
 
 
 @pytest.mark.parametrize("state, check_mode, released, shut_down, stops", [

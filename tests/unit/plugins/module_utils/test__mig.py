@@ -38,20 +38,6 @@ def test_devices_of_nodes(paths, expected):
     assert _mig.devices_of_nodes(gpus(), paths) == expected
 
 
-@pytest.mark.parametrize("selectors, expected", [
-    ([A], {0: {A.lower()}}),
-    ([A, "MIG-" + B[4:].upper()], {0: {A.lower(), B.lower()}}),  # the hex digits in any case
-    ([A, "0"], {}),  # the index means all its MIG devices
-    ([A, "GPU-00000000-0000-0000-0000-000000000000"], {}),
-    ([A, "18:00.0"], {}),
-    ([A, "1"], {0: {A.lower()}}),
-    (["MIG-cccccccc-0000-0000-0000-000000000000"], {}),  # unknown: select_gpus names it
-    ([], {}),
-])
-def test_selection(selectors, expected):
-    assert _mig.selection(gpus(), selectors) == expected
-
-
 def test_narrow_keeps_the_selected_mig_devices_work_only():
     gpu = gpus()[0]
     gpu.update(processes=[{"pid": 10, "mig_device": A}, {"pid": 11, "mig_device": B}],

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _release, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _release, _selection, _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._host import procs as _procs
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.protocols import ReleaseHost
 
@@ -165,7 +165,7 @@ def params(**over):
 
 def run(host, **over):
     p = params(**over)
-    release = _release.Release(p, _validate.release(p), host)
+    release = _release.Release(p, _validate.release(p, _selection.parse(p["gpus"])), host)
     gpus = host.snapshot()
     before = [g for g in gpus if p["gpus"] is None or str(g["index"]) in p["gpus"]]
     problem = release.plan(gpus, before)
@@ -247,7 +247,7 @@ def test_respawn_advice_fits_where_the_unit_runs(ct, said, unsaid):
 def test_a_unit_the_fence_stopped_is_not_planned_again(stopped, planned):
     host = FakeHost([proc(101, unit="sglang.service")], {101: [0]})
     p = params(containers=[129], units_stopped=stopped)
-    release = _release.Release(p, _validate.release(p), host)
+    release = _release.Release(p, _validate.release(p, _selection.parse(p["gpus"])), host)
     gpus = host.snapshot()
     assert release.plan(gpus, gpus) == ""
     assert [u["unit"] for u in release.check_mode_result(False)["stopped_units"]] == planned
@@ -256,7 +256,7 @@ def test_a_unit_the_fence_stopped_is_not_planned_again(stopped, planned):
 def test_a_recycled_pid_is_never_signalled():
     host = FakeHost([proc(101)], {101: [0]})
     p = params(containers=[129])
-    release = _release.Release(p, _validate.release(p), host)
+    release = _release.Release(p, _validate.release(p, _selection.parse(p["gpus"])), host)
     gpus = host.snapshot()
     assert release.plan(gpus, gpus) == ""
     host.procs[101] = proc(101, start=999)  # the pid now names another process
@@ -267,7 +267,7 @@ def test_a_recycled_pid_is_never_signalled():
 def test_check_mode_reports_the_targets_and_signals_nothing():
     host = FakeHost([proc(101, unit="vllm.service")], {101: [0]})
     p = params(containers=[129])
-    release = _release.Release(p, _validate.release(p), host)
+    release = _release.Release(p, _validate.release(p, _selection.parse(p["gpus"])), host)
     gpus = host.snapshot()
     assert release.plan(gpus, gpus) == ""
     res = release.check_mode_result(True)
@@ -520,7 +520,7 @@ def test_a_frozen_container_is_refused_before_anything_is_stopped_or_signalled(c
     host = SlowHost([proc(101, unit="sglang.service"), proc(102, ppid=101)], {101: [0], 102: [1]}, frozen_pids={101, 102})
     p = params(containers=[129])
     with pytest.raises(_release.ReleaseFailed) as exc:
-        _release.run_release(p, _validate.release(p), host, SIGTERM, check_mode=check_mode)
+        _release.run_release(p, _validate.release(p, _selection.parse(p["gpus"])), host, SIGTERM, check_mode=check_mode)
     assert exc.value.kind == "container_frozen"
     assert exc.value.msg.startswith("CT 129 is frozen (a suspend-mode backup, or lxc-freeze; its GPU holders: pid 101, 102):"
                                     " wait for the backup to finish, or thaw it with `lxc-unfreeze -n 129`, then run again."), exc.value.msg
@@ -535,7 +535,7 @@ def test_the_outcome_counts_each_list_whole(check_mode):
     host = SlowHost([proc(100 + i) for i in range(30)] + [proc(200, ct=130)], {**{100 + i: [i % 8] for i in range(30)}, 200: [7]},
                     exit_after={100 + i: {SIGTERM: 0.0} for i in range(30)})
     p = params(containers=[129], diff=True)
-    res = _release.run_release(p, _validate.release(p), host, SIGTERM, check_mode=check_mode, diff=True)
+    res = _release.run_release(p, _validate.release(p, _selection.parse(p["gpus"])), host, SIGTERM, check_mode=check_mode, diff=True)
     assert res["counts"] == {k: len(res[k]) for k in _release.COUNTED}
     assert res["counts"]["released"] == 30 and res["counts"]["skipped_processes"] == 1
     # a summary caps the lists, never the counts
@@ -547,7 +547,7 @@ def test_the_outcome_counts_each_list_whole(check_mode):
 def test_a_container_frozen_after_the_plan_is_not_signalled_and_the_release_fails():
     host = SlowHost([proc(101)], {101: [0]}, exit_after={101: {SIGTERM: 0.0}})
     p = params(containers=[129])
-    release = _release.Release(p, _validate.release(p), host)
+    release = _release.Release(p, _validate.release(p, _selection.parse(p["gpus"])), host)
     gpus = host.snapshot()
     assert release.plan(gpus, gpus) == ""
     host.frozen_pids.add(101)
@@ -559,7 +559,7 @@ def test_a_container_frozen_after_the_plan_is_not_signalled_and_the_release_fail
 def test_a_frozen_host_cgroup_is_refused_too():
     host = SlowHost([proc(101, ct=None)], {101: [0]}, frozen_pids={101})
     p = params(pids=[101])
-    release = _release.Release(p, _validate.release(p), host)
+    release = _release.Release(p, _validate.release(p, _selection.parse(p["gpus"])), host)
     gpus = host.snapshot()
     problem = release.plan(gpus, gpus)
     assert problem.startswith("the cgroup of pid 101 on the host is frozen (systemctl freeze, cgroup.freeze)"), problem
@@ -684,7 +684,7 @@ def test_a_holder_seen_by_the_watch_leaves_no_quiet_time(arrives, quiet):
 def test_check_mode_hands_over_no_quiet_time():
     host = FakeHost([proc(100, session=100)], {100: [0]})
     p = params(containers=[129])
-    release = _release.Release(p, _validate.release(p), host)
+    release = _release.Release(p, _validate.release(p, _selection.parse(p["gpus"])), host)
     gpus = host.snapshot()
     assert release.plan(gpus, gpus) == ""
     assert release.check_mode_result(False)["quiet_since"] is None and host.signalled == []

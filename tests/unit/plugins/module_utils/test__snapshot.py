@@ -5,58 +5,9 @@
 from __future__ import annotations
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils import _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._holding import verdict
-from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import (
-    build,
-    is_protected,
-    normalize_bus_id,
-    select_gpus,
-    visibility_warnings,
-)
-
-GPUS = [
-    {"index": 0, "uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000000", "pci_bus_id": "00000000:18:00.0"},
-    {"index": 1, "uuid": "GPU-bbbbbbbb-0000-0000-0000-000000000000", "pci_bus_id": "00000000:3B:00.0"},
-    {"index": 2, "uuid": "GPU-cccccccc-0000-0000-0000-000000000000", "pci_bus_id": "00000000:5D:00.0"},
-]
-
-SELECT_CASES = [
-    ("all by default", [], [0, 1, 2]),
-    ("none is all", None, [0, 1, 2]),
-    ("indices, sorted, deduplicated", ["2", "0", "2"], [0, 2]),
-    ("uuid, any case", ["GPU-BBBBBBBB-0000-0000-0000-000000000000"], [1]),
-    ("full bus id", ["00000000:3B:00.0"], [1]),
-    ("short lower-case bus id", ["3b:00.0"], [1]),
-    ("4-digit domain bus id", ["0000:5d:00.0"], [2]),
-    ("mixed", ["0", "00000000:5D:00.0"], [0, 2]),
-]
-
-
-@pytest.mark.parametrize("name, selectors, expected", SELECT_CASES, ids=[c[0] for c in SELECT_CASES])
-def test_select_gpus(name, selectors, expected):
-    assert [g["index"] for g in select_gpus(GPUS, selectors)] == expected
-
-
-@pytest.mark.parametrize("selectors, phrase", [
-    (["7"], "no GPU matches '7' on this host; it has: 0 (GPU-aaaaaaaa"),
-    (["GPU-deadbeef-0000-0000-0000-000000000000"], "no GPU matches"),
-    (["99:00.0"], "no GPU matches"),
-    (["gpu0"], "neither a GPU index, a UUID"),
-])
-def test_select_gpus_errors_list_what_exists(selectors, phrase):
-    with pytest.raises(_errors.SelectionError) as info:
-        select_gpus(GPUS, selectors)
-    assert phrase in info.value.msg
-
-
-@pytest.mark.parametrize("text, expected", [
-    ("00000000:3B:00.0", "00000000:3B:00.0"), ("0000:3b:00.0", "00000000:3B:00.0"), ("3b:00.0", "00000000:3B:00.0"),
-    ("3b:00", None), ("zz:00.0", None),
-])
-def test_normalize_bus_id(text, expected):
-    assert normalize_bus_id(text) == expected
-
+from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import build, is_protected, visibility_warnings
 
 PROTECT_CASES = [
     ("pid 1", {"pid": 1, "name": "systemd", "cmdline": "/sbin/init"}, (), "PID 1"),

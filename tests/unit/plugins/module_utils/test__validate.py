@@ -35,6 +35,12 @@ def release_params(**over):
     return p
 
 
+def release(**over):
+    """_validate.release of release_params(**over), with the gpus option as _validate.snapshot parses it."""
+    p = release_params(**over)
+    return _validate.release(p, _validate.snapshot(p))
+
+
 def wait_params(**over):
     p = dict(snapshot_params(), expected_count=None, timeout=300.0, delay=0.0, sleep=0.5, settle=1.0, msg=None,
              confirm_with_nvidia_smi=None, progress_slice=None, progress_state=None)
@@ -94,26 +100,26 @@ BAD_RELEASE = [
 @pytest.mark.parametrize("option, value", BAD_RELEASE, ids=[f"{o}={v!r}"[:60] for o, v in BAD_RELEASE])
 def test_bad_release_options(option, value):
     with pytest.raises(InvalidOption) as info:
-        _validate.release(release_params(**{option: value}))
+        release(**{option: value})
     assert info.value.msg.startswith(option), info.value.msg
 
 
 def test_release_messages_keep_their_wording():
     with pytest.raises(InvalidOption, match=r"^grace_period must be >= 0, got -1$"):
-        _validate.release(release_params(grace_period=-1.0))
+        release(grace_period=-1.0)
     with pytest.raises(InvalidOption, match=r"^grace_period must be at most 86400 s, got 1e\+18$"):
-        _validate.release(release_params(grace_period=1e18))
+        release(grace_period=1e18)
     with pytest.raises(InvalidOption, match=r"^kill_timeout must be a finite number, got nan$"):
-        _validate.release(release_params(kill_timeout=NAN))
+        release(kill_timeout=NAN)
 
 
 def test_good_release_edges():
-    filters = _validate.release(release_params(grace_period=0.0, kill_timeout=86400.0, pids=[1, 4194304],
-                                               containers=[100, 999999999], match="sglang|vllm", exclude="jupyter"))
+    filters = release(grace_period=0.0, kill_timeout=86400.0, pids=[1, 4194304],
+                      containers=[100, 999999999], match="sglang|vllm", exclude="jupyter")
     assert filters["containers"] == [100, 999999999] and filters["pids"] == {1, 4194304}
     assert filters["match"].search("python3 -m vllm") and filters["match"].pattern == "sglang|vllm"
     assert filters["exclude"].search("jupyter lab")
-    assert _validate.release(release_params())["match"] is None
+    assert release()["match"] is None
 
 
 BAD_WAIT = [

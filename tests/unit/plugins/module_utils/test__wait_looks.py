@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _validate, _wait
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _selection, _validate, _wait
 
 
 class FakeWaitHost:
@@ -49,7 +49,7 @@ class FakeWaitHost:
 ])
 def test_the_wait_selects_and_restricts(params, selected, restricts):
     host = FakeWaitHost()
-    look = _wait.Looks(params, host)
+    look = _wait.Looks(params, host, _selection.parse(params.get("gpus")))
     assert [g["index"] for g in look(True)] == selected
     assert host.restricts == restricts
 
@@ -57,8 +57,8 @@ def test_the_wait_selects_and_restricts(params, selected, restricts):
 def test_the_count_is_checked_at_the_first_look_only():
     host = FakeWaitHost(count=3)
     with pytest.raises(_errors.GpuError, match="^expected 4 GPUs, the driver shows 3"):
-        _wait.Looks({"expected_count": 4}, host)(True)
-    look = _wait.Looks({"expected_count": 3}, host)
+        _wait.Looks({"expected_count": 4}, host, _selection.Selection())(True)
+    look = _wait.Looks({"expected_count": 3}, host, _selection.Selection())
     look(True)
     host.gpus.pop()
     assert len(look(False)) == 2   # a GPU lost later is the wait's to report (_check_lost), not a count failure
@@ -69,7 +69,7 @@ def test_an_unknown_gpu_is_named_against_every_gpu_the_host_has():
     no processes), so that the error lists the GPUs there are."""
     host = FakeWaitHost()
     with pytest.raises(_errors.SelectionError) as exc:
-        _wait.Looks({"gpus": ["7"]}, host)(True)
+        _wait.Looks({"gpus": ["7"]}, host, _selection.parse(["7"]))(True)
     assert host.restricts == [["7"], None] and host.looks == [(True, True), (False, False)]
     assert "7" in exc.value.msg
 

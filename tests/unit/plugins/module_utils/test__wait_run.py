@@ -16,7 +16,7 @@ import copy
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _wait
+from ansible_collections.gpuops.gpu.plugins.module_utils import _errors, _selection, _wait
 from ansible_collections.gpuops.gpu.plugins.module_utils._holding import verdict
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.protocols import WaitHost
 
@@ -136,7 +136,8 @@ PARAMS = {"timeout": 10.0, "delay": 0.0, "sleep": 0.5, "settle": 1.0, "msg": Non
 
 def wait(timeline, check_mode=False, diff=False, host=None, **params):
     host = host or FakeHost(timeline)
-    ok, result = _wait.Wait(dict(PARAMS, **params), host, check_mode=check_mode, diff=diff).run()
+    p = dict(PARAMS, **params)
+    ok, result = _wait.Wait(p, host, _selection.parse(p.get("gpus")), check_mode=check_mode, diff=diff).run()
     return ok, result, host
 
 

@@ -8,7 +8,7 @@ import inspect
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _wait
+from ansible_collections.gpuops.gpu.plugins.module_utils import _selection, _wait
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import BackendError
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.wait_io import WaitIO
 from ansible_collections.gpuops.gpu.plugins.modules import gpu_wait_idle
@@ -26,6 +26,7 @@ class FakeTaker:
 
     smi = None
     smi_ids = None
+    selection = _selection.Selection()
 
     def __init__(self, answers):
         self.answers = list(answers)
@@ -47,7 +48,7 @@ def confirm(taker, params=None):
     params = params or PARAMS
     io = WaitIO(taker, params, lambda name: "/usr/bin/nvidia-smi", None)
     io.sleep = lambda seconds: None
-    return _wait.Wait(params, io).confirm(GPUS)
+    return _wait.Wait(params, io, _selection.Selection()).confirm(GPUS)
 
 
 @pytest.mark.parametrize("answers, attempts", [([GOOD], 1), ([FAILED, GOOD], 2)], ids=["first try", "retried once"])
