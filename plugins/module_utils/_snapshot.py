@@ -387,8 +387,8 @@ def gpu_record(gpu):
     """What a before/after table and a diff read of one GPU (a result's ``gpus_before``): index, uuid, name, memory
     used and total, health status, idle, blockers, busy_reasons (of a GPU with no blocker: the blockers say it),
     ``process_count`` and ``holder_count``, and of its blockers only: their pids by evidence in ``holders``, and the
-    driver's entries (pid, used_mib, name, container, unit, visible) of those the holders do not name in
-    ``processes``. A record (or what is not a GPU) is returned as it is."""
+    driver's entries (pid, used_mib, name, container, unit, visible) of those with a context or that the holders do
+    not name in ``processes``. A record (or what is not a GPU) is returned as it is."""
     if not isinstance(gpu, dict) or "process_count" in gpu:
         return gpu
     blockers = set(gpu.get("blockers") or ())
@@ -410,10 +410,11 @@ def gpu_record(gpu):
         out["holder_count"] = len(holders or [])
         out["holders"] = [h for h in holders or [] if h.get("pid") in blockers]
         named = {h.get("pid") for h in out["holders"]}
-    # A blocker the holders name has its details there (holder_processes); the driver's entry of one they do not
+    # A blocker the holders name has its details there (holder_processes), but only the driver's entry says the memory
+    # its context holds (a table names it, as it names it in the after); the driver's entry of one they do not name
     # (not visible from here, its files not readable) is all a table has of it.
     out["processes"] = [{k: p.get(k) for k in RECORD_PROCESS_KEYS} for p in processes
-                        if p.get("pid") in blockers and p.get("pid") not in named]
+                        if p.get("pid") in blockers and (p.get("pid") not in named or p.get("used_mib") is not None)]
     return out
 
 
