@@ -150,9 +150,8 @@ class ActionModule(ActionBase):
         earlier view can be taken up after it): gpu_idle_ready true only when every host of the play proved ready."""
         host = task_vars.get("inventory_hostname", "")
         fence, idle = facts.get("proxmox_fence_result"), facts.get("gpu_idle_result")
-        if idle is None:
-            return {"data": {"proxmox_fence_summary": {host: fence["stats"]}}, "per_host": False,
-                    "aggregate": True} if fence else None
+        if idle is None and not fence:
+            return None
         path = os.path.join(C.DEFAULT_LOCAL_TMP, "gpuops-run.json")
         key = self._play_key(task_vars)
         with open(path + ".lock", "a", encoding="utf-8") as lock:
@@ -163,7 +162,10 @@ class ActionModule(ActionBase):
             except (OSError, ValueError):
                 state = {"fence": {}, "plays": {}}
             if fence:
-                state["fence"][host] = fence["stats"]
+                state["fence"][host] = fence["stats"]  # what a later publish of the run carries (a fence alone too)
+            if idle is None:
+                _write_json(path, state)
+                return {"data": {"proxmox_fence_summary": {host: fence["stats"]}}, "per_host": False, "aggregate": True}
             play = state["plays"].setdefault(key, {})
             play[host] = {"answer": _results.host_answer(idle), "summary": idle["summary"]}
             _write_json(path, state)

@@ -735,7 +735,14 @@ class _PollMixin:
         slice_end = io.now() + p["progress_slice"] if p["progress_slice"] else None
         confirmed = {}
         while True:
-            done, gpus = step(state, self.elapsed(), self.look, io.alive, p["settle"], FULL_SCAN_EVERY)
+            try:
+                done, gpus = step(state, self.elapsed(), self.look, io.alive, p["settle"], FULL_SCAN_EVERY)
+            except _errors.QueryTimeout as exc:
+                if result.get("gpus") is None or not exc.details.get("timeout", 0) < (p.get("query_timeout") or 0):
+                    raise
+                # A call cut short at the wait's deadline (its own limit, query_timeout, not reached): not a hung
+                # driver, the time is up - the answer is the timeout's, from the last look.
+                return self._timed_out(self.elapsed(), result["gpus"])
             if state["credited"] and state["polls"] == 1 and not {g["index"] for g in gpus} <= set(
                     p["quiet_since"].get("gpus") or ()):
                 # The release did not watch every GPU this wait selects: its quiet time says nothing of the others.
@@ -817,10 +824,13 @@ class _JudgeMixin:
                                                                       p.get("detail"))
         return False, dict(_errors.Blocked(text).result(), **result)
 
-    def _timed_out(self, elapsed: float):
+    def _timed_out(self, elapsed: float, gpus=None):
+        """The timeout's answer, from one more look (the diagnosis names device-file holders too; one query's time at
+        most), or from ``gpus`` when the last look was cut short at the deadline."""
         p, state, result = self.p, self.state, self.result
-        self._deadline(p.get("query_timeout") or 0.0)  # one more look, for the diagnosis: one query's time at most
-        gpus = self.look(True)  # the diagnosis names device-file holders too
+        if gpus is None:
+            self._deadline(p.get("query_timeout") or 0.0)
+            gpus = self.look(True)
         for g in gpus:
             record_sample(state, elapsed, g, len(memory_holders(g)))
         memory = trends(state, elapsed, p["leak_after"], p["max_memory_used_mib"])
