@@ -19,6 +19,13 @@ ansible-runner itself, with --diff, in check mode and then for real: the largest
 ansible-runner measures it (MAX_EVENT_RES raised, so that what it would drop is measured too), against the 200,000
 of DESIGN.md 6b.
 
+With --predeploy (issue 34's busy 8-GPU host): the GPU host gpu-ct, a container of a node with --sizes GPUs, runs
+--per-gpu servers; ansible-playbook gpuops.gpu.predeploy, not ready (a server of the node's own, outside the fence,
+holds every GPU: the wait times out after 2 s) at the default verbosity, -v and --diff, then ready at the default
+verbosity and -v, each after a fresh start of the servers: the bytes it prints and its longest line (goals: -v at
+most 15,000 bytes; no line over 2,000 characters at the default verbosity; the functional test
+test_output_size.py checks them with -v --diff).
+
 At each step each module runs as Ansible runs it (tests/functional/modrun.py's run_module: a fresh interpreter and
 an args file, with ``_ansible_inject_invocation`` so that the result carries its ``invocation`` as ansible-runner
 sees it) in summary and in full. Measured: len(str(result)). Nothing asserts on a size (the functional test
@@ -27,11 +34,14 @@ tests/functional/test_output_size.py does): the table says which results fit und
     .venv/bin/python benchmarks/bench_output.py [--smoke] [--sizes 8,32,64] [--per-gpu 1,4,16] [--others 20]
                                                 [--vmid-base 7700] [--dump DIR]
     .venv/bin/python benchmarks/bench_output.py --fenced [--sizes 64] [--per-gpu 4]
+    .venv/bin/python benchmarks/bench_output.py --predeploy [--sizes 8] [--per-gpu 4]
 """
 
 import argparse
 import json
 import os
+import pathlib
+import signal
 import sys
 import time
 
@@ -68,12 +78,11 @@ TREE_GPUS = 16  # the workers of one tree start at once: at most this many (a lo
 
 def add_servers(host, count, first, ct=None):
     """``count`` servers of one worker per GPU (numbered from ``first``), each as trees of TREE_GPUS workers (in
-    container ``ct``, or on the host)."""
+    container ``ct``, or on the host); the pids of the trees' API processes (SIGTERM ends a tree)."""
     gpus = len(host.scenario().gpus)
-    for index in range(first, first + count):
-        for low in range(0, gpus, TREE_GPUS):
-            host.hold(gpus=f"{low}-{min(low + TREE_GPUS, gpus) - 1}", mib=WORKER_MIB, tree=True, ct=ct,
+    return [host.hold(gpus=f"{low}-{min(low + TREE_GPUS, gpus) - 1}", mib=WORKER_MIB, tree=True, ct=ct,
                       name=f"{COMMAND} --worker-set {index}")
+            for index in range(first, first + count) for low in range(0, gpus, TREE_GPUS)]
 
 
 def fenced_play(host, vmid):
@@ -131,6 +140,47 @@ def run_fenced_bench(args):
               "params": {"sizes": args.sizes, "servers": args.per_gpu[-1], "vmid": args.vmid_base, "goal": EVENT_GOAL,
                          "limit": RUNNER_LIMIT, "measure": "len(str(event_data['res'])) under ansible-runner"}}
     benchlib.write_json("output-fenced", result)
+    return result
+
+
+# --predeploy: (case, verbosity, ansible-playbook's arguments); each run after a fresh start of the servers
+PREDEPLOY_RUNS = (("not ready", "default", ()), ("not ready", "-v", ("-v",)), ("not ready", "--diff", ("--diff",)),
+                  ("ready", "default", ()), ("ready", "-v", ("-v",)))
+VERBOSE_GOAL = 15000  # bytes: predeploy -v on a busy 8-GPU host (issue 34)
+LINE_GOAL = 2000      # characters: the longest line at the default verbosity (DESIGN.md 6b)
+
+
+def run_predeploy_bench(args):
+    """--predeploy: per size, the GPU host gpu-ct (CT --vmid-base, every GPU) with --per-gpu servers in it, run by
+    ansible-playbook gpuops.gpu.predeploy: not ready (a server of the node's own, outside the fence, holds every GPU;
+    the wait times out after 2 s), then ready; at each verbosity of PREDEPLOY_RUNS: the bytes printed, the longest
+    line."""
+    started = benchlib.machine()
+    rows, data = [], []
+    for ws, host, gpus in hosts(args.sizes, "gpubench-predeploy-"):
+        host.ct_create(args.vmid_base, hostname="gpu-ct")
+        host.ct_start(args.vmid_base)
+        outsiders = add_servers(host, 1, args.per_gpu[-1])
+        for case, verbosity, extra in PREDEPLOY_RUNS:
+            if case == "ready":
+                for pid in outsiders:
+                    host.kill(pid, signal.SIGTERM, wait=True)
+                outsiders = []
+            add_servers(host, args.per_gpu[-1], 0, ct=args.vmid_base)
+            tmp = pathlib.Path(ws.path(f"predeploy-{gpus}-{len(data)}"))
+            tmp.mkdir()
+            rc, _out, (size, longest) = modrun.run_predeploy(host, ws.colroot, tmp, args.vmid_base, *extra,
+                                                             *(("-e", "gpu_idle_timeout=2") if case != "ready" else ()))
+            data.append({"gpus": gpus, "per_gpu": args.per_gpu[-1], "case": case, "verbosity": verbosity, "rc": rc,
+                         "bytes": size, "longest_line": longest})
+            rows.append([gpus, args.per_gpu[-1], case, verbosity, rc, f"{size:,}", f"{longest:,}"])
+    benchlib.table(f"predeploy on a busy node: all it prints (goal with -v at 8 GPUs: <= {VERBOSE_GOAL:,} bytes) and its"
+                   f" longest line (goal at the default verbosity: <= {LINE_GOAL:,} characters)",
+                   ["GPUs", "servers", "case", "verbosity", "rc", "bytes printed", "longest line"], rows)
+    result = {"name": "output-predeploy", "machine": started, "runs": data,
+              "params": {"sizes": args.sizes, "servers": args.per_gpu[-1], "vmid": args.vmid_base,
+                         "measure": "len(stdout) in bytes and its longest line, ansible-playbook gpuops.gpu.predeploy"}}
+    benchlib.write_json("output-predeploy", result)
     return result
 
 
@@ -205,10 +255,17 @@ def main(argv=None):
     ap.add_argument("--others", type=int, help="other processes on the host (default 20; smoke 4)")
     ap.add_argument("--dump", metavar="DIR", help="also write each result to DIR/x<per GPU>/<module>-<GPUs>-<level>.json")
     ap.add_argument("--vmid-base", type=int, default=7700, help="the fence's container (default 7700)")
+    ap.add_argument("--predeploy", action="store_true",
+                    help="predeploy on a busy node (--per-gpu servers in the GPU host's container): bytes printed and the"
+                         " longest line, not ready and ready, at the default verbosity, -v and --diff (default 8 GPUs, 4"
+                         " servers)")
     ap.add_argument("--fenced", action="store_true",
                     help="the servers (--per-gpu, its last) in the fenced container; the fence and the wait under"
                          " ansible-runner with --diff, in check mode and for real (default 64 GPUs, 4 servers)")
     args = ap.parse_args(argv)
+    if args.predeploy:
+        args.sizes = args.sizes or [8]
+        args.per_gpu = args.per_gpu or [4]
     if args.fenced:
         args.sizes = args.sizes or [64]
         args.per_gpu = args.per_gpu or [4]
@@ -220,7 +277,7 @@ def main(argv=None):
     if args.per_gpu[0] < 1:
         ap.error("--per-gpu: at least 1")
     benchlib.install_signal_handlers()
-    (run_fenced_bench if args.fenced else run)(args)
+    (run_predeploy_bench if args.predeploy else run_fenced_bench if args.fenced else run)(args)
     return 0
 
 

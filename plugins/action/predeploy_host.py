@@ -132,6 +132,10 @@ class ActionModule(ActionBase):
             result["ansible_stats"] = stats
         if diffs:
             result["diff"] = diffs
+        if display.verbosity < 2:
+            # Not printed at -v (as gather_facts' facts): the table and the progress lines say it for the terminal,
+            # the facts and the artifacts (AWX's events keep the result) for the rest; -vv prints it.
+            result["_ansible_verbose_override"] = True
         return result
 
     # --- the run's answer ----------------------------------------------------------------------------------
@@ -265,20 +269,21 @@ class ActionModule(ActionBase):
                 wait = {"skipped": True, "skip_reason": "this run's --tags/--skip-tags leave out gpuops_wait"}
         recorded = _results.gpu_idle_result(wait, release=release, fence=fence, host=host, seen_from=node,
                                             check_mode=check, release_required=bool(v["gpu_idle_release"]))
-        for line in recorded["table"] + (recorded["processes"] if display.verbosity >= 1 else []):
-            display.display(_results.line(line))
+        for line in _results.printed(recorded, display.verbosity):
+            display.display(line)
         return self._bounded(recorded, host)
 
     @staticmethod
     def _bounded(record: dict, host: str) -> dict:
-        """The record with its failure's ``message`` (what the play's last task fails with): at most LINE characters;
-        a longer one is cut, and the whole is in ``detail_file`` on the controller and printed at -vv."""
+        """The record with its failure's ``message`` (what the play's last task fails with): at most MESSAGE characters
+        as Ansible prints it; a longer one is cut, and the whole is in ``detail_file`` on the controller and printed at
+        -vv."""
         record["message"] = record["detail_file"] = None
         if record.get("error") is None:
             return record
         whole = _results.message(record)
         record["message"] = whole
-        if len(whole) > _results.LINE:
+        if _results.printed_length(whole) > _results.MESSAGE:
             display.vv(f"[{host}] the whole diagnosis: {whole}")
             try:
                 fd, path = tempfile.mkstemp(prefix=f"gpuops-{host}-", suffix=".txt",
@@ -289,7 +294,7 @@ class ActionModule(ActionBase):
                 path = None
             tail = f" ... (cut: the whole diagnosis is in {path}, and printed with -vv)" if path else \
                 " ... (cut: the whole diagnosis is printed with -vv)"
-            record["message"] = whole[:_results.LINE - len(tail)] + tail
+            record["message"] = _results.fit_message(whole, tail)
             record["detail_file"] = path
         return record
 

@@ -25,12 +25,14 @@ description:
     checked against the roles' argument specs (their types, choices and defaults), the wait's bounds too, before
     anything runs. A bad value fails the task naming the variable.
   - Records the facts C(proxmox_fence_result) and C(gpu_idle_result) (see the return values) and prints the GPUs
-    before and after, one line per GPU (every process released, left alive or respawned with C(-v)); no printed
-    line is over 2,000 characters. With C(--diff) the modules' per-GPU before and after (and the units) go to
-    Ansible's diff display.
+    before and after, one line per GPU; with C(-v) the processes released, left alive or respawned (at most 8
+    lines and a count of the others; every one with C(-vv)). No printed line is over 2,000 characters. Its result
+    (the artifacts) is printed from C(-vv) on, not at C(-v). With C(--diff) the modules' per-GPU before and after
+    (and the units) go to Ansible's diff display.
   - It does not fail because the GPUs are not ready - a failure is recorded and published, and the next task fails
-    the host once with C(gpu_idle_result.message) (at most 2,000 characters; the whole diagnosis in
-    C(gpu_idle_result.detail_file) on the controller and at C(-vv)). It fails only on its own bad settings.
+    the host once with C(gpu_idle_result.message) (at most 1,800 characters as Ansible prints it; the whole
+    diagnosis in C(gpu_idle_result.detail_file) on the controller and at C(-vv)). It fails only on its own bad
+    settings.
   - Ready only when proved - a module result counts as a success only when it has the keys a success of that
     module has and no sign of a failure (for M(gpuops.gpu.gpu_wait_idle) C(ready=true) and the GPUs it checked,
     each idle; in check mode C(would_wait)). Anything else is not ready with C(failure.kind) - the module's own
@@ -121,8 +123,8 @@ ansible_facts:
           C(error) (null, or the diagnosis), C(failure) (null, or C({module, kind})), C(blockers) (one line per
           busy GPU), C(table) (lines), C(processes) (one line per process released, left alive or respawned),
           C(summary) (what C(gpu_idle_summary) publishes per host), C(more) (when a summary left processes out),
-          C(message) (null, or the failure's message - at most 2,000 characters) and C(detail_file) (null, or the
-          controller file with the whole diagnosis when C(message) was cut).
+          C(message) (null, or the failure's message - at most 1,800 characters as printed) and C(detail_file)
+          (null, or the controller file with the whole diagnosis when C(message) was cut).
       returned: with O(wait=true)
       type: dict
     proxmox_fence_result:

@@ -13,6 +13,7 @@ incomplete, inconsistent) and a reason that says what happened and what to do.""
 
 from __future__ import annotations
 
+import json
 import signal
 
 from ansible.errors import AnsibleError
@@ -318,14 +319,39 @@ def _counted(wait: dict, release: dict, fence: dict) -> tuple:
     return released, respawned, {k: v for k, v in more.items() if v}, units
 
 
+def _holder_details(*looks) -> dict:
+    """The device-file holders' details of the steps' looks, each once (_snapshot.compact_result): the latest look's
+    win."""
+    details = {}
+    for look in looks:
+        details.update(look.get("holder_processes") or {})
+    return details
+
+
+def _diagnosis(failure, after, fence: dict, details: dict) -> tuple:
+    """(error, blockers) of a failure: its reason - after a wait that failed, with what holds the fenced containers'
+    GPUs from outside the fence - and one line per GPU the last look shows busy; (None, []) with no failure."""
+    # pylint: disable-next=import-outside-toplevel  # (as gpu_idle_result: the tables' code only where it is used)
+    from ansible_collections.gpuops.gpu.plugins.plugin_utils._tables import gpu_blockers
+
+    if failure is None:
+        return None, []
+    error = failure["reason"]
+    if after is None:
+        return error, []
+    if failure["module"] == "gpu_wait_idle":
+        outside = outside_fence(after, fence, details)
+        error = f"{error.rstrip('.')}. {outside[0].upper()}{outside[1:]}." if outside else error
+    return error, gpu_blockers(after, holder_processes=details)
+
+
 def gpu_idle_result(wait, release=None, fence=None, host="", seen_from="", check_mode=False, release_required=None):
-    """The role's record of one host (DOCUMENTATION above). Kept in one piece: it puts one record together from the
-    three steps' results, and each rule it applies is a helper above (_looks, _counted, _failure, outside_fence,
-    process_lines); split further, the record's fields would be set in several places."""
+    """The role's record of one host (DOCUMENTATION above), put together from the three steps' results; each rule it
+    applies is a helper above (_looks, _counted, _failure, _diagnosis, process_lines)."""
     # Imported here, not at the top: module_outcome (proxmox_fence_result's verdict, in a worker of its own per host)
     # needs none of the tables' code, which costs more to import than the rest of this file.
     # pylint: disable-next=import-outside-toplevel
-    from ansible_collections.gpuops.gpu.plugins.plugin_utils._tables import gpu_blockers, gpu_table
+    from ansible_collections.gpuops.gpu.plugins.plugin_utils._tables import gpu_table
 
     wait = wait if isinstance(wait, dict) else {}
     release = release if isinstance(release, dict) else {}
@@ -335,19 +361,12 @@ def gpu_idle_result(wait, release=None, fence=None, host="", seen_from="", check
     would_wait = bool(wait.get("would_wait", False))
     in_check = bool(check_mode) or "would_wait" in wait
     failure = _failure(wait, release, fence, release_required, seen_from or host)
-    error = failure["reason"] if failure else None
+    # What holds the GPUs, from the last look that was taken (never the snapshot before the release).
+    details = _holder_details(fence, release, wait)
+    error, blockers = _diagnosis(failure, after, fence, details)
     # Ready only when every step proved its part: the wait said ready (in check mode: nothing to wait for).
     ready = failure is None and (not would_wait if in_check else True)
     gpus = after if after is not None else (before or [])
-    # What holds the GPUs, from the last look that was taken (never the snapshot before the release).
-    # The device-file holders' details, each once (_snapshot.compact_result): the latest look's win.
-    details = {}
-    for look in (fence, release, wait):
-        details.update(look.get("holder_processes") or {})
-    blockers = gpu_blockers(after, holder_processes=details) if failure is not None and after is not None else []
-    if failure is not None and failure["module"] == "gpu_wait_idle" and after is not None:
-        outside = outside_fence(after, fence, details)
-        error = f"{error.rstrip('.')}. {outside[0].upper()}{outside[1:]}." if outside else error
     msg = error if error is not None else (wait.get("msg") or "")
     table = gpu_table(after or [], before=before if before is not None and before is not after else None,
                       holder_processes=details,
@@ -504,7 +523,15 @@ def proxmox_fence_result(containers, release=None, method="processes", check_mod
 
 # --- for the action plugin predeploy_host: the verdict of a release, bounded lines, the play's artifacts -------
 
-LINE = 2000  # characters: no printed line, nor a failure's message, is longer at default verbosity
+LINE = 2000  # characters: no line printed at default verbosity is longer
+# A failure's message, as Ansible prints it: in the fail task's `fatal: [HOST]: FAILED! => {"changed": false, "msg":
+# "..."}` (a JSON string: a quote, a backslash or a control character takes two characters or more) and in
+# ansible-core 2.19+'s `[ERROR]: Task failed: Action failed: ...`. At most MESSAGE characters so printed keeps both
+# lines under LINE for a host name of up to 140 characters.
+MESSAGE = 1800
+# With -v the task prints the processes the fence and the release acted on: at most this many lines (a line of about
+# 300 characters each: with a table of 8 GPUs and a failure's message, -v stays under 15 KB); every one with -vv.
+PROCESS_LINES = 8
 
 
 def release_proved(release, host="") -> bool:
@@ -515,6 +542,37 @@ def release_proved(release, host="") -> bool:
 def line(text) -> str:
     """One printed line, at most LINE characters."""
     return cut(str(text), LINE)
+
+
+def printed(record: dict, verbosity: int) -> list:
+    """The lines the task prints for a host (gpu_idle_result's ``record``): its table; with -v the processes the fence
+    and the release acted on, at most PROCESS_LINES and a count of the others (every one with -vv; all of them are in
+    the record's ``processes``)."""
+    lines = list(record["table"])
+    if verbosity >= 1:
+        processes = record["processes"]
+        shown = processes if verbosity >= 2 else processes[:PROCESS_LINES]
+        lines += shown
+        if len(shown) < len(processes):
+            lines.append(f"+{len(processes) - len(shown)} more process(es): every one with -vv, and in"
+                         " gpu_idle_result.processes")
+    return [line(text) for text in lines]
+
+
+def printed_length(text: str) -> int:
+    """How many characters ``text`` takes in a result as Ansible prints it (a JSON string, less its quotes)."""
+    return len(json.dumps(text, ensure_ascii=False)) - 2
+
+
+def fit_message(whole: str, tail: str) -> str:
+    """``whole`` when it prints in at most MESSAGE characters (printed_length), else as much of its start as fits
+    with ``tail`` (what says where the whole is) after it."""
+    if printed_length(whole) <= MESSAGE:
+        return whole
+    head = whole[:max(MESSAGE - printed_length(tail), 0)]
+    while head and printed_length(head + tail) > MESSAGE:
+        head = head[:len(head) - (printed_length(head + tail) - MESSAGE)]
+    return head + tail
 
 
 def message(record: dict) -> str:

@@ -1,7 +1,8 @@
 """The one way the tests run what a user runs: a module of this checkout the way Ansible does (a fresh
 interpreter and an args file: run_module, run_module_text, start_module for runs side by side), in this
 process with patched arguments (run_module_in_process, for many runs: the fuzz tests), or a playbook
-(run_playbook: ansible-playbook with this checkout's collection, everything it writes in the test's tmp)."""
+(run_playbook: ansible-playbook with this checkout's collection, everything it writes in the test's tmp;
+run_predeploy: gpuops.gpu.predeploy for one container of a simulated node)."""
 
 import contextlib
 import ctypes
@@ -123,6 +124,19 @@ def run_playbook(env, tmp_path, playbook, inventory, *args, timeout=240):
             out, _err = proc.communicate()
             pytest.fail(f"ansible-playbook {playbook} still ran after {timeout} s:\n{out[-4000:]}", pytrace=False)
     return proc.returncode, out, time.monotonic() - t0
+
+
+def run_predeploy(host, collection, tmp_path, vmid, *args, timeout=240):
+    """(rc, output, (bytes printed, its longest line)) of ansible-playbook gpuops.gpu.predeploy for one GPU host,
+    gpu-ct: CT ``vmid`` on this simulated node, pve (the README's inventory shape, local connection)."""
+    inventory = {"all": {
+        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                 "gpuops_device_files": [host.path("dev", "nvidia*")]},
+        "children": {"proxmox_nodes": {"hosts": {"pve": {}}},
+                     "gpu_hosts": {"hosts": {"gpu-ct": {"proxmox_node": "pve", "proxmox_vmid": vmid}}}}}}
+    rc, out, _took = run_playbook(controller_env(collection, tmp_path, host.env()), tmp_path, "gpuops.gpu.predeploy",
+                                  inventory, *args, timeout=timeout)
+    return rc, out, (len(out.encode()), max((len(line) for line in out.splitlines()), default=0))
 
 
 def alive(pid):

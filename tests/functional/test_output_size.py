@@ -15,12 +15,14 @@
 
 import json
 import os
+import re
+import signal
 import stat
 import sys
 
 import ansible_runner
 
-from modrun import controller_env, event_sizes, run_module, run_under_runner
+from modrun import controller_env, event_sizes, run_module, run_predeploy, run_under_runner
 
 VMID = 7600
 GPUS = 16
@@ -280,3 +282,49 @@ def test_the_fence_with_diff_on_a_heavy_node_fits_every_event(gpusim_factory, co
         assert all(len(line) < 1000 for line in before + after) and f"in CT {FENCED_VMID}" in before[0], before[0]
         assert after[0] == "GPU 0: released" if mode == "check" else after[0].startswith("GPU 0: "), after[0]
     print(f"\nlargest event with --diff at {FENCED_GPUS} GPUs x {FENCED_SERVERS} servers in the fenced container:", largest)
+
+
+# --- predeploy -v on a busy 8-GPU host (issue 34, item 2) -----------------------------------------------------
+
+VERBOSE_GOAL = 15000  # bytes: all that `predeploy -v` prints for a busy 8-GPU host, ready or not (issue 34)
+LINE_GOAL = 2000      # characters: no line printed at the default verbosity (DESIGN.md 6b), with --diff too
+BUSY_VMID = 7603
+
+
+def predeploy(host, collection, tmp_path, rc_wanted, *args):
+    """What predeploy prints for gpu-ct (CT BUSY_VMID on this node), its rc checked, and (bytes printed, longest line)."""
+    rc, out, measured = run_predeploy(host, collection, tmp_path, BUSY_VMID, *args)
+    assert rc == rc_wanted, out[-4000:]
+    return out, measured
+
+
+def test_predeploy_v_on_a_busy_8_gpu_host_prints_at_most_15_kb(gpusim, collection, tmp_path):
+    """predeploy -v --diff on an 8-GPU node whose container runs servers of many workers with long command lines
+    (the fence releases 36 processes): not ready (a server of the node's own, outside the fence, holds every GPU: the
+    wait times out, the failure names it), then ready. Each prints at most 15 KB in all, and no line over 2,000
+    characters (at -v with --diff: so at the default verbosity, with and without --diff, too). The table is there;
+    the processes released are counted past the first few (every one with -vv); the result is not printed at -v."""
+    host = gpusim
+    host.ct_create(BUSY_VMID, hostname="gpu-ct")
+    host.ct_start(BUSY_VMID)
+
+    def servers():
+        for index in range(PER_GPU):  # servers of one worker per GPU: 36 processes
+            host.hold(gpus="0-7", mib=1024, tree=True, ct=BUSY_VMID, name=f"{COMMAND} --worker-set {index}")
+
+    servers()
+    outsider = host.hold(gpus="0-7", mib=1024, tree=True, name=f"{COMMAND} --outside-the-fence")
+    measured = {}
+    out, measured["not ready"] = predeploy(host, collection, tmp_path, 2, "-v", "--diff", "-e", "gpu_idle_timeout=2")
+    fatal = [line for line in out.splitlines() if line.startswith("fatal: [gpu-ct]: FAILED!")]
+    assert len(fatal) == 1 and "timed out after 2 s" in fatal[0] and "outside the fence" in fatal[0], out[-4000:]
+    assert "(cut: the whole diagnosis is in " in fatal[0]  # the failure's whole: in detail_file, and at -vv
+    host.kill(outsider, signal.SIGTERM, wait=True)  # (its tree forwards SIGTERM to its workers)
+    servers()
+    out, measured["ready"] = predeploy(host, collection, tmp_path, 0, "-v", "--diff")
+    print("\npredeploy -v --diff on a busy 8-GPU host (bytes printed, longest line):", measured)
+    for case in measured:
+        assert measured[case][0] <= VERBOSE_GOAL and measured[case][1] <= LINE_GOAL, measured
+    assert "GPUs before -> after - gpu-ct: 8 GPU(s), seen from pve" in out
+    assert re.search(r"^\+\d+ more process\(es\): every one with -vv", out, re.M), out[-4000:]
+    assert "changed: [gpu-ct -> pve]\n" in out  # its result: not printed at -v

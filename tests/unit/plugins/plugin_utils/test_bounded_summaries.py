@@ -3,10 +3,14 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 """The filters count what a result in summary (_bound: the modules' detail option) left out: here, with the
-controller's plugins (the module_utils tests run on every target Python, without ansible's controller code)."""
+controller's plugins (the module_utils tests run on every target Python, without ansible's controller code). What the
+action plugin predeploy_host prints per host at each verbosity, and a failure's message cut to fit its line."""
 
 from __future__ import annotations
 
+import pytest
+
+from ansible_collections.gpuops.gpu.plugins.plugin_utils import _results
 from ansible_collections.gpuops.gpu.plugins.plugin_utils._results import gpu_idle_result
 from ansible_collections.gpuops.gpu.plugins.plugin_utils._tables import gpu_blockers, state_text
 from ansible_collections.gpuops.gpu.plugins.module_utils import _bound
@@ -28,3 +32,37 @@ def test_the_filters_count_what_a_summary_left_out():
 def compact_gpu_expanded(gpu, details):
     from ansible_collections.gpuops.gpu.plugins.module_utils._snapshot import expand_gpus  # noqa: PLC0415
     return expand_gpus([gpu], details)[0]
+
+
+RECORD = {"table": ["GPUs before -> after - h: 8 GPU(s)"] + [f"GPU {i}  H200  4096 -> 0 / 143771 MiB  x -> idle" for i in range(8)],
+          "processes": [f"released pid {1000 + i} python3 (CT 129, GPU {i % 8}; SIGTERM): " + "python3 -m sglang" * 40
+                        for i in range(36)]}
+
+
+@pytest.mark.parametrize("verbosity, processes, more", [
+    (0, 0, False),                          # the table only
+    (1, _results.PROCESS_LINES, True),      # -v: the first processes and a count of the others
+    (2, 36, False),                         # -vv: every process
+])
+def test_what_the_task_prints_per_verbosity(verbosity, processes, more):
+    lines = _results.printed(RECORD, verbosity)
+    assert lines[:9] == RECORD["table"]
+    assert [x for x in lines if x.startswith("released pid")] == [_results.line(x) for x in RECORD["processes"][:processes]]
+    assert (lines[-1] == f"+{36 - processes} more process(es): every one with -vv, and in gpu_idle_result.processes") is more
+    assert all(len(x) <= _results.LINE for x in lines)
+
+
+@pytest.mark.parametrize("whole, fits", [
+    ("GPU 3 is lost", True),
+    ("x" * _results.MESSAGE, True),
+    ("x" * (_results.MESSAGE + 1), False),
+    ('"' * (_results.MESSAGE // 2), True),  # each quote prints as two characters
+    ('"' * (_results.MESSAGE // 2 + 1), False),
+    ("\\" + "\n" * 2000, False),
+])
+def test_a_message_is_cut_to_fit_as_printed(whole, fits):
+    tail = " ... (cut: the whole diagnosis is printed with -vv)"
+    out = _results.fit_message(whole, tail)
+    assert (out == whole) is fits
+    assert _results.printed_length(out) <= _results.MESSAGE
+    assert fits or (out.endswith(tail) and whole.startswith(out[:-len(tail)]))
