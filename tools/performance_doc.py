@@ -634,13 +634,15 @@ def scale_block(data) -> str:
     mods = slope([(s["hosts"], s["node_cpu_per_host_s"] * s["hosts"]) for s in full])
     pss = slope([(s["workers_peak"], s["controller_pss_mib"]) for s in full])
     main_rss = max((s["main_rss_mib"] for s in fleet["summary"]), default=None)
+    largest = max((s["hosts"] for s in fleet["summary"]), default=0)
     out += ["### Per task (forks = hosts; the time of a task is all hosts together: the linear strategy ends a task when"
             " every host has run it)", "",
-            "*module* tasks run a module of the collection on each node (here on this machine, competing for its"
-            " cores); *controller* tasks run on the controller only (include_role, argument validation, set_fact,"
-            " set_stats, debug, fail). For those, the time per host p(N) = T(N) / N is fitted as b + c N over the"
-            " sizes: c > 0 means each host's share grows with the number of hosts (a task whose template visits"
-            " every host: O(N^2) in all). An extrapolation from at most 64 hosts on this machine: an order of"
+            "*module* tasks run the collection's modules on each node (gpuops.gpu.predeploy_host: its module runs"
+            " there - here on this machine, competing for its cores - and its bookkeeping on the controller);"
+            " *controller* tasks run on the controller only (set_fact, fail). For those, the time per host"
+            " p(N) = T(N) / N is fitted as b + c N over the sizes: c > 0 means each host's share grows with the"
+            " number of hosts (a task whose template visits every host: O(N^2) in all). An extrapolation from at"
+            f" most {largest} hosts on this machine: an order of"
             " magnitude, not a forecast.", ""]
     out += task_growth(fleet)
     out += ["### What follows per host (least-squares slopes over the sizes, forks = hosts)", ""]
