@@ -97,6 +97,16 @@ def cut(text: str, limit: int = MAX_SHOWN) -> str:
     return text[:limit] + f" [... {len(text) - limit} more characters cut]"
 
 
+# Characters: no line the controller prints at the default verbosity is longer (DESIGN.md 6b).
+LINE = 2000
+
+
+def line(text) -> str:
+    """One printed line: at most LINE characters, a longer one cut (cut's marker saying how much)."""
+    text = str(text)
+    return text if len(text) <= LINE else cut(text, LINE - 40)
+
+
 def redact_argv(argv, extra=()) -> str:
     """The command line to show for an argv list: secrets masked (rules 1-3), cut at MAX_SHOWN."""
     words = list(argv or [])

@@ -19,7 +19,7 @@ import signal
 from ansible.errors import AnsibleError
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _mig
-from ansible_collections.gpuops.gpu.plugins.module_utils._redact import cut, redact_text
+from ansible_collections.gpuops.gpu.plugins.module_utils._redact import LINE, cut, line, redact_text
 
 # --- whether a registered module result is a success (module_outcome), for both roles' filters ------------
 # proxmox_fence_result imports module_outcome from here. A result counts as a success only when it has the
@@ -523,12 +523,12 @@ def proxmox_fence_result(containers, release=None, method="processes", check_mod
 
 # --- for the action plugin predeploy_host: the verdict of a release, bounded lines, the play's artifacts -------
 
-LINE = 2000  # characters: no line printed at default verbosity is longer
-# A failure's message, as Ansible prints it: in the fail task's `fatal: [HOST]: FAILED! => {"changed": false, "msg":
-# "..."}` (a JSON string: a quote, a backslash or a control character takes two characters or more) and in
-# ansible-core 2.19+'s `[ERROR]: Task failed: Action failed: ...`. At most MESSAGE characters so printed keeps both
-# lines under LINE for a host name of up to 140 characters.
-MESSAGE = 1800
+# No line printed at the default verbosity is longer than LINE (_redact.line). A failure's message, as Ansible prints
+# it: in the fail task's `fatal: [HOST]: FAILED! => {"changed": false, "msg": "..."}` (a JSON string: a quote, a
+# backslash or a control character takes two characters or more) and in ansible-core 2.19+'s `[ERROR]: Task failed:
+# Action failed: ...`. At most MESSAGE characters so printed keeps both lines under LINE for a host name of up to 140
+# characters.
+MESSAGE = LINE - 200
 # With -v the task prints the processes the fence and the release acted on: at most this many lines (a line of about
 # 300 characters each: with a table of 8 GPUs and a failure's message, -v stays under 15 KB); every one with -vv.
 PROCESS_LINES = 8
@@ -537,11 +537,6 @@ PROCESS_LINES = 8
 def release_proved(release, host="") -> bool:
     """Whether a release's result proves its part (the wait runs only after one that does)."""
     return module_outcome(release, "gpu_release", host=host)["ok"]
-
-
-def line(text) -> str:
-    """One printed line, at most LINE characters."""
-    return cut(str(text), LINE)
 
 
 def printed(record: dict, verbosity: int) -> list:

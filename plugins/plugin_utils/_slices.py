@@ -12,6 +12,7 @@ import time
 from ansible.utils.display import Display
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _validate
+from ansible_collections.gpuops.gpu.plugins.module_utils._redact import line
 
 display = Display()
 
@@ -63,7 +64,8 @@ def run_wait(execute, args: dict, host: str = "", whole: bool = False) -> dict:
                 res["invocation"] = dict(invocation, module_args={k: v for k, v in invocation["module_args"].items()
                                                                   if k not in INTERNAL})
             return res
-        display.display(f"[{host}] {res.get('progress')}" if host else str(res.get("progress")))
+        # (a clause per busy GPU: at most LINE characters, however many GPUs the host has)
+        display.display(line(f"[{host}] {res.get('progress')}" if host else res.get("progress")))
         state = res["progress_state"]
         if deadline is not None and time.monotonic() - start > deadline:
             # The module ends at its timeout; a target that keeps answering "pending" must not hold the play.

@@ -4,16 +4,17 @@
 
 """The filters count what a result in summary (_bound: the modules' detail option) left out: here, with the
 controller's plugins (the module_utils tests run on every target Python, without ansible's controller code). What the
-action plugin predeploy_host prints per host at each verbosity, and a failure's message cut to fit its line."""
+action plugin predeploy_host prints per host at each verbosity, a failure's message cut to fit its line, and no printed
+line (the wait's progress line too) over 2,000 characters."""
 
 from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.gpu.plugins.plugin_utils import _results
+from ansible_collections.gpuops.gpu.plugins.plugin_utils import _results, _slices
 from ansible_collections.gpuops.gpu.plugins.plugin_utils._results import gpu_idle_result
 from ansible_collections.gpuops.gpu.plugins.plugin_utils._tables import gpu_blockers, state_text
-from ansible_collections.gpuops.gpu.plugins.module_utils import _bound
+from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _redact
 from ansible_collections.gpuops.gpu.tests.unit.plugins.module_utils.test__bound import busy_gpu, release_result
 
 
@@ -49,7 +50,7 @@ def test_what_the_task_prints_per_verbosity(verbosity, processes, more):
     assert lines[:9] == RECORD["table"]
     assert [x for x in lines if x.startswith("released pid")] == [_results.line(x) for x in RECORD["processes"][:processes]]
     assert (lines[-1] == f"+{36 - processes} more process(es): every one with -vv, and in gpu_idle_result.processes") is more
-    assert all(len(x) <= _results.LINE for x in lines)
+    assert all(len(x) <= _redact.LINE for x in lines)
 
 
 @pytest.mark.parametrize("whole, fits", [
@@ -66,3 +67,23 @@ def test_a_message_is_cut_to_fit_as_printed(whole, fits):
     assert (out == whole) is fits
     assert _results.printed_length(out) <= _results.MESSAGE
     assert fits or (out.endswith(tail) and whole.startswith(out[:-len(tail)]))
+
+
+@pytest.mark.parametrize("length", [0, _redact.LINE - 1, _redact.LINE, _redact.LINE + 1, 10 ** 6])
+def test_a_printed_line_is_at_most_line_characters(length):
+    text = "x" * length
+    out = _redact.line(text)
+    assert len(out) <= _redact.LINE and (out == text) is (length <= _redact.LINE)
+    assert length <= _redact.LINE or out.endswith(f"[... {length - (_redact.LINE - 40)} more characters cut]")
+
+
+def test_the_wait_s_progress_line_is_bounded_on_a_host_of_many_gpus(monkeypatch):
+    """A progress line names each busy GPU: on a host of 64 busy GPUs it is over 2,000 characters."""
+    said = []
+    monkeypatch.setattr(_slices.display, "display", said.append)
+    progress = "gpu_wait_idle: 0/64 GPUs idle; waiting on " + ", ".join(
+        f"GPU {i} (1024 MiB, pid {1000 + i} python3, CT 129 +3 more)" for i in range(64)) + " - 10 s of 300 s"
+    answers = iter([{"pending": True, "progress": progress, "progress_state": {}}, {"ready": True, "gpus": []}])
+    assert _slices.run_wait(lambda args: next(answers), {"timeout": 300}, "gpu-ct") == {"ready": True, "gpus": []}
+    assert len(progress) > 3000 and len(said) == 1 and len(said[0]) <= _redact.LINE
+    assert said[0].startswith("[gpu-ct] gpu_wait_idle: 0/64 GPUs idle; waiting on GPU 0 (1024 MiB, pid 1000 python3")
