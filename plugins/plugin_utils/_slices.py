@@ -42,7 +42,7 @@ def run_wait(execute, args: dict, host: str = "", whole: bool = False) -> dict:
         return execute(dict(args))
     start = time.monotonic()
     deadline = controller_deadline(args)
-    state = None
+    state = said = None
     first_look = first_details = None
     while True:
         margs = dict(args, progress_slice=SLICE_SECONDS)
@@ -64,8 +64,14 @@ def run_wait(execute, args: dict, host: str = "", whole: bool = False) -> dict:
                 res["invocation"] = dict(invocation, module_args={k: v for k, v in invocation["module_args"].items()
                                                                   if k not in INTERNAL})
             return res
+        progress = str(res.get("progress"))
+        what, sep, when = progress.rpartition(" - ")
+        if sep and what == said:
+            # The GPUs as the slice before found them: said in a few words, not a clause per busy GPU again.
+            progress = f"{what.split(';')[0]}; waiting on the same GPUs and holders{sep}{when}"
+        said = what if sep else None
         # (a clause per busy GPU: at most LINE characters, however many GPUs the host has)
-        display.display(line(f"[{host}] {res.get('progress')}" if host else res.get("progress")))
+        display.display(line(f"[{host}] {progress}" if host else progress))
         state = res["progress_state"]
         if deadline is not None and time.monotonic() - start > deadline:
             # The module ends at its timeout; a target that keeps answering "pending" must not hold the play.

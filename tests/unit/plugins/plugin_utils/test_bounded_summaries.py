@@ -87,3 +87,23 @@ def test_the_wait_s_progress_line_is_bounded_on_a_host_of_many_gpus(monkeypatch)
     assert _slices.run_wait(lambda args: next(answers), {"timeout": 300}, "gpu-ct") == {"ready": True, "gpus": []}
     assert len(progress) > 3000 and len(said) == 1 and len(said[0]) <= _redact.LINE
     assert said[0].startswith("[gpu-ct] gpu_wait_idle: 0/64 GPUs idle; waiting on GPU 0 (1024 MiB, pid 1000 python3")
+
+
+def test_a_slice_that_finds_the_gpus_as_before_says_so_in_a_few_words(monkeypatch):
+    """A wait that runs to its timeout prints a progress line per 10 s slice: 30 of them in 300 s, each naming every
+    busy GPU again (about 500 characters at 8 busy GPUs: 15 KB). A line that would say what the one before said is
+    short; a change (a GPU freed, another holder) is said in full."""
+    said = []
+    monkeypatch.setattr(_slices.display, "display", said.append)
+    busy = "gpu_wait_idle: 0/8 GPUs idle; waiting on " + ", ".join(
+        f"GPU {i} (1024 MiB, pid {1000 + i} python3, CT 129 +3 more)" for i in range(8))
+    freed = "gpu_wait_idle: 1/8 GPUs idle; waiting on " + ", ".join(
+        f"GPU {i} (1024 MiB, pid {1000 + i} python3, CT 129 +3 more)" for i in range(1, 8))
+    lines = [busy, busy, busy, freed, freed]
+    answers = iter([{"pending": True, "progress": f"{text} - {10 * (n + 1)} s of 300 s", "progress_state": {}}
+                    for n, text in enumerate(lines)] + [{"ready": True, "gpus": []}])
+    _slices.run_wait(lambda args: next(answers), {"timeout": 300}, "h")
+    same = "waiting on the same GPUs and holders"
+    assert said == [f"[h] {busy} - 10 s of 300 s", f"[h] gpu_wait_idle: 0/8 GPUs idle; {same} - 20 s of 300 s",
+                    f"[h] gpu_wait_idle: 0/8 GPUs idle; {same} - 30 s of 300 s", f"[h] {freed} - 40 s of 300 s",
+                    f"[h] gpu_wait_idle: 1/8 GPUs idle; {same} - 50 s of 300 s"]
