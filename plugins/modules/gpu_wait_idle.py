@@ -30,7 +30,8 @@ description:
     asked about the selected GPUs only (from the first look when O(gpus) are indices and O(expected_count) is
     unset, else from the second).
   - On the controller, an action plugin runs the wait in slices of about 10 s and prints a progress line per
-    slice at default verbosity. Within a slice the target polls every O(sleep) seconds.
+    slice at default verbosity (at most 2,000 characters; a line that would name the same busy GPUs and holders as
+    the one before says so in a few words). Within a slice the target polls every O(sleep) seconds.
   - Polls are cheap (the driver's view and a liveness check of known holders); the full C(/proc/*/fd) scan
     runs at the first poll, before declaring the GPUs idle, and every 15 s otherwise.
   - Ready means the next server will start, not only that nothing holds the GPUs - each selected GPU must have
