@@ -66,7 +66,7 @@ def run_wait(execute, args: dict, host: str = "", whole: bool = False) -> dict:
             return res
         progress = str(res.get("progress"))
         what, sep, when = progress.rpartition(" - ")
-        if sep and what == said:
+        if sep and what == said and "; waiting on " in what:
             # The GPUs as the slice before found them: said in a few words, not a clause per busy GPU again.
             progress = f"{what.split(';')[0]}; waiting on the same GPUs and holders{sep}{when}"
         said = what if sep else None
