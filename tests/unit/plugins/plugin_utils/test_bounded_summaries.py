@@ -91,7 +91,7 @@ def test_the_wait_s_progress_line_is_bounded_on_a_host_of_many_gpus(monkeypatch)
 
 def test_a_slice_that_finds_the_gpus_as_before_says_so_in_a_few_words(monkeypatch):
     """A wait that runs to its timeout prints a progress line per 10 s slice: 30 of them in 300 s, each naming every
-    busy GPU again (about 500 characters at 8 busy GPUs: 15 KB). A line that would say what the one before said is
+    busy GPU again (about 750 characters at 8 busy GPUs: 22 KB). A line that would say what the one before said is
     short; a change (a GPU freed, another holder) is said in full."""
     said = []
     monkeypatch.setattr(_slices.display, "display", said.append)
