@@ -11,6 +11,9 @@
    for every module, then the roles proxmox_fence and gpu_idle under ansible-runner itself: no event dropped,
    each under the limit, the set_stats artifacts too; detail: full and detail_file give the whole record.
    benchmarks/bench_output.py measures 8/32/64 GPUs with 1/4/16 processes per GPU.
+3. What predeploy prints (issue 34, item 2): on a busy 8-GPU node (four servers of 8 workers with a 300-character
+   command line in the GPU host's container), not ready and ready, `predeploy -v --diff` prints at most 15 KB and
+   no line over 2,000 characters. benchmarks/bench_output.py --predeploy measures each verbosity.
 """
 
 import json
