@@ -484,14 +484,14 @@ class Fence:
         units = self.p["units"]
         jobs = [(c["vmid"], unit) for c in running for unit in units]
         limit = self.p["pct_timeout"]
-        watch = getattr(self.io, "exec_watch", None)  # what hangs: the container (frozen), pct, its systemd
 
         def ask(job):
             vmid, unit = job
             argv = ["exec", str(vmid), "--", "systemctl", "is-active", unit]
+            watch = self.io.exec_watch(vmid, limit)  # what hangs: the container (frozen), pct, its systemd
             try:
                 rc, out, err = self.io.pct(argv, limit, f"pct exec {vmid} -- systemctl is-active {unit}",
-                                           **({"watch": watch(vmid, limit)(["pct"] + argv)} if watch else {}))
+                                           **({"watch": watch(["pct"] + argv)} if watch else {}))
             except _errors.QueryTimeout as exc:
                 raise FenceFailed("container_timeout", (exc.msg if exc.details.get("watched") else (
                     f"CT {vmid} did not answer: systemctl is-active {unit} had not returned after {limit:g} s"
@@ -517,10 +517,9 @@ class Fence:
                     self.result["services_stopped"].append(dict(vmid=vmid, unit=unit, state_before=state, rc=None,
                                                                 seconds=None))
                     continue
-                watch = getattr(self.io, "exec_watch", None)
                 stop = _release.stop_unit(lambda argv, timeout, what, **kw: self.io.pct(argv[1:], timeout, what, **kw),
                                           "pct", vmid, unit, self.p["stop_timeout"], now=self.io.now,
-                                          watch=watch(vmid, self.p["pct_timeout"]) if watch else None)
+                                          watch=self.io.exec_watch(vmid, self.p["pct_timeout"]))
                 if stop["rc"] is not None:
                     self.result["services_stopped"].append(dict(vmid=vmid, unit=unit, state_before=state, rc=stop["rc"],
                                                                 seconds=stop["seconds"]))

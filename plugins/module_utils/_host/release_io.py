@@ -6,7 +6,7 @@
 # Do not use this from other collections or standalone plugins/modules!
 
 """The real host of a release (gpu_release, the fence): snapshots, /proc, pidfd signals, the clock - what
-_release.Release is given as ``io`` (unit tests give it a fake)."""
+_release's steps are given as ``io`` (a protocols.ReleaseHost) (unit tests give it a fake)."""
 
 from __future__ import annotations
 
