@@ -201,15 +201,11 @@ class Discovery:
                          f" {describe(change['removed'])}; added: {describe(change['added'])}): it keeps its current"
                          " devices until it restarts. The GPUs reported are those it has now.")
 
-    def _rows(self, listed, configs) -> list:
+    def _node_view(self, configs, up) -> tuple:
+        """What the rows need of the node: its GPUs (None: not read), {minor: index}, {index: uuid}, whether every GPU's
+        minor is known, and what the running containers' processes hold (GPUs, MIG devices; None: not looked)."""
         gpu_minors = uuids = node_gpus = held = held_mig = None
         complete = False
-        up = {v for v in configs if listed[v]["status"] == "running"}
-        # A container whose config may pass GPUs in a way that cannot be read (_pct.parse_config's ``unknown``): what
-        # its processes hold decides, when it runs.
-        unread = [v for v in up if configs[v]["unknown"]]
-        # A running one that gets every GPU (minors null) asks for the GPUs too: is another container sharing them (cover)?
-        every = [v for v in up if configs[v]["minors"] is None and configs[v]["passthrough"]]
         caps = any(_mig.node_minor(d) is not None for c in configs.values() for d in c.get("devices") or ())
         # A running container holds what its processes hold, whatever its config passes (none: edited while it runs):
         # the kernel is asked whenever one runs, not only when another container's config passes GPUs.
@@ -224,6 +220,11 @@ class Discovery:
                     # device and capability nodes they hold open): one look, the snapshot's attribution.
                     held, held_mig = self._held()
         self._node_gpus = node_gpus
+        return node_gpus, gpu_minors, uuids, complete, held, held_mig
+
+    def _rows(self, listed, configs) -> list:
+        up = {v for v in configs if listed[v]["status"] == "running"}
+        node_gpus, gpu_minors, uuids, complete, held, held_mig = self._node_view(configs, up)
         rows = []
         for vmid, config in configs.items():
             row = listed[vmid]

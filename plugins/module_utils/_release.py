@@ -98,9 +98,9 @@ def unit_plan(targets: list, protected: list, keep_units=()) -> list:
             for (ct, unit), pids in sorted(plan.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1]))]
 
 
-def unit_command(entry: dict, systemctl: str, pct=None, on_node=True) -> list:
-    """The argv that stops one unit: in a container through ``pct exec`` when run on the node."""
-    if entry["container"] is not None and on_node:
+def unit_command(entry: dict, systemctl: str, pct=None) -> list:
+    """The argv that stops one unit: in a container through ``pct exec`` (none without ``pct``)."""
+    if entry["container"] is not None:
         if not pct:
             return []
         return [pct, "exec", str(int(entry["container"])), "--", "systemctl", "stop", entry["unit"]]
@@ -111,8 +111,7 @@ def unit_text(entry: dict) -> str:
     return entry["unit"] + (f" in CT {entry['container']}" if entry["container"] is not None else "")
 
 
-def stop_unit(run_command, pct, vmid, unit, timeout, systemctl="systemctl", now=time.monotonic, command=None,
-              watch=None) -> dict:
+def stop_unit(run_command, pct, vmid, unit, timeout, systemctl="systemctl", now=time.monotonic, watch=None) -> dict:
     """Stop one systemd unit, in CT ``vmid`` through ``pct exec <vmid> -- systemctl stop <unit>`` (on the host
     when ``vmid`` is None), for at most ``timeout`` s. The one way every module stops a unit. Raises nothing.
 
@@ -123,11 +122,11 @@ def stop_unit(run_command, pct, vmid, unit, timeout, systemctl="systemctl", now=
     sentence: what did not answer in time (rc None), systemctl failed (its rc and output), or there is no pct here.
     """
     entry = {"unit": unit, "container": vmid}
-    argv = list(command) if command else unit_command(entry, systemctl or "systemctl", pct)
+    argv = unit_command(entry, systemctl or "systemctl", pct)
     out = dict(entry, command=argv, rc=None, seconds=0.0, error="")
     where = unit_text(entry)
     if not argv:
-        out["error"] = f"cannot stop {where}: no pct here (run the task on the Proxmox VE node)"
+        out["error"] = f"cannot stop {where}: no pct here (the pct option; run the task on the Proxmox VE node)"
         return out
     started = now()
     try:
@@ -527,8 +526,7 @@ class Plan:
             if why:
                 self.warnings.append(why)
                 continue
-            entry["command"] = unit_command(entry, io.bins("systemctl") or "systemctl",
-                                            io.bins("pct") if entry["container"] is not None else None)
+            entry["command"] = unit_command(entry, io.bins("systemctl") or "systemctl", io.bins("pct"))
             self.units.append(entry)
 
     def _filtered(self) -> bool:
@@ -694,13 +692,11 @@ class Stop:
         call_limit = self.p.get("pct_timeout") or UNIT_CALL_S
         budget = self.p["grace_period"] + self.p["kill_timeout"] + call_limit
         for entry in self.plan.units:
+            done = stop_unit(io.run_command, io.bins("pct"), entry["container"], entry["unit"], budget,
+                             systemctl=io.bins("systemctl") or "systemctl", now=io.now,
+                             watch=io.exec_watch(entry["container"], call_limit))
             # Not stopped: not in stopped_units (what the summaries list as stopped); the release fails (outcome: its
             # supervisor can restart the work), its processes are signalled all the same.
-            done = stop_unit(io.run_command, io.bins("pct"), entry["container"], entry["unit"], budget,
-                             systemctl=io.bins("systemctl") or "systemctl", now=io.now, command=entry["command"],
-                             watch=io.exec_watch(entry["container"], call_limit)) if entry["command"] else dict(
-                error=f"cannot stop {unit_text(entry)}: no pct here (the pct option; run the task on the Proxmox VE"
-                      " node)")
             if done["error"]:
                 self.unstopped_units.append(dict(unit=entry["unit"], container=entry["container"], error=done["error"]))
             else:
@@ -956,14 +952,9 @@ def unstopped_message(unstopped: list) -> str:
     return (f"{len(unstopped)} unit(s) could not be stopped (" + "; ".join(u["error"].rstrip(".") for u in unstopped)
             + "): their processes were signalled instead, but systemd (Restart=) or another supervisor can start the"
               " work again, so the GPUs are not proved free. Stop " + ", ".join(unit_text(u) for u in unstopped)
-            + " yourself (" + "; ".join(_stop_hint(u) for u in unstopped) + ") or find why it did not stop, then run"
+            + " yourself (" + "; ".join(" ".join(unit_command(u, "systemctl", "pct")) for u in unstopped)
+            + ") or find why it did not stop, then run"
               " again.")
-
-
-def _stop_hint(entry) -> str:
-    if entry["container"] is not None:
-        return f"pct exec {entry['container']} -- systemctl stop {entry['unit']}"
-    return f"systemctl stop {entry['unit']}"
 
 
 def survivor_message(survivors: list, p: dict, first_signal: int) -> str:

@@ -25,16 +25,6 @@ from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors,
 holders_of = _holding.holders_of
 
 
-class Answered:
-    """An answer already in hand, read as a background job's is (``result()``)."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def result(self):
-        return self.value
-
-
 class Looks:
     """The wait's look at its GPUs (``look(full)`` -> the selected GPUs): the GPU count checked at the first look
     (expected_count), then the selection (O(gpus)). nvidia-smi is asked about the selected GPUs only (``io.restrict``):
@@ -771,12 +761,12 @@ class Resets:
 
 
 class End:
-    """How the looks ended - the value the verdict takes: ``why`` idle (idle and settled; ``job``: nvidia-smi's answer
-    asked beside the settle window, or None), blocked (``found``: the holders the release left), timeout or pending (the
-    progress slice is over); ``gpus``: the last look (None: the verdict looks once more); ``elapsed``."""
+    """How the looks ended - the value the verdict takes: ``why`` idle (idle and settled; ``answer()``: nvidia-smi's
+    answer, asked beside the settle window, or None), blocked (``found``: the holders the release left), timeout or
+    pending (the progress slice is over); ``gpus``: the last look (None: the verdict looks once more); ``elapsed``."""
 
-    def __init__(self, why: str, gpus, elapsed: float, job=None, found=()):
-        self.why, self.gpus, self.elapsed, self.job, self.found = why, gpus, elapsed, job, found
+    def __init__(self, why: str, gpus, elapsed: float, answer=None, found=()):
+        self.why, self.gpus, self.elapsed, self.answer, self.found = why, gpus, elapsed, answer, found
 
 
 class Polls:
@@ -818,19 +808,19 @@ class Polls:
                 if early[1]:
                     state.update(idle_at_first_look=False, last_holder_at=state["last_poll_at"])
                     done = False
-                confirmed = {"at": scan_at, "job": Answered(early)}
+                confirmed = {"at": scan_at, "answer": lambda answer=early: answer}
             if scan_at is not None and not done and confirmed.get("at") != scan_at:
                 # The GPUs look idle and the settle window opens: nvidia-smi is asked now, beside the polls of
                 # the window, so that the wait returns as the window closes; a holder within the window starts
                 # the window (and this) again.
-                confirmed = {"at": scan_at, "job": io.background(confirm, p, io, gpus, w.elapsed)}
+                confirmed = {"at": scan_at, "answer": io.background(confirm, p, io, gpus, w.elapsed).result}
             if not w.carried and "gpus_before" not in seen:
                 seen["gpus_before"] = gpus  # what the wait started from (later slices: the action plugin keeps it)
             seen.update(polls=state["polls"], samples=state["samples"], gpus=gpus,
                         idle_gpus=[g["index"] for g in gpus if g["idle"]], settle_from=settle_origin(state))
             elapsed = w.elapsed()
             if done:
-                return End("idle", gpus, elapsed, job=confirmed.get("job") if confirmed.get("at") == scan_at else None)
+                return End("idle", gpus, elapsed, answer=confirmed.get("answer") if confirmed.get("at") == scan_at else None)
             end = self._ends_here(gpus, elapsed, slice_end)
             if end is not None:
                 return end
@@ -867,7 +857,7 @@ class Verdict:
     def _idle(self, end: End):
         """The GPUs are idle and settled: nvidia-smi has the last word (its early answer, when it agreed)."""
         w, seen, gpus = self.w, self.seen, end.gpus
-        early = end.job.result() if end.job is not None else None
+        early = end.answer() if end.answer is not None else None
         found, disagreement = early if early is not None and not early[1] else confirm(w.p, w.io, gpus, w.elapsed)
         seen.update(confirmation=found, elapsed=round(w.elapsed(), 3))
         if disagreement:

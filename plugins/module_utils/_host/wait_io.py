@@ -89,7 +89,7 @@ class WaitIO:
 
     def read(self, pid: int):
         """The process with its raw command line (to match protect only), or None when it is gone."""
-        return self.taker._read_for_build(pid)
+        return self.taker.read_for_build(pid)
 
     @staticmethod
     def exe(pid: int):
