@@ -608,8 +608,8 @@ class Stop:
         return self
 
     def signal(self, procs: list, sig: int) -> None:
-        """Pin and signal more processes (the watch's children of targets)."""
-        self.sent |= self._signal(self._pin(procs), sig)
+        """Pin and signal more processes (the watch's children of targets; ``sent`` says what the stop itself did)."""
+        self._signal(self._pin(procs), sig)
 
     def _pin(self, procs: list) -> list:
         pinned = []
