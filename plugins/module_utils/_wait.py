@@ -19,6 +19,8 @@ not when the memory is freed, and any holder that appears restarts it.
 
 from __future__ import annotations
 
+import collections
+
 from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _health, _holding, _smi, _snapshot, _validate
 
 
@@ -760,13 +762,10 @@ class Resets:
                 result["diff"] = reset_diff(resets)
 
 
-class End:
-    """How the looks ended - the value the verdict takes: ``why`` idle (idle and settled; ``answer()``: nvidia-smi's
-    answer, asked beside the settle window, or None), blocked (``found``: the holders the release left), timeout or
-    pending (the progress slice is over); ``gpus``: the last look (None: the verdict looks once more); ``elapsed``."""
-
-    def __init__(self, why: str, gpus, elapsed: float, answer=None, found=()):
-        self.why, self.gpus, self.elapsed, self.answer, self.found = why, gpus, elapsed, answer, found
+# How the looks ended - the value the verdict takes: ``why`` idle (idle and settled; ``answer()``: nvidia-smi's answer,
+# asked beside the settle window, or None), blocked (``found``: the holders the release left), timeout or pending (the
+# progress slice is over); ``gpus``: the last look (None: the verdict looks once more); ``elapsed``.
+End = collections.namedtuple("End", "why gpus elapsed answer found", defaults=(None, ()))
 
 
 class Polls:
