@@ -79,14 +79,13 @@ demo: venv sim layout
 
 # `make test` writes nothing into HOME but pip's cache: it compares a listing of HOME
 # (.ci/home_listing.sh) before and after the gates.
+# The gates (.ci/gates.sh): first two tracks side by side, sanity then units beside lint then packaging (each mostly
+# one core: ansible-test, pip, pylint, ansible-galaxy), then one by one the gates that time real processes.
 test: venv sim layout
 	@start=$$(date +%s); \
 	mkdir -p $(HOME); before=$$(.ci/home_listing.sh $(USER_HOME)); \
-	for gate in sanity lint units simtests packaging integration molecule bench-smoke; do \
-	  echo "=== gate: $$gate"; t0=$$(date +%s); \
-	  $(MAKE) --no-print-directory $$gate || { echo "=== gate FAILED: $$gate"; exit 1; }; \
-	  echo "=== gate ok: $$gate ($$(( $$(date +%s) - t0 )) s)"; \
-	done; \
+	MAKE="$(MAKE)" .ci/gates.sh "sanity units" "lint packaging" || exit 1; \
+	for gate in simtests integration molecule bench-smoke; do MAKE="$(MAKE)" .ci/gates.sh $$gate || exit 1; done; \
 	after=$$(.ci/home_listing.sh $(USER_HOME)); \
 	if [ "$$before" != "$$after" ]; then echo "=== make test changed HOME ($(USER_HOME)); it may write only pip's cache there:"; \
 	  diff <(echo "$$before") <(echo "$$after") || true; exit 1; fi; \
