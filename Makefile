@@ -113,10 +113,12 @@ sshd-prereqs:
 # Two pytest workers (pytest-xdist), a file each at a time: most of these tests wait on real processes,
 # containers and timeouts, so two run side by side on CI's 2 cores (16 -> 8 min there). Every test
 # reserves its vmids machine-wide (gpusimkit.vmids) and builds its own simulator, so none collide.
+# The files go out longest first (tests/functional/conftest.py, LONGEST_FIRST; --no-loadscope-reorder keeps that
+# order, where pytest-xdist would start the files with the most tests first and the few long ones last).
 # SIMTESTS_WORKERS=0 runs them one after the other.
 SIMTESTS_WORKERS ?= 2
 simtests: venv sim sshd-prereqs
-	$(PYTEST) -q -p no:cacheprovider -n $(SIMTESTS_WORKERS) --dist loadfile tests/gpusim/tests tests/functional
+	$(PYTEST) -q -p no:cacheprovider -n $(SIMTESTS_WORKERS) --dist loadfile --no-loadscope-reorder tests/gpusim/tests tests/functional
 
 # The generated scenarios of tests/functional/test_scenarios.py, longer than in make test (which runs
 # GPUOPS_SCENARIOS=16 of them): FUZZ_EXAMPLES examples, FUZZ_SEED to draw others.
