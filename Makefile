@@ -79,12 +79,13 @@ demo: venv sim layout
 
 # `make test` writes nothing into HOME but pip's cache: it compares a listing of HOME
 # (.ci/home_listing.sh) before and after the gates.
-# The gates (.ci/gates.sh): first two tracks side by side, sanity then units beside lint then packaging (each mostly
-# one core: ansible-test, pip, pylint, ansible-galaxy), then one by one the gates that time real processes.
+# The gates (.ci/gates.sh): first two tracks side by side, sanity then packaging beside lint then units (each mostly
+# one core but units' pytest: ansible-test, pip, pylint, ansible-galaxy), then one by one the gates that time real
+# processes.
 test: venv sim layout
 	@start=$$(date +%s); \
 	mkdir -p $(HOME); before=$$(.ci/home_listing.sh $(USER_HOME)); \
-	MAKE="$(MAKE)" .ci/gates.sh "sanity units" "lint packaging" || exit 1; \
+	MAKE="$(MAKE)" .ci/gates.sh "sanity packaging" "lint units" || exit 1; \
 	for gate in simtests integration molecule bench-smoke; do MAKE="$(MAKE)" .ci/gates.sh $$gate || exit 1; done; \
 	after=$$(.ci/home_listing.sh $(USER_HOME)); \
 	if [ "$$before" != "$$after" ]; then echo "=== make test changed HOME ($(USER_HOME)); it may write only pip's cache there:"; \
