@@ -268,3 +268,26 @@ def test_a_bad_predeploy_serial_is_refused_naming_it(gpusim, collection, tmp_pat
     assert rc not in (0, 250), out[-3000:]
     assert "Traceback" not in out
     assert "predeploy_serial must be a number, a percentage or a list of them" in out and "got abc" in out, out[-3000:]
+
+
+def test_one_module_run_per_host_and_no_task_for_the_node_a_gpu_host_names(gpusim, collection, tmp_path, vmids):
+    """The common case (the server stops within the wait's first slice): the fence, the release and the wait are one
+    module run on the node (gpuops.gpu.predeploy_host), and the node that the GPU host names has no task of its own in
+    the first play (no recap line: its meta end_host runs in ansible-playbook's own process)."""
+    ct = vmids[0]
+    host = gpusim
+    host.ct_create(ct, hostname="gpu-ct", gpus="0-1")
+    host.ct_start(ct)
+    server = host.hold(gpus="0-1", mib=4096, ct=ct, tree=True, name="python3 serve.py")
+    runs = tmp_path / "module-runs.log"
+    python = tmp_path / "python"  # the interpreter: each module run's script (non-pipelined: its file), then Python
+    python.write_text(f'#!/bin/sh\nbasename "$1" >> {runs}\nexec {sys.executable} "$@"\n', encoding="utf-8")
+    python.chmod(0o755)
+    inv = inventory(host, {"gpu-ct": {"proxmox_node": "pve", "proxmox_vmid": ct}})
+    inv["all"]["vars"]["ansible_python_interpreter"] = str(python)
+    rc, out, _took = playbook(host, collection, tmp_path, inv)
+    assert rc == 0, out[-4000:]
+    assert not alive(server)
+    assert runs.read_text(encoding="utf-8").split() == ["AnsiballZ_predeploy_host.py"], out[-3000:]
+    assert recap(out, "gpu-ct") == {"ok": 1, "changed": 1, "unreachable": 0, "failed": 0, "skipped": 1, "rescued": 0}
+    assert not re.search(r"^pve\s+:", out, re.M), out[-3000:]
