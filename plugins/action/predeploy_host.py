@@ -36,6 +36,9 @@ from ansible.utils.display import Display
 from ansible_collections.gpuops.gpu.plugins.module_utils import _validate
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import STEP_MARK, STEP_MODULES, InvalidOption
 from ansible_collections.gpuops.gpu.plugins.plugin_utils import _results
+# Every host's task makes a table: imported here, in ansible-playbook's main process, which imports this class before
+# it forks the task's workers (see SPECS), not in each worker from source (_results imports them where it makes one).
+from ansible_collections.gpuops.gpu.plugins.plugin_utils import _tables  # noqa: F401 pylint: disable=unused-import
 from ansible_collections.gpuops.gpu.plugins.plugin_utils._slices import SLICE_SECONDS, run_wait
 
 display = Display()
