@@ -175,10 +175,11 @@ def handoff(fence_result, release_result, wait_args: dict) -> dict:
 
 
 def steps(module, asked: dict) -> dict:
-    """predeploy_host's one module run: each step of ``asked`` ({step: its module's options}), in order, with those options checked by its
-    module's spec and its result as its module returns it (``failed`` when it failed); a step runs only after the one
-    before succeeded; each writes _errors.STEP_MARK and its module's name to stderr as it starts. A step that raises something other than a GpuError (a bug) is a crash of that step, with its
-    traceback, and nothing more runs. ``handed``: what the wait was handed (its later slices take it too)."""
+    """predeploy_host's one module run: each step of ``asked`` ({step: its module's options}), in order, with those
+    options checked by its module's spec and its result as its module returns it (``failed`` when it failed); a step
+    runs only after the one before succeeded; each writes _errors.STEP_MARK and its module's name to stderr as it
+    starts. A step that raises something other than a GpuError (a bug) is a crash of that step, with its traceback,
+    and nothing more runs. ``handed``: what the wait was handed (its later slices take it too)."""
     out, done = {}, {}
     for name, module_name, spec, run in STEPS:
         given = asked.get(name)
