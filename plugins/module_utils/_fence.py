@@ -201,15 +201,11 @@ class Discovery:
                          f" {describe(change['removed'])}; added: {describe(change['added'])}): it keeps its current"
                          " devices until it restarts. The GPUs reported are those it has now.")
 
-    def _rows(self, listed, configs) -> list:
+    def _node_view(self, configs, up) -> tuple:
+        """What the rows need of the node: its GPUs (None: not read), {minor: index}, {index: uuid}, whether every GPU's
+        minor is known, and what the running containers' processes hold (GPUs, MIG devices; None: not looked)."""
         gpu_minors = uuids = node_gpus = held = held_mig = None
         complete = False
-        up = {v for v in configs if listed[v]["status"] == "running"}
-        # A container whose config may pass GPUs in a way that cannot be read (_pct.parse_config's ``unknown``): what
-        # its processes hold decides, when it runs.
-        unread = [v for v in up if configs[v]["unknown"]]
-        # A running one that gets every GPU (minors null) asks for the GPUs too: is another container sharing them (cover)?
-        every = [v for v in up if configs[v]["minors"] is None and configs[v]["passthrough"]]
         caps = any(_mig.node_minor(d) is not None for c in configs.values() for d in c.get("devices") or ())
         # A running container holds what its processes hold, whatever its config passes (none: edited while it runs):
         # the kernel is asked whenever one runs, not only when another container's config passes GPUs.
@@ -224,6 +220,11 @@ class Discovery:
                     # device and capability nodes they hold open): one look, the snapshot's attribution.
                     held, held_mig = self._held()
         self._node_gpus = node_gpus
+        return node_gpus, gpu_minors, uuids, complete, held, held_mig
+
+    def _rows(self, listed, configs) -> list:
+        up = {v for v in configs if listed[v]["status"] == "running"}
+        node_gpus, gpu_minors, uuids, complete, held, held_mig = self._node_view(configs, up)
         rows = []
         for vmid, config in configs.items():
             row = listed[vmid]
@@ -484,14 +485,14 @@ class Fence:
         units = self.p["units"]
         jobs = [(c["vmid"], unit) for c in running for unit in units]
         limit = self.p["pct_timeout"]
-        watch = getattr(self.io, "exec_watch", None)  # what hangs: the container (frozen), pct, its systemd
 
         def ask(job):
             vmid, unit = job
             argv = ["exec", str(vmid), "--", "systemctl", "is-active", unit]
+            watch = self.io.exec_watch(vmid, limit)  # what hangs: the container (frozen), pct, its systemd
             try:
                 rc, out, err = self.io.pct(argv, limit, f"pct exec {vmid} -- systemctl is-active {unit}",
-                                           **({"watch": watch(vmid, limit)(["pct"] + argv)} if watch else {}))
+                                           **({"watch": watch(["pct"] + argv)} if watch else {}))
             except _errors.QueryTimeout as exc:
                 raise FenceFailed("container_timeout", (exc.msg if exc.details.get("watched") else (
                     f"CT {vmid} did not answer: systemctl is-active {unit} had not returned after {limit:g} s"
@@ -517,10 +518,9 @@ class Fence:
                     self.result["services_stopped"].append(dict(vmid=vmid, unit=unit, state_before=state, rc=None,
                                                                 seconds=None))
                     continue
-                watch = getattr(self.io, "exec_watch", None)
                 stop = _release.stop_unit(lambda argv, timeout, what, **kw: self.io.pct(argv[1:], timeout, what, **kw),
                                           "pct", vmid, unit, self.p["stop_timeout"], now=self.io.now,
-                                          watch=watch(vmid, self.p["pct_timeout"]) if watch else None)
+                                          watch=self.io.exec_watch(vmid, self.p["pct_timeout"]))
                 if stop["rc"] is not None:
                     self.result["services_stopped"].append(dict(vmid=vmid, unit=unit, state_before=state, rc=stop["rc"],
                                                                 seconds=stop["seconds"]))

@@ -5,12 +5,12 @@
 # Note that this module util is **PRIVATE** to the collection. It can have breaking changes at any time.
 # Do not use this from other collections or standalone plugins/modules!
 
-"""The release sequence of gpu_release: the scope gate applied, units, signals, escalation,
-watching for respawns and newcomers.
+"""The release of gpu_release and the fence, in steps that hand values on: the plan (``Plan``: the scope gate
+applied, the targets, the units), what was stopped (``Stop``: units, signals, escalation), the watch for respawns and
+newcomers (``Watch``), then the outcome (``release``); ``run_release`` runs them.
 
-Everything here decides through one gate (_scope.Scope); the I/O (snapshots, /proc, signals,
-commands, the clock) is injected through an object with the methods of ``_host.release_io.ReleaseIO``, so that unit
-tests drive the whole sequence. No AnsibleModule.
+Everything here decides through one gate (_scope.Scope); the I/O (snapshots, /proc, signals, commands, the clock) is
+a ``_host.protocols.ReleaseHost`` (``_host.release_io.ReleaseIO``; the unit tests' fake). No AnsibleModule.
 """
 
 from __future__ import annotations
@@ -98,9 +98,9 @@ def unit_plan(targets: list, protected: list, keep_units=()) -> list:
             for (ct, unit), pids in sorted(plan.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1]))]
 
 
-def unit_command(entry: dict, systemctl: str, pct=None, on_node=True) -> list:
-    """The argv that stops one unit: in a container through ``pct exec`` when run on the node."""
-    if entry["container"] is not None and on_node:
+def unit_command(entry: dict, systemctl: str, pct=None) -> list:
+    """The argv that stops one unit: in a container through ``pct exec`` (none without ``pct``)."""
+    if entry["container"] is not None:
         if not pct:
             return []
         return [pct, "exec", str(int(entry["container"])), "--", "systemctl", "stop", entry["unit"]]
@@ -111,8 +111,7 @@ def unit_text(entry: dict) -> str:
     return entry["unit"] + (f" in CT {entry['container']}" if entry["container"] is not None else "")
 
 
-def stop_unit(run_command, pct, vmid, unit, timeout, systemctl="systemctl", now=time.monotonic, command=None,
-              watch=None) -> dict:
+def stop_unit(run_command, pct, vmid, unit, timeout, systemctl="systemctl", now=time.monotonic, watch=None) -> dict:
     """Stop one systemd unit, in CT ``vmid`` through ``pct exec <vmid> -- systemctl stop <unit>`` (on the host
     when ``vmid`` is None), for at most ``timeout`` s. The one way every module stops a unit. Raises nothing.
 
@@ -123,11 +122,11 @@ def stop_unit(run_command, pct, vmid, unit, timeout, systemctl="systemctl", now=
     sentence: what did not answer in time (rc None), systemctl failed (its rc and output), or there is no pct here.
     """
     entry = {"unit": unit, "container": vmid}
-    argv = list(command) if command else unit_command(entry, systemctl or "systemctl", pct)
+    argv = unit_command(entry, systemctl or "systemctl", pct)
     out = dict(entry, command=argv, rc=None, seconds=0.0, error="")
     where = unit_text(entry)
     if not argv:
-        out["error"] = f"cannot stop {where}: no pct here (run the task on the Proxmox VE node)"
+        out["error"] = f"cannot stop {where}: no pct here (the pct option; run the task on the Proxmox VE node)"
         return out
     started = now()
     try:
@@ -416,21 +415,28 @@ def changed_text(change: dict) -> str:
             " not (only) by this release's signals")
 
 
-# --- the sequence --------------------------------------------------------------------------------
-class _PlanMixin:
-    """The release's first step, before anything is signalled: the gate, the targets, the units (``plan``), and what
-    check mode reports (``check_mode_result``)."""
+# --- the steps: a plan, then what was stopped, then the outcome ---------------------------------------------------
+class Plan:
+    """The release's first step, before anything is signalled: the gate (``scope``), its targets, the units to stop
+    (``units``), the containers' inits (``inits``) - the value the stop and the watch take. ``problem`` says why the
+    release must not proceed ('' when it may; ``kind``, ReleaseFailed's); ``result`` what it reports (check mode's
+    answer: ``check_mode_result``); ``warnings`` what it found to say."""
 
-    def plan(self, all_gpus: list, before: list) -> str:
-        """Decide the scope and the units. Returns why the release must not proceed ('' when it may)."""
+    def __init__(self, p: dict, filters: dict, io, all_gpus: list, before: list):
+        self.p, self.filters, self.io, self.before = p, filters, io, before
+        self.kind = "scope"
+        self.units, self.inits, self.warnings = [], {}, []
+        self.result = dict(changed=False, gpus_before=before)
+        self.problem = self._decide(all_gpus, before)
+
+    def _decide(self, all_gpus: list, before: list) -> str:
         me, chain = self.io.me()
         untrusted = self._gate(all_gpus, before, me, chain)
         self._choose_targets(all_gpus, {g["index"] for g in before}, untrusted)
         targets = self.scope.targets
         self.known = {(x["pid"], x.get("start_time")) for g in all_gpus for x in list(g["processes"]) + list(g["holders"])}
         self.known |= {_scope.identity(t) for t in targets}
-        self.result.update(gpus_before=before,
-                           protected=[report(x, reason=x["reason"]) for x in self.scope.protected],
+        self.result.update(protected=[report(x, reason=x["reason"]) for x in self.scope.protected],
                            skipped_processes=[report(x, reason=x["reason"]) for x in self.scope.skipped])
         problem = self._refusal(targets)
         if problem:
@@ -440,7 +446,7 @@ class _PlanMixin:
             self._nothing_selected_warning(before)
         if self.p["stop_units"]:
             self._plan_units(all_gpus, targets, me, chain)
-        self.result["changed"] = bool(targets or self.plan_units)
+        self.result["changed"] = bool(targets or self.units)
         # Before anything is stopped (and in check mode too): a target this user may not signal (not root)
         # fails the release here, naming root and become (_errors.NotPermitted).
         self.io.check_may_signal(targets)
@@ -472,10 +478,8 @@ class _PlanMixin:
         for pid in sorted(set(p["pids"] or []) - holding):
             invisible.append({"pid": pid, "gpus": [], "reason": "named in pids, but it holds none of the selected GPUs"
                                                                 " (no context, no device node, no NVIDIA node at all)"})
-        self.contexts = _holding.context_gpus(all_gpus)
-        self.holder_ids = gpu_holder_ids(all_gpus, untrusted)
-        choose(self.scope, found, self.contexts, self.holder_ids, p["tree"], io.read,
-               io.children() if p["tree"] else None)
+        choose(self.scope, found, _holding.context_gpus(all_gpus), gpu_holder_ids(all_gpus, untrusted), p["tree"],
+               io.read, io.children() if p["tree"] else None)
         for s in invisible:
             self.scope.refuse(dict(s, start_time=s.get("start_time")), s["reason"])
 
@@ -488,24 +492,22 @@ class _PlanMixin:
         if problem:
             self.result["places"] = places(targets)
             return problem
-        frozen = frozen_targets(targets, getattr(self.io, "frozen", None))
+        frozen = frozen_targets(targets, self.io.frozen)
         if frozen:
-            self.problem_kind = "container_frozen"
+            self.kind = "container_frozen"
             self.result["frozen"] = [{"container": ct, "pids": pids} for ct, pids in frozen.items()]
             return frozen_message(frozen)
         return ""
 
-    def _init_of(self, proc):
+    def init_of(self, proc):
         return container_init(proc, self.io.read, self.io.cgroup_procs)
 
     def _note_inits(self, targets: list) -> None:
         """{vmid: ((pid, start_time) of its init, a target in it)}: to tell a container stopped or restarted meanwhile."""
-        init_of = self._init_of
-        self.inits = {}
         for t in targets:
             ct = _scope.container_id(t)
             if ct is not None and ct not in self.inits:
-                init = init_of(t)
+                init = self.init_of(t)
                 if init is not None:
                     self.inits[ct] = (init, t)
 
@@ -524,9 +526,8 @@ class _PlanMixin:
             if why:
                 self.warnings.append(why)
                 continue
-            entry["command"] = unit_command(entry, io.bins("systemctl") or "systemctl",
-                                            io.bins("pct") if entry["container"] is not None else None)
-            self.plan_units.append(entry)
+            entry["command"] = unit_command(entry, io.bins("systemctl") or "systemctl", io.bins("pct"))
+            self.units.append(entry)
 
     def _filtered(self) -> bool:
         """Whether a filter (containers, users, match, pids) narrows the release's scope."""
@@ -548,25 +549,67 @@ class _PlanMixin:
             self.warnings.append("the scope selects none of the processes that hold the selected GPUs: "
                                  + "; ".join(shown[:5]) + more)
 
-    def check_mode_result(self, diff: bool) -> dict:
-        res = self.result
-        res["gpus"] = res.pop("gpus_before")  # its one look, said once
-        res["quiet_since"] = None
-        res["left_holders"] = self._left_holders(res["gpus"])
-        res["stopped_units"] = [dict(e, rc=None, seconds=None) for e in self.plan_units]
-        res["released"] = [report(t, signals=[], seconds=None) for t in self.scope.targets]
-        if diff:
-            res["diff"] = release_diff([dict(e, state_after="stopped") for e in self.plan_units], res["gpus"],
-                                       None, self.scope.targets, self._diff_limit())
-        return res
-
-    def _diff_limit(self):
+    def diff_limit(self):
         """The units and holders per GPU a diff names: _bound's cap in summary, all of them with detail: full."""
         return None if self.p.get("detail") == _bound.FULL else _bound.CAP
 
+    def check_mode_result(self, diff: bool) -> dict:
+        """Check mode's answer: what the release would do, from its one look (in ``gpus``)."""
+        res = {k: v for k, v in self.result.items() if k != "gpus_before"}
+        targets = self.scope.targets
+        res.update(gpus=self.before, quiet_since=None, left_holders=left_holders(self.scope, self.before),
+                   stopped_units=[dict(e, rc=None, seconds=None) for e in self.units], unstopped_units=[],
+                   released=[report(t, signals=[], seconds=None) for t in targets], survivors=[], respawned=[])
+        if diff:
+            res["diff"] = release_diff([dict(e, state_after="stopped") for e in self.units], self.before, None,
+                                       targets, self.diff_limit())
+        return res
 
-class _StopMixin:
-    """The release's second step: the units stopped, the targets pinned and signalled, escalation (``run``)."""
+
+class Stop:
+    """The release's second step, given the plan: its units stopped, its targets pinned and signalled, escalation;
+    ``run()`` returns this step as what was stopped - ``released``, ``survivors``, ``skipped`` (not signalled after
+    all), ``stopped_units``/``unstopped_units``, ``frozen``, ``quiet_from`` (io.now() when a holder was last seen),
+    ``sent`` (whether anything was signalled or stopped), the ``problems`` and ``warnings`` found. The watch signals
+    the children it finds through it (``signal``)."""
+
+    def __init__(self, plan: Plan, io):
+        self.plan, self.p, self.io, self.scope = plan, plan.p, io, plan.scope
+        self.released, self.survivors, self.skipped, self.frozen = [], [], [], []
+        self.stopped_units, self.unstopped_units, self.problems, self.warnings = [], [], [], []
+        self.quiet_from = None
+        self.t0 = io.now()
+        self.t0_ticks = io.ticks_now()
+        # The (session, process group) of each target: a child it forks keeps them, a supervisor's restart does not.
+        self.groups = {}
+        for t in self.scope.targets:
+            now = io.read(t["pid"])
+            if now is not None and now.get("start_time") == t.get("start_time"):
+                self.groups[(now.get("session"), now.get("pgrp"))] = t
+
+    def units_stopped(self) -> set:
+        """{(container, unit)} that this release stopped."""
+        return {(u["container"], u["unit"]) for u in self.stopped_units}
+
+    def run(self, first_signal: int):
+        pinned = self._pin(self.scope.targets)
+        self._stop_units()
+        frozen = frozen_targets([t.info for t in pinned], self.io.frozen)
+        if frozen:
+            # Frozen since the plan (a backup started): no signal - after the thaw its supervisor would restart it.
+            for target in pinned:
+                target.close()
+            pinned = []
+            self.frozen = [{"container": ct, "pids": pids} for ct, pids in frozen.items()]
+            self.unstopped_units = [u for u in self.unstopped_units if u["container"] not in frozen]
+            self.problems.append(frozen_message(frozen, "Nothing was signalled" + (
+                " (the units in stopped_units were stopped before)" if self.stopped_units else "")))
+        self.sent = self._signal(pinned, first_signal) or bool(self.stopped_units)
+        return self
+
+    def signal(self, procs: list, sig: int) -> None:
+        """Pin and signal more processes (the watch's children of targets; ``sent`` says what the stop itself did)."""
+        self._signal(self._pin(procs), sig)
 
     def _pin(self, procs: list) -> list:
         pinned = []
@@ -579,14 +622,14 @@ class _StopMixin:
                 continue
             target.close()
             if ok or target.recycled:
-                self.result["skipped_processes"].append(report(
+                self.skipped.append(report(
                     t, reason=(why or "the pid now belongs to another process (recycled)") + "; not signalled"))
             else:
                 # It exited between the snapshot and now (its parent took it along): released, unsignalled.
-                self.result["released"].append(report(t, signals=[], seconds=0.0))
+                self.released.append(report(t, signals=[], seconds=0.0))
         return pinned
 
-    def _stop(self, pinned: list, sig: int) -> bool:
+    def _signal(self, pinned: list, sig: int) -> bool:
         """Signal every pinned target at once (children and parents together), escalate, record."""
         p, io = self.p, self.io
         sent = False
@@ -620,114 +663,93 @@ class _StopMixin:
                        else self._why_alive(target, signal_name(sig), killed="SIGKILL" in target.signals))
                 if why:
                     entry["why_alive"] = why
-                self.result["survivors"].append(entry)
+                self.survivors.append(entry)
             elif target.pid in why_slow and "SIGKILL" in target.signals:
-                self.result["released"].append(entry)
+                self.released.append(entry)
                 self.warnings.append(
                     f"{_holding.describe(entry)} did not exit on {signal_name(sig)} within grace_period"
                     f" ({p['grace_period']:g} s) and was killed with SIGKILL: it is {why_slow[target.pid]}")
             else:
-                self.result["released"].append(entry)
+                self.released.append(entry)
             target.close()
         return sent
 
     def _why_alive(self, target, first: str, killed=False) -> str:
         """Why a target may not act on ``first`` ('' when nothing is known): a process in a frozen cgroup, or
         (before SIGKILL, which it cannot ignore) PID 1 of a nested PID namespace."""
-        now = self._now_of(target)
-        if now is None:
-            return ""
-        frozen = getattr(self.io, "frozen", None)
-        if frozen is not None and frozen(target.pid):
+        now = self.io.read(target.pid)
+        if now is None or now.get("start_time") != target.info.get("start_time"):
+            return ""  # the pid is gone or names another process
+        if self.io.frozen(target.pid):
             return frozen_text(now)
         if not killed and nested_init(now):
             return nested_init_text(first)
         return ""
 
-    def _now_of(self, target):
-        """The pinned target as read now (None when the pid is gone or names another process)."""
-        now = self.io.read(target.pid)
-        return now if now is not None and now.get("start_time") == target.info.get("start_time") else None
-
-    def _stop_units(self) -> tuple:
-        sent, stopped = False, set()
+    def _stop_units(self) -> None:
+        io = self.io
         # A unit's stop may take its holders' time (grace_period + kill_timeout), and pct one call's (pct_timeout).
         call_limit = self.p.get("pct_timeout") or UNIT_CALL_S
         budget = self.p["grace_period"] + self.p["kill_timeout"] + call_limit
-        watch = getattr(self.io, "exec_watch", None)  # what hangs in a pct exec: the container, pct, its systemd
-        for entry in self.plan_units:
-            if not entry["command"]:
-                # Not stopped: the release fails (_judge_outcome), its processes are signalled all the same.
-                self.result["unstopped_units"].append(dict(
-                    unit=entry["unit"], container=entry["container"],
-                    error=f"cannot stop {unit_text(entry)}: no pct here (the pct option; run the task on the Proxmox VE"
-                          " node)"))
-                continue
-            done = stop_unit(self.io.run_command, self.io.bins("pct"), entry["container"], entry["unit"], budget,
-                             systemctl=self.io.bins("systemctl") or "systemctl", now=self.io.now,
-                             command=entry["command"], watch=watch(entry["container"], call_limit) if watch else None)
+        for entry in self.plan.units:
+            done = stop_unit(io.run_command, io.bins("pct"), entry["container"], entry["unit"], budget,
+                             systemctl=io.bins("systemctl") or "systemctl", now=io.now,
+                             watch=io.exec_watch(entry["container"], call_limit))
+            # Not stopped: not in stopped_units (what the summaries list as stopped); the release fails (outcome: its
+            # supervisor can restart the work), its processes are signalled all the same.
             if done["error"]:
-                # Not stopped: not in stopped_units (what the summaries list as stopped); the release fails
-                # (_judge_outcome: its supervisor can restart the work), its processes are signalled all the same.
-                self.result["unstopped_units"].append(dict(unit=entry["unit"], container=entry["container"],
-                                                           error=done["error"]))
+                self.unstopped_units.append(dict(unit=entry["unit"], container=entry["container"], error=done["error"]))
+            else:
+                self.stopped_units.append(dict(entry, rc=done["rc"], seconds=done["seconds"]))
+
+
+class Watch:
+    """The release's third step, given the plan and what was stopped: it watches for respawns and newcomers
+    (``run()`` returns the selected GPUs as its last look saw them, None when it could not look). A child that
+    appeared below a signalled target is released through the gate (``Stop.signal``); every other new holder of a
+    selected GPU is reported (``respawned``), never signalled."""
+
+    def __init__(self, plan: Plan, stopped: Stop, io):
+        self.plan, self.stopped, self.p, self.io, self.scope = plan, stopped, plan.p, io, plan.scope
+        self.known = set(plan.known)
+        self.respawned = []
+
+    def run(self, first_signal: int):
+        """``look_once`` when nothing was signalled or stopped (an idle node, or every holder left by the gate): no
+        newcomer can descend from a target and nothing of ours can respawn, so one look after is all it takes."""
+        io, p, stopped = self.io, self.p, self.stopped
+        supervised = {(_scope.container_id(t), t.get("unit")) for t in self.scope.targets
+                      if (t.get("unit") or "").endswith(".service")} - stopped.units_stopped()
+        watch_until = io.now() + (0.0 if not stopped.sent else RESPAWN_WATCH_S if supervised else NEWCOMER_WATCH_S)
+        after = None
+        selected = self.scope.selected
+        device = device_holders(self.plan.before)
+        while True:
+            try:
+                after_all = io.snapshot(p["include_device_holders"])
+                after = [g for g in after_all if g["index"] in selected]
+            except _errors.GpuError:
+                return None
+            now_device = device_holders(after)
+            if now_device != device or any(g.get("processes") for g in after):
+                stopped.quiet_from = io.now()  # a context, or a device-node holder came or went: quiet from here
+            device = now_device
+            self.scope.mps.update(_scope.mps_of(after_all))
+            new, _invisible = _holding.release_candidates(after_all, selected, p["include_device_holders"], p["pids"])
+            contexts = _holding.context_gpus(after_all)
+            forked = [e for e in (self._newcomer(x, contexts) for x in new) if e is not None]
+            if forked:
+                # SIGKILL at once: they had their graceful signal through their parent, and a child that
+                # forked in a SIGTERM handler would fork again on its own SIGTERM.
+                stopped.signal(forked, SIGKILL if p["escalate"] else first_signal)
                 continue
-            self.result["stopped_units"].append(dict(entry, rc=done["rc"], seconds=done["seconds"]))
-            sent = True
-            stopped.add((entry["container"], entry["unit"]))
-        return sent, stopped
+            if self.respawned or io.now() >= watch_until:
+                return after
+            io.sleep(RESPAWN_POLL_S)
 
-    def run(self, first_signal: int, diff: bool) -> dict:
-        io, res = self.io, self.result
-        self.t0 = io.now()
-        t0_ticks = io.ticks_now()
-        targets = self.scope.targets
-        # The (session, process group) of each target: a child it forks keeps them, a supervisor's restart does not.
-        groups = {}
-        for t in targets:
-            now = io.read(t["pid"])
-            if now is not None and now.get("start_time") == t.get("start_time"):
-                groups[(now.get("session"), now.get("pgrp"))] = t
-        pinned = self._pin(targets)
-        sent_any, stopped = self._stop_units()
-        self.units_stopped = stopped
-        frozen = frozen_targets([t.info for t in pinned], getattr(io, "frozen", None))
-        if frozen:
-            # Frozen since the plan (a backup started): no signal - after the thaw its supervisor would restart it.
-            for target in pinned:
-                target.close()
-            pinned = []
-            res["frozen"] = [{"container": ct, "pids": pids} for ct, pids in frozen.items()]
-            res["unstopped_units"] = [u for u in res["unstopped_units"] if u["container"] not in frozen]
-            self.problems.append(frozen_message(frozen, "Nothing was signalled" + (
-                " (the units in stopped_units were stopped before)" if stopped else "")))
-        sent_any |= self._stop(pinned, first_signal)
-        supervised = {(_scope.container_id(t), t.get("unit")) for t in targets
-                      if (t.get("unit") or "").endswith(".service")} - stopped
-        # Nothing signalled and no unit stopped (an idle node, or every holder left by the gate): no newcomer can descend
-        # from a target and nothing of ours can respawn, so one look after is all the watch has to take.
-        after = self._watch(first_signal, groups, t0_ticks, supervised, look_once=not (sent_any or stopped))
-        res["containers_changed"] = container_changes(self.inits, io.read, self._init_of) if self.inits else []
-        res["changed"] = sent_any or bool(stopped)
-        res["gpus"] = after
-        res["quiet_since"] = self._quiet_since(after)
-        res["left_holders"] = self._left_holders(after)
-        if after is not None and diff:
-            done = {(u["container"], u["unit"]) for u in res["stopped_units"]}
-            units = [dict(e, state_after="stopped" if (e["container"], e["unit"]) in done else "active (not stopped)")
-                     for e in self.plan_units]
-            res["diff"] = release_diff(units, res["gpus_before"], after, limit=self._diff_limit())
-        self._judge_outcome(first_signal)
-        return res
-
-
-class _WatchMixin:
-    """The release's third step: watching for respawns and newcomers; when it was quiet since, what was left, the
-    outcome."""
-
-    def _lineage(self, proc: dict, groups: dict, t0_ticks):
+    def _lineage(self, proc: dict):
         """(the signalled target it descends from or was orphaned by, or None; its supervisor text)."""
-        io = self.io
+        io, t0_ticks, groups = self.io, self.stopped.t0_ticks, self.stopped.groups
         chain, seen, x = [], set(), proc
         while x is not None and x.get("ppid") and x["ppid"] not in seen:
             seen.add(x["ppid"])
@@ -747,75 +769,19 @@ class _WatchMixin:
             return groups[(proc.get("session"), proc.get("pgrp"))], None
         return None, supervisor_text(first_old)
 
-    def _quiet_since(self, after):
-        """What gpu_wait_idle's ``quiet_since`` takes: since when (io.now(), CLOCK_MONOTONIC) this release saw no
-        holder of the selected GPUs - the last target gone, the last context or change of the device-node holders
-        its watch saw - on which GPUs, and the device-node holders (no context) there all along; None when the
-        watch ended with a context, a new holder, or no look at all."""
-        if after is None or self.result["respawned"] or any(g.get("processes") for g in after):
-            return None
-        return {"clock": round(max(self.t0, self.quiet_from or self.t0), 6), "boot_id": self.io.boot_id(),
-                "gpus": sorted(self.scope.selected), "device_holders": sorted(device_holders(after))}
-
-    def _left_holders(self, after) -> list:
-        """What gpu_wait_idle's ``left_holders`` takes: the processes that still keep a selected GPU busy at the
-        end and that this release left by its verdict (outside the scope, protected) - the hook will never stop
-        them, so the wait after it fails fast on them ([{pid, start_time, reason}])."""
-        left = {_scope.identity(x): x["reason"] for x in self.scope.skipped}
-        left.update({_scope.identity(x): "protected: " + x["reason"] for x in self.scope.protected})
-        out = {}
-        for g in after or ():
-            for h in [] if g.get("idle") else _holding.holders_of(g):
-                why = left.get(_scope.identity(h))
-                if why is not None and h["pid"] not in out:
-                    out[h["pid"]] = {"pid": h["pid"], "start_time": h.get("start_time"), "reason": why}
-        return [out[k] for k in sorted(out)]
-
-    def _watch(self, first_signal: int, groups: dict, t0_ticks, supervised, look_once=False):
-        """After the signals: children that appeared below a signalled target are released through the
-        gate; every other new holder of a selected GPU is reported (respawned), never signalled. ``look_once``:
-        one look, no watch (nothing was signalled or stopped)."""
-        io, p, res = self.io, self.p, self.result
-        watch_until = io.now() + (0.0 if look_once else RESPAWN_WATCH_S if supervised else NEWCOMER_WATCH_S)
-        after = None
-        selected = self.scope.selected
-        device = device_holders(res["gpus_before"])
-        while True:
-            try:
-                after_all = io.snapshot(p["include_device_holders"])
-                after = [g for g in after_all if g["index"] in selected]
-            except _errors.GpuError:
-                return None
-            now_device = device_holders(after)
-            if now_device != device or any(g.get("processes") for g in after):
-                self.quiet_from = io.now()  # a context, or a device-node holder came or went: quiet from here
-            device = now_device
-            self.scope.mps.update(_scope.mps_of(after_all))
-            new, _invisible = _holding.release_candidates(after_all, selected, p["include_device_holders"], p["pids"])
-            contexts = _holding.context_gpus(after_all)
-            forked = [e for e in (self._newcomer(x, contexts, groups, t0_ticks) for x in new) if e is not None]
-            if forked:
-                # SIGKILL at once: they had their graceful signal through their parent, and a child that
-                # forked in a SIGTERM handler would fork again on its own SIGTERM.
-                self._stop(self._pin(forked), SIGKILL if p["escalate"] else first_signal)
-                continue
-            if res["respawned"] or io.now() >= watch_until:
-                return after
-            io.sleep(RESPAWN_POLL_S)
-
-    def _newcomer(self, x: dict, contexts: dict, groups: dict, t0_ticks):
+    def _newcomer(self, x: dict, contexts: dict):
         """A holder of a selected GPU the watch sees: a child of a signalled target is admitted through the gate (its
         scope entry, to be stopped, is returned); a new holder with a context or on a GPU whose list cannot be
         trusted is reported in ``respawned``, never signalled; a known one, a protected one or a bystander with a
         device node only is passed over."""
-        io, p, res = self.io, self.p, self.result
+        io, p = self.io, self.p
         key = (x["pid"], x.get("start_time"))
         if key in self.known:
             return None
         info = io.read(x["pid"]) or x
         x = dict(x, session=info.get("session"), pgrp=info.get("pgrp"), exe=info.get("exe"),
                  context_gpus=sorted(contexts.get(x["pid"], ())))
-        target, supervisor = self._lineage(x, groups, t0_ticks)
+        target, supervisor = self._lineage(x)
         if x.get("evidence") != _scope.CONTEXT and target is None and not (set(x["gpus"]) & set(self.scope.untrusted)):
             return None  # a device node only, no memory: a bystander (looked at again while it gains a context)
         self.known.add(key)
@@ -830,10 +796,10 @@ class _WatchMixin:
         in_scope = self._respawn_of_target(x) or not self.scope.judge(as_holder, _scope.HOLDER)
         after_s = None
         if x.get("start_time") is not None:
-            after_s = max(0.0, (x["start_time"] - t0_ticks) / io.ticks_per_s())
-        res["respawned"].append(report(x, supervisor=supervisor, in_scope=in_scope,
-                                       advice=respawn_advice(x, after_s, supervisor, p["stop_units"], in_scope,
-                                                             (_scope.container_id(x), x.get("unit")) in self.units_stopped)))
+            after_s = max(0.0, (x["start_time"] - self.stopped.t0_ticks) / io.ticks_per_s())
+        self.respawned.append(report(x, supervisor=supervisor, in_scope=in_scope, advice=respawn_advice(
+            x, after_s, supervisor, p["stop_units"], in_scope,
+            (_scope.container_id(x), x.get("unit")) in self.stopped.units_stopped())))
         return None
 
     def _respawn_of_target(self, proc: dict) -> bool:
@@ -842,48 +808,70 @@ class _WatchMixin:
         return bool(unit) and any((_scope.container_id(t), t.get("unit")) == (_scope.container_id(proc), unit)
                                   for t in self.scope.targets)
 
-    def _judge_outcome(self, first_signal: int) -> None:
-        res, p = self.result, self.p
-        released = {(r["pid"]) for r in res["released"]}
-        # One verdict per process: what was released is not also skipped.
-        res["skipped_processes"] = [s for s in res["skipped_processes"] if s["pid"] not in released]
-        in_scope = [r for r in res["respawned"] if r.get("in_scope")]
-        if res["respawned"]:
-            self.warnings.append("new holders appeared after the release: "
-                                 + "; ".join(r["advice"] for r in res["respawned"]))
-        problems = list(self.problems)
-        for change in res.get("containers_changed") or ():
-            (problems if change["what"] == "restarted" else self.warnings).append(changed_text(change))
-        if res["unstopped_units"]:
-            problems.append(unstopped_message(res["unstopped_units"]))
-        if res["survivors"] and p["fail_on_survivors"]:
-            problems.append(survivor_message(res["survivors"], p, first_signal))
-        if in_scope:
-            problems.append(f"{len(in_scope)} process(es) in the scope hold the selected GPUs again after the release"
-                            " (not signalled: a supervisor restarted them or they are new): "
-                            + "; ".join(r["advice"] for r in in_scope))
-        self.failure = " ".join(problems)
+
+def quiet_since(plan: Plan, stopped: Stop, respawned: list, after):
+    """What gpu_wait_idle's ``quiet_since`` takes: since when (io.now(), CLOCK_MONOTONIC) this release saw no
+    holder of the selected GPUs - the last target gone, the last context or change of the device-node holders
+    its watch saw - on which GPUs, and the device-node holders (no context) there all along; None when the
+    watch ended with a context, a new holder, or no look at all."""
+    if after is None or respawned or any(g.get("processes") for g in after):
+        return None
+    return {"clock": round(max(stopped.t0, stopped.quiet_from or stopped.t0), 6), "boot_id": stopped.io.boot_id(),
+            "gpus": sorted(plan.scope.selected), "device_holders": sorted(device_holders(after))}
 
 
-class Release(_PlanMixin, _StopMixin, _WatchMixin):
-    """One release, in its steps: ``plan()`` (_PlanMixin: the gate, the targets, the units; what check mode reports),
-    then ``run()`` (_StopMixin: units and signals; _WatchMixin: respawns, newcomers, the outcome). The steps share this
-    object's state, set here."""
+def left_holders(scope, after) -> list:
+    """What gpu_wait_idle's ``left_holders`` takes: the processes that still keep a selected GPU busy at the
+    end and that this release left by its verdict (outside the scope, protected) - the hook will never stop
+    them, so the wait after it fails fast on them ([{pid, start_time, reason}])."""
+    left = {_scope.identity(x): x["reason"] for x in scope.skipped}
+    left.update({_scope.identity(x): "protected: " + x["reason"] for x in scope.protected})
+    out = {}
+    for g in after or ():
+        for h in [] if g.get("idle") else _holding.holders_of(g):
+            why = left.get(_scope.identity(h))
+            if why is not None and h["pid"] not in out:
+                out[h["pid"]] = {"pid": h["pid"], "start_time": h.get("start_time"), "reason": why}
+    return [out[k] for k in sorted(out)]
 
-    def __init__(self, params: dict, filters: dict, io):
-        self.p = params
-        self.filters = filters
-        self.io = io
-        self.result = dict(changed=False, released=[], survivors=[], respawned=[], stopped_units=[], unstopped_units=[])
-        self.scope = None
-        self.plan_units = []
-        self.units_stopped = set()  # (container, unit) that this release stopped
-        self.failure = ""
-        self.problem_kind = "scope"  # what plan()'s problem is (ReleaseFailed.kind)
-        self.problems = []           # why the release did not finish, found while it ran (before _judge_outcome's)
-        self.inits = {}
-        self.warnings = []
-        self.quiet_from = None  # io.now() when a holder of the selected GPUs was last seen (quiet_since)
+
+def release(plan: Plan, io, first_signal: int, diff: bool = False) -> tuple:
+    """The release after its plan: the stop, the watch, then the outcome - (the result, why it did not finish ('' when
+    it did), the warnings of the stop and the watch)."""
+    stopped = Stop(plan, io).run(first_signal)
+    watch = Watch(plan, stopped, io)
+    after = watch.run(first_signal)
+    res = dict(plan.result, released=stopped.released, survivors=stopped.survivors, respawned=watch.respawned,
+               stopped_units=stopped.stopped_units, unstopped_units=stopped.unstopped_units)
+    if stopped.frozen:
+        res["frozen"] = stopped.frozen
+    released = {r["pid"] for r in res["released"]}
+    # One verdict per process: what was released is not also skipped.
+    res["skipped_processes"] = [s for s in res["skipped_processes"] + stopped.skipped if s["pid"] not in released]
+    res["containers_changed"] = container_changes(plan.inits, io.read, plan.init_of) if plan.inits else []
+    res.update(changed=stopped.sent, gpus=after, quiet_since=quiet_since(plan, stopped, watch.respawned, after),
+               left_holders=left_holders(plan.scope, after))
+    if after is not None and diff:
+        done = stopped.units_stopped()
+        units = [dict(e, state_after="stopped" if (e["container"], e["unit"]) in done else "active (not stopped)")
+                 for e in plan.units]
+        res["diff"] = release_diff(units, plan.before, after, limit=plan.diff_limit())
+    warnings = list(stopped.warnings)
+    if watch.respawned:
+        warnings.append("new holders appeared after the release: " + "; ".join(r["advice"] for r in watch.respawned))
+    problems = list(stopped.problems)
+    for change in res["containers_changed"]:
+        (problems if change["what"] == "restarted" else warnings).append(changed_text(change))
+    if res["unstopped_units"]:
+        problems.append(unstopped_message(res["unstopped_units"]))
+    if res["survivors"] and plan.p["fail_on_survivors"]:
+        problems.append(survivor_message(res["survivors"], plan.p, first_signal))
+    in_scope = [r for r in watch.respawned if r.get("in_scope")]
+    if in_scope:
+        problems.append(f"{len(in_scope)} process(es) in the scope hold the selected GPUs again after the release"
+                        " (not signalled: a supervisor restarted them or they are new): "
+                        + "; ".join(r["advice"] for r in in_scope))
+    return res, " ".join(problems), warnings
 
 
 def device_holders(gpus) -> set:
@@ -937,7 +925,7 @@ def frozen_text(proc) -> str:
 def frozen_targets(targets, frozen) -> dict:
     """{container id (None: the host): [pids]} of the targets whose cgroup is frozen (``frozen(pid)``: _procs.cgroup_frozen)."""
     out = {}
-    for t in targets if frozen is not None else ():
+    for t in targets:
         if frozen(t["pid"]):
             out.setdefault(_scope.container_id(t), []).append(t["pid"])
     return {ct: sorted(pids) for ct, pids in sorted(out.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))}
@@ -964,14 +952,9 @@ def unstopped_message(unstopped: list) -> str:
     return (f"{len(unstopped)} unit(s) could not be stopped (" + "; ".join(u["error"].rstrip(".") for u in unstopped)
             + "): their processes were signalled instead, but systemd (Restart=) or another supervisor can start the"
               " work again, so the GPUs are not proved free. Stop " + ", ".join(unit_text(u) for u in unstopped)
-            + " yourself (" + "; ".join(_stop_hint(u) for u in unstopped) + ") or find why it did not stop, then run"
+            + " yourself (" + "; ".join(" ".join(unit_command(u, "systemctl", "pct")) for u in unstopped)
+            + ") or find why it did not stop, then run"
               " again.")
-
-
-def _stop_hint(entry) -> str:
-    if entry["container"] is not None:
-        return f"pct exec {entry['container']} -- systemctl stop {entry['unit']}"
-    return f"systemctl stop {entry['unit']}"
 
 
 def survivor_message(survivors: list, p: dict, first_signal: int) -> str:
@@ -1056,19 +1039,18 @@ def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False,
     others, note = unselected_errors(all_gpus, before)
     if note:
         io.warn(note)
-    release = Release(p, filters, io)
-    problem = release.plan(all_gpus, before)
-    for warning in release.warnings:
+    plan = Plan(p, filters, io, all_gpus, before)
+    for warning in plan.warnings:
         io.warn(warning)
-    release.warnings = []
-    if problem:
-        raise ReleaseFailed(release.problem_kind, problem, dict(
-            {k: v for k, v in release.result.items() if k != "changed"}, changed=False))
+    if plan.problem:
+        raise ReleaseFailed(plan.kind, plan.problem, dict(plan.result, changed=False, released=[], survivors=[],
+                                                          respawned=[], stopped_units=[], unstopped_units=[]))
+    failure = ""
     if check_mode:
-        result = release.check_mode_result(diff)
+        result = plan.check_mode_result(diff)
     else:
-        result = release.run(first_signal, diff)
-        for warning in release.warnings:
+        result, failure, warnings = release(plan, io, first_signal, diff)
+        for warning in warnings:
             io.warn(warning)
     if waited:
         result["waited_for_lock"] = waited  # what it released is what another run left (_lock.waited_text)
@@ -1077,6 +1059,6 @@ def run_release(p: dict, filters: dict, io, first_signal: int, check_mode=False,
     result["counts"] = {k: len(result.get(k) or ()) for k in COUNTED}
     if others:
         result["gpu_errors"] = others
-    if release.failure:
-        raise ReleaseFailed("release_incomplete", release.failure, result)
+    if failure:
+        raise ReleaseFailed("release_incomplete", failure, result)
     return result

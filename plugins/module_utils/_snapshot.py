@@ -101,6 +101,49 @@ def _type_name(types) -> str:
     return "+".join(ordered) or "compute"
 
 
+def take(reader, gather_processes=True, gather_holders=True, gather_xid=False) -> dict:
+    """One snapshot of every GPU (the selection is applied by the caller) from what ``reader`` reads
+    (_host.snapshots.SnapshotTaker: the driver, /proc, the device-file scan, the kernel log), built here: the kernel
+    log is read when ``gather_xid``, or at a full snapshot (``gather_holders``) when the xid check is on (in between:
+    the last read's events); the scan looks at the MIG capability nodes too (_mig.scan_patterns), and, with nvidia-smi
+    asked about some GPUs only, keeps those GPUs' nodes (selected_files_only)."""
+    p = reader.params
+    raw = reader.raw(need_minors=gather_holders)
+    checks = p.get("health_checks") or ()
+    if gather_xid or ("xid" in checks and gather_holders):
+        log = reader.read_kernel_log()
+        reader.xids = None if log["text"] is None else _health.parse_xid_events(log["text"])
+        reader.kernel_log = _health.kernel_log_summary(log, reader.xids)
+    holders = None
+    if gather_holders:
+        holders = reader.scan_holders(_mig.scan_patterns(p["device_files"], raw["gpus"]))
+        if reader.smi_ids and reader.backend == "nvidia-smi":
+            holders = selected_files_only(holders, raw["gpus"])
+    return reader.with_shown_text(build(
+        raw, read_process=reader.read_for_build if gather_processes else None, holders=holders, protect=reader.protect,
+        max_memory_used_mib=p.get("max_memory_used_mib", DEFAULT_MAX_MEMORY_USED_MIB),
+        max_utilization_pct=p.get("max_utilization_pct"), include_device_holders=p["include_device_holders"],
+        in_container=reader.in_container(), exe_of=reader.exe, min_free_mib=p.get("min_free_mib"),
+        min_free_pct=p.get("min_free_pct"), health_checks=checks,
+        xid_events=reader.xids if gather_xid or "xid" in checks else None,
+        mig_selected=reader.selection.resolve(raw["gpus"])[1], host_namespace=reader.host_namespace()))
+
+
+def selected_files_only(holders: dict, raw_gpus: list) -> dict:
+    """With nvidia-smi restricted to some GPUs (smi_ids), the device nodes of the other GPUs are not
+    theirs: drop them, so that a holder of an unselected GPU's node is not counted on every GPU.
+    Kept as is when a GPU's minor number is unknown (then no node can be placed)."""
+    minors = {g.get("minor_number") for g in raw_gpus}
+    if None in minors:
+        return holders
+    out, placeable = {}, minors | {None}  # None: a control node, which every GPU's holder may hold
+    for pid, files in holders.items():
+        kept = [f for f in files if _holding.node_of(f)[1] in placeable]
+        if kept:
+            out[pid] = kept
+    return out
+
+
 def build(raw: dict, read_process=None, holders=None, protect=(), max_memory_used_mib=DEFAULT_MAX_MEMORY_USED_MIB,
           max_utilization_pct=None, include_device_holders=True, in_container=None, exe_of=None,
           min_free_mib=None, min_free_pct=None, health_checks=(), xid_events=None, mig_selected=None,
@@ -472,13 +515,4 @@ def expand_gpus(gpus, details=None) -> list:
         if LINGERING not in gpu:
             expanded[LINGERING] = sorted(refs.get(LINGERING) or [])
         out.append(expanded)
-    return out
-
-
-def expand_result(result: dict, keys=RESULT_GPU_KEYS, details_key=HOLDER_PROCESSES) -> dict:
-    """A copy of ``result`` with its GPU lists in the snapshot's form (expand_gpus), ``details_key`` left out."""
-    out = {k: v for k, v in result.items() if k != details_key}
-    for key in keys:
-        if isinstance(out.get(key), list):
-            out[key] = expand_gpus(out[key], result.get(details_key))
     return out

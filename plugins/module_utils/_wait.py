@@ -19,20 +19,12 @@ not when the memory is freed, and any holder that appears restarts it.
 
 from __future__ import annotations
 
+import collections
+
 from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _errors, _health, _holding, _smi, _snapshot, _validate
 
 
 holders_of = _holding.holders_of
-
-
-class Answered:
-    """An answer already in hand, read as a background job's is (``result()``)."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def result(self):
-        return self.value
 
 
 class Looks:
@@ -654,225 +646,36 @@ def display_flags(rc, out: str):
     return tuple({"Enabled": True, "Disabled": False}.get(c) for c in cells)
 
 
-class _PollMixin:
-    """The wait's first step: its looks - check mode's one look (``_look``), the poll loop (``_poll``, step()) and the
-    settle window's credit from the release before it (``_credit``)."""
+def confirm(p: dict, io, gpus: list, elapsed=None):
+    """The user's own tool has the last word: one nvidia-smi query must agree. Returns (seen, disagreement).
 
-    def run(self):
-        if not self.carried and self.p["delay"] and not self.check_mode:
-            self.io.sleep(self.p["delay"])  # before the first look; not counted in timeout, as in wait_for
-        self.t0 = self.io.now()
-        if not self.check_mode:
-            self._deadline(0.0)
-        if not self.carried and not self.check_mode:
-            self._credit()
+    Only the selected GPUs are asked about (the taker's smi_ids): an unselected GPU that is lost or
+    failing cannot fail the wait. A failed query is tried once more before the task fails, but not a second try
+    that would begin at or past the wait's timeout (``elapsed()``: the wait's seconds so far; None: no clock).
+    """
+    wanted = p["confirm_with_nvidia_smi"]
+    if wanted is False:
+        return None, ""
+    path = io.confirm_path()
+    if not path:
+        if wanted:
+            raise _errors.GpuError(f"confirm_with_nvidia_smi: {p['nvidia_smi_path']} not found on the target")
+        return None, ""
+    raw = None
+    for attempt in (1, 2):
         try:
-            return self._look() if self.check_mode else self._poll()
-        except _errors.GpuError as exc:
-            if isinstance(exc, _errors.QueryTimeout) and not self.check_mode and self.elapsed() >= self.p["timeout"]:
-                exc.msg = f"timed out after {self.p['timeout']:g} s: {exc.msg}"  # a call cut at the wait's deadline
-            out = exc.result()
-            out.update({k: v for k, v in self.result.items() if k != "changed"})
-            return False, out
-
-    def _deadline(self, extra: float) -> None:
-        """Every call of the host (NVML, nvidia-smi) ends by the wait's timeout (``extra`` s past it: the diagnosis's
-        look once the time is up): each call's limit is min(query_timeout, the time left)."""
-        set_deadline = getattr(self.io, "set_deadline", None)
-        if set_deadline is not None:
-            set_deadline(self.t0 - self.offset + self.p["timeout"] + extra)
-
-    def _credit(self) -> None:
-        """Count the settle window from the moment the release that ran just before last saw a holder
-        (``quiet_since``, gpu_release's result), not from the first poll - not when there is none, it comes
-        from another boot (another clock) or from the future, or it did not watch every GPU this wait selects
-        (known after the first poll: _poll checks it)."""
-        quiet = self.p.get("quiet_since") or None
-        if not quiet or quiet.get("boot_id") != self.io.boot_id():
-            return
-        since = float(quiet["clock"])
-        if since > self.t0:
-            return
-        self.state.update(credited=True, last_holder_at=since - self.t0,
-                          device_seen={str(pid): start for pid, start in quiet.get("device_holders") or ()})
-
-    def _look(self):
-        p, io, state = self.p, self.io, self.state
-        gpus = self.look(True)
-        _check_lost(gpus)
-        before, polls, samples = gpus, 1, {}
-        if p["reset_leaked"]:
-            limit = min(p["leak_after"] + max(p["sleep"], 0.1), p["timeout"])
-            while True:
-                t = self.elapsed()
-                for g in gpus:
-                    record_sample(state, t, g, len(memory_holders(g)))
-                if t >= limit or not self._undecided(gpus, t):
-                    break
-                io.sleep(min(p["sleep"], max(0.0, limit - t)))
-                gpus = self.look(False)
-                _check_lost(gpus)
-                polls += 1
-            self.reset_leaked(gpus, self.elapsed())
-            samples = state["samples"]
-            self._resets_into(self.result)
-        looked = dict(self.result, would_wait=not all(g["idle"] for g in gpus), elapsed=round(self.elapsed(), 3),
-                      polls=polls, idle_gpus=[g["index"] for g in gpus if g["idle"]], gpus=gpus, samples=samples,
-                      confirmation=None,
-                      msg=diagnosis(gpus, p["max_memory_used_mib"], level=p.get("detail")) or "all selected GPUs are idle")
-        if before is not gpus:  # one look: it is gpus, said once
-            looked["gpus_before"] = before
-        return True, looked
-
-    def _undecided(self, gpus: list, t: float) -> bool:
-        """Whether a GPU that reset_leaked may reset holds memory with no process, not yet told a leak."""
-        memory = trends(self.state, t, self.p["leak_after"], self.p["max_memory_used_mib"])
-        return any((memory.get(str(g["index"])) or {}).get("kind") in ("draining", "unchanged") and not holders_of(g)
-                   for g in gpus)
-
-    def _poll(self):
-        p, io, state, result = self.p, self.io, self.state, self.result
-        slice_end = io.now() + p["progress_slice"] if p["progress_slice"] else None
-        confirmed = {}
-        while True:
-            try:
-                done, gpus = step(state, self.elapsed(), self.look, io.alive, p["settle"], FULL_SCAN_EVERY)
-            except _errors.QueryTimeout as exc:
-                if result.get("gpus") is None or not exc.details.get("timeout", 0) < (p.get("query_timeout") or 0):
-                    raise
-                # A call cut short at the wait's deadline (its own limit, query_timeout, not reached): not a hung
-                # driver, the time is up - the answer is the timeout's, from the last look.
-                return self._timed_out(self.elapsed(), result["gpus"])
-            if state["credited"] and state["polls"] == 1 and not {g["index"] for g in gpus} <= set(
-                    p["quiet_since"].get("gpus") or ()):
-                # The release did not watch every GPU this wait selects: its quiet time says nothing of the others.
-                state.update(credited=False, last_holder_at=self.elapsed())
-                done = False
-            if p["reset_leaked"]:
-                if not done:
-                    self.reset_leaked(gpus, self.elapsed())
-                self._resets_into(result)
-            scan_at = state.get("idle_scan_at")
-            if done and state.get("idle_at_first_look") and state["polls"] == 1:
-                # Idle in one look: nvidia-smi is asked now. Where it still sees something, the node is not idle
-                # after all: the settle window opens from this look and nvidia-smi is asked again as it closes.
-                early = self.confirm(gpus)
-                if early[1]:
-                    state.update(idle_at_first_look=False, last_holder_at=state["last_poll_at"])
-                    done = False
-                confirmed = {"at": scan_at, "job": Answered(early)}
-            if scan_at is not None and not done and confirmed.get("at") != scan_at:
-                # The GPUs look idle and the settle window opens: nvidia-smi is asked now, beside the polls of
-                # the window, so that the wait returns as the window closes; a holder within the window starts
-                # the window (and this) again.
-                confirmed = {"at": scan_at, "job": io.background(self.confirm, gpus)}
-            if not self.carried and "gpus_before" not in result:
-                result["gpus_before"] = gpus  # what the wait started from (later slices: the action plugin keeps it)
-            result.update(polls=state["polls"], samples=state["samples"], gpus=gpus,
-                          idle_gpus=[g["index"] for g in gpus if g["idle"]],
-                          settle_from=settle_origin(state))
-            if done:
-                return self._confirmed(gpus, confirmed.get("job") if confirmed.get("at") == scan_at else None)
-            elapsed = self.elapsed()
-            out = self._ends_here(gpus, elapsed, slice_end)
-            if out is not None:
-                return out
-            io.sleep(next_sleep(state, elapsed, gpus, p["sleep"], p["settle"], p["timeout"]))
-
-    def _ends_here(self, gpus: list, elapsed: float, slice_end):
-        """The run's answer when a poll that is not done ends it, else None: blocked (a holder the release left,
-        past blocker_grace), timed out, or the end of a progress slice (pending, with the state to carry on)."""
-        p, state, result = self.p, self.state, self.result
-        found = left_blockers(gpus, self.left) if self.left else []
-        if found:
-            since = state.setdefault("left_since", elapsed)
-            if elapsed - since >= p["blocker_grace"] and elapsed < p["timeout"]:
-                return self._blocked(found, elapsed)
-        else:
-            state.pop("left_since", None)
-        if elapsed >= p["timeout"]:
-            return self._timed_out(elapsed)
-        if slice_end is not None and self.io.now() >= slice_end:
-            settling = None if state["last_holder_at"] is None else elapsed - state["last_holder_at"]
-            return True, dict({k: v for k, v in result.items() if k != "changed"}, pending=True,
-                              progress_state={"wait": state}, elapsed=round(elapsed, 3),
-                              progress=progress_line(gpus, elapsed, p["timeout"], settling, self.left),
-                              changed=result.get("changed", False))
-        return None
-
-
-class _JudgeMixin:
-    """The wait's second step: its verdicts - ready once nvidia-smi confirms (``confirm``, ``_confirmed``), blocked by
-    a holder the hook never stops (``_blocked``), timed out with the diagnosis (``_timed_out``)."""
-
-    def _confirmed(self, gpus: list, job):
-        """The GPUs are idle and settled: nvidia-smi has the last word (its early answer, when it agreed)."""
-        early = job.result() if job is not None else None
-        seen, disagreement = early if early is not None and not early[1] else self.confirm(gpus)
-        self.result.update(confirmation=seen, elapsed=round(self.elapsed(), 3))
-        if disagreement:
-            failure = _errors.ConfirmationDisagrees(f"NVML says the GPUs are idle but nvidia-smi disagrees: {disagreement}")
-            return False, dict(failure.result(), blockers=blockers(gpus), **self.result)
-        return True, dict(self.result, msg=f"{len(gpus)} GPU(s) idle after {self.result['elapsed']:.2f} s", ready=True)
-
-    def _blocked(self, found: list, elapsed: float):
-        p, result = self.p, self.result
-        gpus = result["gpus"]
-        result.update(elapsed=round(elapsed, 3), confirmation=None, blockers=blockers(gpus),
-                      left_blockers=[{"gpu": i, "pid": h["pid"], "reason": why} for i, h, why in found])
-        text = ((p["msg"] + ": ") if p["msg"] else "") + blocked_text(found, elapsed, p["timeout"], p["blocker_grace"],
-                                                                      p.get("detail"))
-        return False, dict(_errors.Blocked(text).result(), **result)
-
-    def _timed_out(self, elapsed: float, gpus=None):
-        """The timeout's answer, from one more look (the diagnosis names device-file holders too; one query's time at
-        most), or from ``gpus`` when the last look was cut short at the deadline."""
-        p, state, result = self.p, self.state, self.result
-        if gpus is None:
-            self._deadline(p.get("query_timeout") or 0.0)
-            gpus = self.look(True)
-        for g in gpus:
-            record_sample(state, elapsed, g, len(memory_holders(g)))
-        memory = trends(state, elapsed, p["leak_after"], p["max_memory_used_mib"])
-        result.update(gpus=gpus, idle_gpus=[g["index"] for g in gpus if g["idle"]], samples=state["samples"],
-                      elapsed=round(elapsed, 3), confirmation=None, blockers=blockers(gpus), memory=memory)
-        refusals = reset_summary(state.get("resets"))
-        text = ((p["msg"] + ": ") if p["msg"] else "") + f"timed out after {p['timeout']:g} s: " + (
-            diagnosis(gpus, p["max_memory_used_mib"], memory, p["leak_after"], p.get("detail"))
-            or f"a holder appeared within the last {p['settle']:g} s (settle)") + (f"; {refusals}" if refusals else "")
-        return False, dict(_errors.WaitTimeout(text).result(), **result)
-
-    def confirm(self, gpus: list):
-        """The user's own tool has the last word: one nvidia-smi query must agree. Returns (seen, disagreement).
-
-        Only the selected GPUs are asked about (the taker's smi_ids): an unselected GPU that is lost or
-        failing cannot fail the wait. A failed query is tried once more before the task fails.
-        """
-        p = self.p
-        wanted = p["confirm_with_nvidia_smi"]
-        if wanted is False:
-            return None, ""
-        path = self.io.confirm_path()
-        if not path:
-            if wanted:
-                raise _errors.GpuError(f"confirm_with_nvidia_smi: {p['nvidia_smi_path']} not found on the target")
-            return None, ""
-        raw = None
-        for attempt in (1, 2):
-            try:
-                raw = self.io.smi_query(path)
-                break
-            except (_errors.GpuError, ValueError) as exc:
-                # No second try that would begin at or past the wait's timeout.
-                late = self.t0 is not None and self.elapsed() + min(p["sleep"], 1.0) >= p["timeout"]
-                if attempt == 2 or late:
-                    tries = "twice" if attempt == 2 else f"before the wait's timeout ({p['timeout']:g} s)"
-                    raise _errors.BackendError(
-                        f"confirm_with_nvidia_smi: nvidia-smi failed {tries} on GPU(s) {', '.join(str(g['index']) for g in gpus)}"
-                        f" ({short(getattr(exc, 'msg', exc))}) after NVML found them idle. Retry, or set"
-                        " confirm_with_nvidia_smi=false to trust NVML alone.", backend="nvidia-smi") from None
-                self.io.sleep(min(p["sleep"], 1.0))
-        return agreement(gpus, raw, p["max_memory_used_mib"], p.get("detail"))
+            raw = io.smi_query(path)
+            break
+        except (_errors.GpuError, ValueError) as exc:
+            late = elapsed is not None and elapsed() + min(p["sleep"], 1.0) >= p["timeout"]
+            if attempt == 2 or late:
+                tries = "twice" if attempt == 2 else f"before the wait's timeout ({p['timeout']:g} s)"
+                raise _errors.BackendError(
+                    f"confirm_with_nvidia_smi: nvidia-smi failed {tries} on GPU(s) {', '.join(str(g['index']) for g in gpus)}"
+                    f" ({short(getattr(exc, 'msg', exc))}) after NVML found them idle. Retry, or set"
+                    " confirm_with_nvidia_smi=false to trust NVML alone.", backend="nvidia-smi") from None
+            io.sleep(min(p["sleep"], 1.0))
+    return agreement(gpus, raw, p["max_memory_used_mib"], p.get("detail"))
 
 
 def node_holders(io, gpus: list, protect) -> dict:
@@ -892,10 +695,14 @@ def node_holders(io, gpus: list, protect) -> dict:
     return out
 
 
-class _ResetMixin:
-    """reset_leaked: a GPU whose memory leaked with nothing holding it is reset (nvidia-smi -r), and said so."""
+class Resets:
+    """reset_leaked: a GPU whose memory leaked with nothing holding it is reset (nvidia-smi -r), and said so; what was
+    decided is the state's ``resets`` (carried from slice to slice), reported by ``into``."""
 
-    def reset_leaked(self, gpus: list, now: float) -> bool:
+    def __init__(self, p: dict, io, state: dict, check_mode: bool, diff: bool):
+        self.p, self.io, self.state, self.check_mode, self.diff = p, io, state, check_mode, diff
+
+    def leaked(self, gpus: list, now: float) -> bool:
         """Reset (or, in check mode, say it would) each selected GPU whose memory leaked; True when one was reset."""
         p, io, state = self.p, self.io, self.state
         resets = state.setdefault("resets", {})
@@ -946,7 +753,7 @@ class _ResetMixin:
             return None, None
         return display_flags(rc, out)
 
-    def _resets_into(self, result: dict) -> None:
+    def into(self, result: dict) -> None:
         resets = self.state.get("resets") or {}
         result["resets"] = [resets[k] for k in sorted(resets, key=int)]
         if any(r["action"] in ("done", "would") for r in result["resets"]):
@@ -955,11 +762,150 @@ class _ResetMixin:
                 result["diff"] = reset_diff(resets)
 
 
-class Wait(_PollMixin, _JudgeMixin, _ResetMixin):
-    """One run of gpu_wait_idle - the whole wait, or one progress slice of it: check mode's one look, the poll
-    loop (step()), reset_leaked, the nvidia-smi confirmation (beside the settle window), the progress slice's
-    exit and the timeout's diagnosis - in its steps (_PollMixin, _JudgeMixin, _ResetMixin), which share this
-    object's state, set here.
+# How the looks ended - the value the verdict takes: ``why`` idle (idle and settled; ``answer()``: nvidia-smi's answer,
+# asked beside the settle window, or None), blocked (``found``: the holders the release left), timeout or pending (the
+# progress slice is over); ``gpus``: the last look (None: the verdict looks once more); ``elapsed``.
+End = collections.namedtuple("End", "why gpus elapsed answer found", defaults=(None, ()))
+
+
+class Polls:
+    """The wait's first step: its looks - the poll loop (step()), reset_leaked between them, nvidia-smi asked beside
+    the settle window - until they end (``run()`` returns an End); what they saw goes into ``seen`` (polls, samples,
+    the GPUs, where the settle window counted from)."""
+
+    def __init__(self, wait, seen: dict):
+        self.w, self.seen = wait, seen
+
+    def run(self) -> End:
+        w, seen = self.w, self.seen
+        p, io, state = w.p, w.io, w.state
+        slice_end = io.now() + p["progress_slice"] if p["progress_slice"] else None
+        confirmed = {}
+        while True:
+            try:
+                done, gpus = step(state, w.elapsed(), w.looks, io.alive, p["settle"], FULL_SCAN_EVERY)
+            except _errors.QueryTimeout as exc:
+                if seen.get("gpus") is None or not exc.details.get("timeout", 0) < (p.get("query_timeout") or 0):
+                    raise
+                # A call cut short at the wait's deadline (its own limit, query_timeout, not reached): not a hung
+                # driver, the time is up - the answer is the timeout's, from the last look.
+                return End("timeout", seen["gpus"], w.elapsed())
+            if state["credited"] and state["polls"] == 1 and not {g["index"] for g in gpus} <= set(
+                    p["quiet_since"].get("gpus") or ()):
+                # The release did not watch every GPU this wait selects: its quiet time says nothing of the others.
+                state.update(credited=False, last_holder_at=w.elapsed())
+                done = False
+            if p["reset_leaked"]:
+                if not done:
+                    w.resets.leaked(gpus, w.elapsed())
+                w.resets.into(seen)
+            scan_at = state.get("idle_scan_at")
+            if done and state.get("idle_at_first_look") and state["polls"] == 1:
+                # Idle in one look: nvidia-smi is asked now. Where it still sees something, the node is not idle
+                # after all: the settle window opens from this look and nvidia-smi is asked again as it closes.
+                early = confirm(p, io, gpus, w.elapsed)
+                if early[1]:
+                    state.update(idle_at_first_look=False, last_holder_at=state["last_poll_at"])
+                    done = False
+                confirmed = {"at": scan_at, "answer": lambda answer=early: answer}
+            if scan_at is not None and not done and confirmed.get("at") != scan_at:
+                # The GPUs look idle and the settle window opens: nvidia-smi is asked now, beside the polls of
+                # the window, so that the wait returns as the window closes; a holder within the window starts
+                # the window (and this) again.
+                confirmed = {"at": scan_at, "answer": io.background(confirm, p, io, gpus, w.elapsed).result}
+            if not w.carried and "gpus_before" not in seen:
+                seen["gpus_before"] = gpus  # what the wait started from (later slices: the action plugin keeps it)
+            seen.update(polls=state["polls"], samples=state["samples"], gpus=gpus,
+                        idle_gpus=[g["index"] for g in gpus if g["idle"]], settle_from=settle_origin(state))
+            elapsed = w.elapsed()
+            if done:
+                return End("idle", gpus, elapsed, answer=confirmed.get("answer") if confirmed.get("at") == scan_at else None)
+            end = self._ends_here(gpus, elapsed, slice_end)
+            if end is not None:
+                return end
+            io.sleep(next_sleep(state, elapsed, gpus, p["sleep"], p["settle"], p["timeout"]))
+
+    def _ends_here(self, gpus: list, elapsed: float, slice_end):
+        """How a poll that is not done ends the looks, else None: blocked (a holder the release left, past
+        blocker_grace), timed out, or the end of a progress slice."""
+        p, state, left = self.w.p, self.w.state, self.w.left
+        found = left_blockers(gpus, left) if left else []
+        if found:
+            since = state.setdefault("left_since", elapsed)
+            if elapsed - since >= p["blocker_grace"] and elapsed < p["timeout"]:
+                return End("blocked", gpus, elapsed, found=found)
+        else:
+            state.pop("left_since", None)
+        if elapsed >= p["timeout"]:
+            return End("timeout", None, elapsed)
+        if slice_end is not None and self.w.io.now() >= slice_end:
+            return End("pending", gpus, elapsed)
+        return None
+
+
+class Verdict:
+    """The wait's second step: the answer (ok, result) to how the looks ended (``of(end)``) - ready once nvidia-smi
+    confirms, blocked by a holder the hook never stops, timed out with the diagnosis, or the slice's pending."""
+
+    def __init__(self, wait, seen: dict):
+        self.w, self.seen = wait, seen
+
+    def of(self, end: End):
+        return {"idle": self._idle, "blocked": self._blocked, "timeout": self._timeout, "pending": self._pending}[end.why](end)
+
+    def _idle(self, end: End):
+        """The GPUs are idle and settled: nvidia-smi has the last word (its early answer, when it agreed)."""
+        w, seen, gpus = self.w, self.seen, end.gpus
+        early = end.answer() if end.answer is not None else None
+        found, disagreement = early if early is not None and not early[1] else confirm(w.p, w.io, gpus, w.elapsed)
+        seen.update(confirmation=found, elapsed=round(w.elapsed(), 3))
+        if disagreement:
+            failure = _errors.ConfirmationDisagrees(f"NVML says the GPUs are idle but nvidia-smi disagrees: {disagreement}")
+            return False, dict(failure.result(), blockers=blockers(gpus), **seen)
+        return True, dict(seen, msg=f"{len(gpus)} GPU(s) idle after {seen['elapsed']:.2f} s", ready=True)
+
+    def _blocked(self, end: End):
+        p, seen = self.w.p, self.seen
+        seen.update(elapsed=round(end.elapsed, 3), confirmation=None, blockers=blockers(seen["gpus"]),
+                    left_blockers=[{"gpu": i, "pid": h["pid"], "reason": why} for i, h, why in end.found])
+        text = ((p["msg"] + ": ") if p["msg"] else "") + blocked_text(end.found, end.elapsed, p["timeout"],
+                                                                      p["blocker_grace"], p.get("detail"))
+        return False, dict(_errors.Blocked(text).result(), **seen)
+
+    def _timeout(self, end: End):
+        """The timeout's answer, from one more look (the diagnosis names device-file holders too; one query's time at
+        most), or from the last look's GPUs when it was cut short at the deadline."""
+        w, seen, elapsed, gpus = self.w, self.seen, end.elapsed, end.gpus
+        p, state = w.p, w.state
+        if gpus is None:
+            w.deadline(p.get("query_timeout") or 0.0)
+            gpus = w.looks(True)
+        for g in gpus:
+            record_sample(state, elapsed, g, len(memory_holders(g)))
+        memory = trends(state, elapsed, p["leak_after"], p["max_memory_used_mib"])
+        seen.update(gpus=gpus, idle_gpus=[g["index"] for g in gpus if g["idle"]], samples=state["samples"],
+                    elapsed=round(elapsed, 3), confirmation=None, blockers=blockers(gpus), memory=memory)
+        refusals = reset_summary(state.get("resets"))
+        text = ((p["msg"] + ": ") if p["msg"] else "") + f"timed out after {p['timeout']:g} s: " + (
+            diagnosis(gpus, p["max_memory_used_mib"], memory, p["leak_after"], p.get("detail"))
+            or f"a holder appeared within the last {p['settle']:g} s (settle)") + (f"; {refusals}" if refusals else "")
+        return False, dict(_errors.WaitTimeout(text).result(), **seen)
+
+    def _pending(self, end: End):
+        """The end of a progress slice: pending, with the state to carry on."""
+        w, state, elapsed = self.w, self.w.state, end.elapsed
+        settling = None if state["last_holder_at"] is None else elapsed - state["last_holder_at"]
+        return True, dict({k: v for k, v in self.seen.items() if k != "changed"}, pending=True,
+                          progress_state={"wait": state}, elapsed=round(elapsed, 3),
+                          progress=progress_line(end.gpus, elapsed, w.p["timeout"], settling, w.left),
+                          changed=self.seen.get("changed", False))
+
+
+class Wait:
+    """One run of gpu_wait_idle - the whole wait, or one progress slice of it - in steps that hand values on: check
+    mode's one look (``look_once``), else the looks (Polls: the poll loop, reset_leaked, nvidia-smi beside the settle
+    window) that end in an End, which the verdict (Verdict) answers. This object holds what the steps are given (the
+    options, the host, the looks at the GPUs, the state machine's state, the clock); they write nothing to it.
 
     ``io`` is a ``_host.protocols.WaitHost`` (``_host.wait_io.WaitIO``; unit tests pass a fake host: no driver there).
     ``run()`` returns (ok, result): the keyword arguments of exit_json when ok, else of fail_json, whose ``error``
@@ -968,15 +914,14 @@ class Wait(_PollMixin, _JudgeMixin, _ResetMixin):
     def __init__(self, params: dict, io, selection, check_mode: bool = False, diff: bool = False):
         self.p = params
         self.io = io
-        self.look = Looks(params, io, selection)
+        self.looks = Looks(params, io, selection)
         self.check_mode = check_mode
-        self.diff = diff
         carried = params.get("progress_state")
         self.carried = bool(carried)
         self.state = carried["wait"] if carried else new_state()
         self.offset = float(carried.get("offset", 0.0)) if carried else 0.0
         self.t0 = None
-        self.result = {"changed": False}
+        self.resets = Resets(params, io, self.state, check_mode, diff)
         # The processes the release before this wait left ({(pid, start_time): reason}): the hook never stops them.
         self.left = {(h["pid"], h.get("start_time")): h.get("reason") or "left by the release"
                      for h in params.get("left_holders") or ()}
@@ -984,3 +929,78 @@ class Wait(_PollMixin, _JudgeMixin, _ResetMixin):
     def elapsed(self) -> float:
         """Seconds since the wait began (the slices before this one included)."""
         return self.offset + self.io.now() - self.t0
+
+    def deadline(self, extra: float) -> None:
+        """Every call of the host (NVML, nvidia-smi) ends by the wait's timeout (``extra`` s past it: the diagnosis's
+        look once the time is up): each call's limit is min(query_timeout, the time left)."""
+        self.io.set_deadline(self.t0 - self.offset + self.p["timeout"] + extra)
+
+    def run(self):
+        p, io = self.p, self.io
+        if not self.carried and p["delay"] and not self.check_mode:
+            io.sleep(p["delay"])  # before the first look; not counted in timeout, as in wait_for
+        self.t0 = io.now()
+        seen = {"changed": False}
+        try:
+            if self.check_mode:
+                return True, self.look_once(seen)
+            self.deadline(0.0)
+            if not self.carried:
+                self._credit()
+            return Verdict(self, seen).of(Polls(self, seen).run())
+        except _errors.GpuError as exc:
+            if isinstance(exc, _errors.QueryTimeout) and not self.check_mode and self.elapsed() >= p["timeout"]:
+                exc.msg = f"timed out after {p['timeout']:g} s: {exc.msg}"  # a call cut at the wait's deadline
+            out = exc.result()
+            out.update({k: v for k, v in seen.items() if k != "changed"})
+            return False, out
+
+    def _credit(self) -> None:
+        """Count the settle window from the moment the release that ran just before last saw a holder
+        (``quiet_since``, gpu_release's result), not from the first poll - not when there is none, it comes
+        from another boot (another clock) or from the future, or it did not watch every GPU this wait selects
+        (known after the first poll: Polls checks it)."""
+        quiet = self.p.get("quiet_since") or None
+        if not quiet or quiet.get("boot_id") != self.io.boot_id():
+            return
+        since = float(quiet["clock"])
+        if since > self.t0:
+            return
+        self.state.update(credited=True, last_holder_at=since - self.t0,
+                          device_seen={str(pid): start for pid, start in quiet.get("device_holders") or ()})
+
+    def look_once(self, seen: dict) -> dict:
+        """Check mode's answer: one look (with reset_leaked, as many as it takes to tell a leak, and what it would
+        reset), what it would wait for."""
+        p, io, state = self.p, self.io, self.state
+        gpus = self.looks(True)
+        _check_lost(gpus)
+        before, polls, samples = gpus, 1, {}
+        if p["reset_leaked"]:
+            limit = min(p["leak_after"] + max(p["sleep"], 0.1), p["timeout"])
+            while True:
+                t = self.elapsed()
+                for g in gpus:
+                    record_sample(state, t, g, len(memory_holders(g)))
+                if t >= limit or not self._undecided(gpus, t):
+                    break
+                io.sleep(min(p["sleep"], max(0.0, limit - t)))
+                gpus = self.looks(False)
+                _check_lost(gpus)
+                polls += 1
+            self.resets.leaked(gpus, self.elapsed())
+            samples = state["samples"]
+            self.resets.into(seen)
+        looked = dict(seen, would_wait=not all(g["idle"] for g in gpus), elapsed=round(self.elapsed(), 3),
+                      polls=polls, idle_gpus=[g["index"] for g in gpus if g["idle"]], gpus=gpus, samples=samples,
+                      confirmation=None,
+                      msg=diagnosis(gpus, p["max_memory_used_mib"], level=p.get("detail")) or "all selected GPUs are idle")
+        if before is not gpus:  # one look: it is gpus, said once
+            looked["gpus_before"] = before
+        return looked
+
+    def _undecided(self, gpus: list, t: float) -> bool:
+        """Whether a GPU that reset_leaked may reset holds memory with no process, not yet told a leak."""
+        memory = trends(self.state, t, self.p["leak_after"], self.p["max_memory_used_mib"])
+        return any((memory.get(str(g["index"])) or {}).get("kind") in ("draining", "unchanged") and not holders_of(g)
+                   for g in gpus)

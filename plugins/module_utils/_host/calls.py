@@ -192,22 +192,6 @@ def attached_in_container(pid: int, vmid: int) -> bool:
     return False
 
 
-def clock(total: float, interval: float, now=time.monotonic, sleep=time.sleep):
-    """Yield the elapsed seconds at most every ``interval`` s until ``total`` s have passed.
-
-    The first value is 0 (no sleep before the first poll); the last one is yielded at or after
-    ``total`` so that a caller always gets one final look.
-    """
-    start = now()
-    yield 0.0
-    while True:
-        elapsed = now() - start
-        if elapsed >= total:
-            return
-        sleep(min(interval, total - elapsed))
-        yield now() - start
-
-
 class Background:
     """One call in a daemon thread of its own: the one way the modules run something beside the main line, or under
     a time limit. ``result(timeout=None)`` waits for it and gives its value or raises its error; past ``timeout``

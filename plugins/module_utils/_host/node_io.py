@@ -60,10 +60,7 @@ class NodeIO:
         self._node = None
         self._gpus = None
 
-    @staticmethod
-    def background(func, *args, what=None):
-        return Background(func, *args, what=what)
-
+    background = staticmethod(Background)
     run_all = staticmethod(run_all)
 
     def pct(self, argv, timeout, what, watch=None):

@@ -30,6 +30,7 @@ class WaitHost(Protocol):
     restricted: Callable      # () -> whether nvidia-smi, the backend, is asked about some GPUs only
     alive: Callable           # (pid, start_time) -> bool
     now: Callable             # () -> monotonic seconds
+    set_deadline: Callable    # (monotonic seconds, or None) -> None: every later call of the driver ends by then
     boot_id: Callable         # () -> this boot's id
     sleep: Callable           # (seconds) -> None
     confirm_path: Callable    # () -> the nvidia-smi that confirms, or None
@@ -44,7 +45,7 @@ class WaitHost(Protocol):
 
 @runtime_checkable
 class ReleaseHost(Protocol):
-    """What _release.Release and run_release read and do (_host.release_io.ReleaseIO; test__release.FakeHost)."""
+    """What _release's steps and run_release read and do (_host.release_io.ReleaseIO; test__release.FakeHost)."""
 
     snapshot: Callable        # (holders=True) -> every GPU
     read: Callable            # (pid) -> the process (redacted), or None
@@ -64,7 +65,8 @@ class ReleaseHost(Protocol):
     ticks_now: Callable       # () -> now in clock ticks since boot (/proc/<pid>/stat's start time)
     ticks_per_s: Callable     # () -> clock ticks per second
     sleep: Callable           # (seconds) -> None
-    run_command: Callable     # (argv, timeout, what) -> (rc, out, err); QueryTimeout (calls.run_in_group)
+    run_command: Callable     # (argv, timeout, what, watch=None) -> (rc, out, err); QueryTimeout (calls.run_in_group)
+    exec_watch: Callable      # (vmid, pct limit) -> (argv -> the watch of a pct exec: calls.ExecWatch), or None
     warn: Callable            # (text) -> None
     bins: Callable            # (name) -> its path, or None (systemctl, pct)
 
@@ -77,6 +79,7 @@ class NodeHost(Protocol):
     config: Callable          # (vmid) -> its config file's text, or None
     where: Callable           # () -> the cluster filesystem's path
     pct: Callable             # (argv, timeout, what) -> (rc, out, err); QueryTimeout
+    exec_watch: Callable      # (vmid, pct limit) -> (argv -> the watch of a pct exec: calls.ExecWatch), or None
     pct_calls: Callable       # () -> how many pct processes ran
     gpus: Callable            # () -> the GPUs (minor numbers, uuids), read once; GpuError
     look: Callable            # () -> a full snapshot's GPUs

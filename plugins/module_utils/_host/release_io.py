@@ -6,7 +6,7 @@
 # Do not use this from other collections or standalone plugins/modules!
 
 """The real host of a release (gpu_release, the fence): snapshots, /proc, pidfd signals, the clock - what
-_release.Release is given as ``io`` (unit tests give it a fake)."""
+_release's steps are given as ``io`` (a protocols.ReleaseHost) (unit tests give it a fake)."""
 
 from __future__ import annotations
 
@@ -35,13 +35,18 @@ class ReleaseIO:
     def text(self, proc):
         return self.taker.match_text(proc)
 
-    @staticmethod
-    def exe(pid):
-        return _procs.read_exe(pid)
-
-    @staticmethod
-    def children():
-        return _procs.children_map()
+    # What the host answers as it is: the host's own functions.
+    exe = staticmethod(_procs.read_exe)
+    children = staticmethod(_procs.children_map)
+    host_namespace = staticmethod(_procs.in_initial_pid_namespace)
+    wait_gone = staticmethod(wait_gone)
+    check_may_signal = staticmethod(check_may_signal)
+    state = staticmethod(_procs.process_state)
+    frozen = staticmethod(_procs.cgroup_frozen)
+    cgroup_procs = staticmethod(_procs.cgroup_procs)
+    now = staticmethod(time.monotonic)
+    boot_id = staticmethod(_procs.boot_id)
+    sleep = staticmethod(time.sleep)
 
     @staticmethod
     def me():
@@ -49,33 +54,9 @@ class ReleaseIO:
         return me, _procs.ancestors(me)
 
     @staticmethod
-    def host_namespace():
-        return _procs.in_initial_pid_namespace()
-
-    @staticmethod
     def pin(info):
         target = Target(info["pid"], info["start_time"], info)
         return target, target.open()
-
-    @staticmethod
-    def wait_gone(targets, timeout):
-        return wait_gone(targets, timeout)
-
-    @staticmethod
-    def check_may_signal(procs):
-        check_may_signal(procs)
-
-    @staticmethod
-    def state(pid):
-        return _procs.process_state(pid)
-
-    @staticmethod
-    def frozen(pid):
-        return _procs.cgroup_frozen(pid)
-
-    @staticmethod
-    def cgroup_procs(path):
-        return _procs.cgroup_procs(path)
 
     @staticmethod
     def exec_watch(vmid, pct_limit):
@@ -88,14 +69,6 @@ class ReleaseIO:
         return make
 
     @staticmethod
-    def now():
-        return time.monotonic()
-
-    @staticmethod
-    def boot_id():
-        return _procs.boot_id()
-
-    @staticmethod
     def ticks_now():
         """Now on the clock of /proc/<pid>/stat's start time (clock ticks since boot)."""
         return time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK")
@@ -103,7 +76,3 @@ class ReleaseIO:
     @staticmethod
     def ticks_per_s():
         return os.sysconf("SC_CLK_TCK")
-
-    @staticmethod
-    def sleep(seconds):
-        time.sleep(seconds)

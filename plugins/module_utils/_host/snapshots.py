@@ -6,7 +6,7 @@
 # Do not use this from other collections or standalone plugins/modules!
 
 """The real host's snapshots (SnapshotTaker): the driver through NVML or nvidia-smi, /proc, the device-file scan,
-the kernel log, each under its time limit - read into _snapshot.build's model (pure, in _snapshot.py)."""
+the kernel log, each under its time limit; what they read is built into the facts by the rules (_snapshot.take)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import os
 import time
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import (
-    _errors, _health, _holding, _mig, _redact, _selection, _smi, _snapshot, _validate)
+    _errors, _redact, _selection, _smi, _snapshot, _validate)
 from ansible_collections.gpuops.gpu.plugins.module_utils._host import kernel_log, mig_caps, nvml as _nvml, procs as _procs
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import Background, run_in_group
 
@@ -48,7 +48,8 @@ class SnapshotTaker:
         self._texts = {}  # argv tuple -> (match text, shown text)
         self._smi_health = None  # nvidia-smi's health rows, refreshed at each full snapshot
         self._smi_health_fields = {}  # the health fields this nvidia-smi accepts (_smi.health_query)
-        self.kernel_log = None  # what read_xid_events read last (kernel_log.read_kernel_log)
+        self.kernel_log = None  # the kernel log's summary at the last read (_snapshot.take)
+        self.xids = None        # its Xid events (None: not read, or unreadable)
         self.deadline = None  # time.monotonic() by which every call must end (a wait's timeout), or None
 
     def call_limit(self) -> float:
@@ -111,27 +112,13 @@ class SnapshotTaker:
             for text in texts:
                 pattern.search(text)
 
-    @staticmethod
-    def _selected_files_only(holders: dict, raw: dict) -> dict:
-        """With nvidia-smi restricted to some GPUs (smi_ids), the device nodes of the other GPUs are not
-        theirs: drop them, so that a holder of an unselected GPU's node is not counted on every GPU.
-        Kept as is when a GPU's minor number is unknown (then no node can be placed)."""
-        minors = {g.get("minor_number") for g in raw["gpus"]}
-        if None in minors:
-            return holders
-        out, placeable = {}, minors | {None}  # None: a control node, which every GPU's holder may hold
-        for pid, files in holders.items():
-            kept = [f for f in files if _holding.node_of(f)[1] in placeable]
-            if kept:
-                out[pid] = kept
-        return out
-
-    def _read_for_build(self, pid: int):
+    def read_for_build(self, pid: int):
         info = self.read_process(pid)
         # _snapshot.build matches protect on the raw text; take() puts the shown text back right after.
         return None if info is None else dict(info, cmdline=self._raw[(info["pid"], info["start_time"])])
 
-    def _redact(self, snap: dict) -> dict:
+    def with_shown_text(self, snap: dict) -> dict:
+        """The built snapshot with each process's shown (redacted) command line back in place of the raw one."""
         for gpu in snap["gpus"]:
             for entry in list(gpu["processes"]) + list(gpu["holders"]):
                 if entry.get("cmdline") is not None:
@@ -197,9 +184,9 @@ class SnapshotTaker:
         _smi.merge_health(raw["gpus"], rows, problem)
         return raw
 
-    def read_xid_events(self):
-        """The Xid events of the kernel log (O(kernel_log), else $GPUOPS_KERNEL_LOG, else /dev/kmsg, then
-        dmesg), or None when it cannot be read (``self.kernel_log`` says why)."""
+    def read_kernel_log(self) -> dict:
+        """The kernel log (O(kernel_log), else $GPUOPS_KERNEL_LOG, else /dev/kmsg, then dmesg): kernel_log.read_kernel_log's
+        answer (its ``text`` None when it cannot be read)."""
         path = self.params.get("kernel_log") or os.environ.get(KERNEL_LOG_ENV) or None
 
         def dmesg(argv):
@@ -208,46 +195,20 @@ class SnapshotTaker:
                 return 127, "", f"{argv[0]}: not found"
             return run_in_group([found] + argv[1:], self.call_limit(), "dmesg")
 
-        self.kernel_log = kernel_log.read_kernel_log(path, dmesg)
-        text = self.kernel_log["text"]
-        events = None if text is None else _health.parse_xid_events(text)
-        self.kernel_log = _health.kernel_log_summary(self.kernel_log, events)
-        return events
+        return kernel_log.read_kernel_log(path, dmesg)
+
+    @staticmethod
+    def scan_holders(patterns) -> dict:
+        """{pid: [device files]} of the processes (but this one) that hold a file matching ``patterns``."""
+        return _procs.scan_fd_holders(patterns, exclude_pids=(os.getpid(),))
+
+    @staticmethod
+    def exe(pid: int):
+        return _procs.read_exe(pid)
 
     def take(self, gather_processes=True, gather_holders=True, gather_xid=False) -> dict:
-        """One snapshot of every GPU (selection is applied by the caller). The kernel log is read
-        when ``gather_xid``, or at a full snapshot (``gather_holders``) when the xid check is on."""
-        raw = self.raw(need_minors=gather_holders)
-        checks = self.params.get("health_checks") or ()
-        xids = None
-        if gather_xid or ("xid" in checks and gather_holders):
-            xids = self.read_xid_events()
-            self._xids = xids
-        elif "xid" in checks:
-            xids = getattr(self, "_xids", None)
-        holders = None
-        if gather_holders:
-            holders = _procs.scan_fd_holders(_mig.scan_patterns(self.params["device_files"], raw["gpus"]),
-                                             exclude_pids=(os.getpid(),))
-            if self.smi_ids and self.backend == "nvidia-smi":
-                holders = self._selected_files_only(holders, raw)
-        return self._redact(_snapshot.build(
-            raw,
-            read_process=self._read_for_build if gather_processes else None,
-            holders=holders,
-            protect=self.protect,
-            max_memory_used_mib=self.params.get("max_memory_used_mib", _snapshot.DEFAULT_MAX_MEMORY_USED_MIB),
-            max_utilization_pct=self.params.get("max_utilization_pct"),
-            include_device_holders=self.params["include_device_holders"],
-            in_container=self.in_container(),
-            exe_of=_procs.read_exe,
-            min_free_mib=self.params.get("min_free_mib"),
-            min_free_pct=self.params.get("min_free_pct"),
-            health_checks=checks,
-            xid_events=xids,
-            mig_selected=self.selection.resolve(raw["gpus"])[1],
-            host_namespace=self.host_namespace(),
-        ))
+        """One snapshot of every GPU: what this taker reads, built by the rules (_snapshot.take)."""
+        return _snapshot.take(self, gather_processes, gather_holders, gather_xid)
 
     def host_namespace(self):
         """Whether the module runs in the host's PID namespace (None: cannot tell): the driver's pids are then ours."""

@@ -52,21 +52,15 @@ class WaitIO:
             return True  # cannot tell (EMFILE, EACCES, ...): never taken for gone
         return ident is not None and (start_time is None or ident[1] == start_time)
 
-    @staticmethod
-    def now() -> float:
-        return time.monotonic()
+    now = staticmethod(time.monotonic)
+    boot_id = staticmethod(_procs.boot_id)
+    sleep = staticmethod(time.sleep)
+    exe = staticmethod(_procs.read_exe)
+    background = staticmethod(calls.Background)
 
     def set_deadline(self, deadline) -> None:
         """Every call of the snapshots and of nvidia-smi ends by ``deadline`` (time.monotonic(); None: none)."""
         self.taker.deadline = deadline
-
-    @staticmethod
-    def boot_id():
-        return _procs.boot_id()
-
-    @staticmethod
-    def sleep(seconds: float) -> None:
-        time.sleep(seconds)
 
     def confirm_path(self):
         """The nvidia-smi that confirm_with_nvidia_smi asks (nvidia_smi_path), or None."""
@@ -89,12 +83,4 @@ class WaitIO:
 
     def read(self, pid: int):
         """The process with its raw command line (to match protect only), or None when it is gone."""
-        return self.taker._read_for_build(pid)
-
-    @staticmethod
-    def exe(pid: int):
-        return _procs.read_exe(pid)
-
-    @staticmethod
-    def background(func, *args):
-        return calls.Background(func, *args)
+        return self.taker.read_for_build(pid)

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from ansible_collections.gpuops.gpu.plugins.module_utils import _snapshot
 from ansible_collections.gpuops.gpu.plugins.module_utils._common import IDLE_ARGS, SNAPSHOT_ARGS
 from ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots import SnapshotTaker
 from ansible_collections.gpuops.gpu.plugins.module_utils._errors import RegexTooSlow
@@ -60,12 +61,12 @@ def test_a_slow_protect_pattern_fails_when_the_process_is_read(secret_process):
 ])
 def test_restricted_nvidia_smi_keeps_the_nodes_of_the_selected_gpus(holders, expected):
     raw = {"gpus": [{"index": 0, "minor_number": 0}, {"index": 3, "minor_number": 3}]}
-    assert SnapshotTaker._selected_files_only(holders, raw) == expected
+    assert _snapshot.selected_files_only(holders, raw["gpus"]) == expected
 
 
 def test_unknown_minor_numbers_keep_every_node():
     raw = {"gpus": [{"index": 0, "minor_number": None}]}
-    assert SnapshotTaker._selected_files_only({11: ["/dev/nvidia5"]}, raw) == {11: ["/dev/nvidia5"]}
+    assert _snapshot.selected_files_only({11: ["/dev/nvidia5"]}, raw["gpus"]) == {11: ["/dev/nvidia5"]}
 
 
 def test_run_smi_restricts_to_the_selected_gpus(monkeypatch):

@@ -68,6 +68,9 @@ class FakeNode:
     def now(self):
         return self.t
 
+    def exec_watch(self, _vmid, _limit):
+        return None
+
     def warn(self, msg):
         self.warnings.append(msg)
 

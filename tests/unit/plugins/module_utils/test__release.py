@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""The release sequence (_release.Release) with its I/O injected: a host written as a table.
+"""The release sequence (_release: Plan, Stop, Watch, release) with its I/O injected: a host written as a table.
 
 A fake host is the one way to drive the sequence's branches (a newcomer that appears between two
 looks, a recycled pid, a unit that fails to stop) deterministically; the functional tests run the
@@ -10,6 +10,8 @@ same sequence against real processes on the simulator.
 """
 
 from __future__ import annotations
+
+import types
 
 import pytest
 
@@ -135,6 +137,9 @@ class FakeHost:
     def frozen(self, _pid):
         return False
 
+    def exec_watch(self, _vmid, _limit):
+        return None
+
     def cgroup_procs(self, path):
         """The processes of the payload cgroup ``path`` (the fake's processes sit one level below it)."""
         return [pid for pid, p in self.procs.items() if (p.get("cgroup") or "").startswith(path + "/")]
@@ -163,14 +168,24 @@ def params(**over):
     return p
 
 
+def plan(host, p, gpus=None, before=None):
+    gpus = host.snapshot() if gpus is None else gpus
+    return _release.Plan(p, _validate.release(p, _selection.parse(p["gpus"])), host, gpus, gpus if before is None else before)
+
+
+def release_after(plan_, host):
+    """The steps after the plan: (what the test reads of the release - its failure, warnings, t0 -, the result)."""
+    t0 = host.clock + 0.01  # the stop's first io.now() (the fake's clock ticks 0.01 a call)
+    res, failure, warnings = _release.release(plan_, host, SIGTERM)
+    return types.SimpleNamespace(failure=failure, warnings=plan_.warnings + warnings, t0=t0), res
+
+
 def run(host, **over):
     p = params(**over)
-    release = _release.Release(p, _validate.release(p, _selection.parse(p["gpus"])), host)
     gpus = host.snapshot()
-    before = [g for g in gpus if p["gpus"] is None or str(g["index"]) in p["gpus"]]
-    problem = release.plan(gpus, before)
-    assert problem == "", problem
-    return release, release.run(SIGTERM, False)
+    plan_ = plan(host, p, gpus, [g for g in gpus if p["gpus"] is None or str(g["index"]) in p["gpus"]])
+    assert plan_.problem == "", plan_.problem
+    return release_after(plan_, host)
 
 
 def test_a_server_and_its_api_process_are_released_and_the_neighbour_is_not():
@@ -247,29 +262,26 @@ def test_respawn_advice_fits_where_the_unit_runs(ct, said, unsaid):
 def test_a_unit_the_fence_stopped_is_not_planned_again(stopped, planned):
     host = FakeHost([proc(101, unit="sglang.service")], {101: [0]})
     p = params(containers=[129], units_stopped=stopped)
-    release = _release.Release(p, _validate.release(p, _selection.parse(p["gpus"])), host)
-    gpus = host.snapshot()
-    assert release.plan(gpus, gpus) == ""
+    release = plan(host, p)
+    assert release.problem == ""
     assert [u["unit"] for u in release.check_mode_result(False)["stopped_units"]] == planned
 
 
 def test_a_recycled_pid_is_never_signalled():
     host = FakeHost([proc(101)], {101: [0]})
     p = params(containers=[129])
-    release = _release.Release(p, _validate.release(p, _selection.parse(p["gpus"])), host)
-    gpus = host.snapshot()
-    assert release.plan(gpus, gpus) == ""
+    release = plan(host, p)
+    assert release.problem == ""
     host.procs[101] = proc(101, start=999)  # the pid now names another process
-    res = release.run(SIGTERM, False)
+    release, res = release_after(release, host)
     assert host.signalled == [] and "recycled" in res["skipped_processes"][-1]["reason"]
 
 
 def test_check_mode_reports_the_targets_and_signals_nothing():
     host = FakeHost([proc(101, unit="vllm.service")], {101: [0]})
     p = params(containers=[129])
-    release = _release.Release(p, _validate.release(p, _selection.parse(p["gpus"])), host)
-    gpus = host.snapshot()
-    assert release.plan(gpus, gpus) == ""
+    release = plan(host, p)
+    assert release.problem == ""
     res = release.check_mode_result(True)
     assert [r["pid"] for r in res["released"]] == [101] and host.signalled == [] and host.commands == []
     assert "unit vllm.service in CT 129: stopped" in res["diff"]["after"]
@@ -547,11 +559,10 @@ def test_the_outcome_counts_each_list_whole(check_mode):
 def test_a_container_frozen_after_the_plan_is_not_signalled_and_the_release_fails():
     host = SlowHost([proc(101)], {101: [0]}, exit_after={101: {SIGTERM: 0.0}})
     p = params(containers=[129])
-    release = _release.Release(p, _validate.release(p, _selection.parse(p["gpus"])), host)
-    gpus = host.snapshot()
-    assert release.plan(gpus, gpus) == ""
+    release = plan(host, p)
+    assert release.problem == ""
     host.frozen_pids.add(101)
-    res = release.run(SIGTERM, False)
+    release, res = release_after(release, host)
     assert host.signalled == [] and res["released"] == [] and res["frozen"] == [{"container": 129, "pids": [101]}]
     assert release.failure.startswith("CT 129 is frozen") and "Nothing was signalled" in release.failure
 
@@ -559,11 +570,10 @@ def test_a_container_frozen_after_the_plan_is_not_signalled_and_the_release_fail
 def test_a_frozen_host_cgroup_is_refused_too():
     host = SlowHost([proc(101, ct=None)], {101: [0]}, frozen_pids={101})
     p = params(pids=[101])
-    release = _release.Release(p, _validate.release(p, _selection.parse(p["gpus"])), host)
-    gpus = host.snapshot()
-    problem = release.plan(gpus, gpus)
+    release = plan(host, p)
+    problem = release.problem
     assert problem.startswith("the cgroup of pid 101 on the host is frozen (systemctl freeze, cgroup.freeze)"), problem
-    assert release.problem_kind == "container_frozen" and host.signalled == []
+    assert release.kind == "container_frozen" and host.signalled == []
 
 
 def timeout_run(argv, timeout, what):
@@ -684,9 +694,8 @@ def test_a_holder_seen_by_the_watch_leaves_no_quiet_time(arrives, quiet):
 def test_check_mode_hands_over_no_quiet_time():
     host = FakeHost([proc(100, session=100)], {100: [0]})
     p = params(containers=[129])
-    release = _release.Release(p, _validate.release(p, _selection.parse(p["gpus"])), host)
-    gpus = host.snapshot()
-    assert release.plan(gpus, gpus) == ""
+    release = plan(host, p)
+    assert release.problem == ""
     assert release.check_mode_result(False)["quiet_since"] is None and host.signalled == []
 
 

@@ -69,6 +69,9 @@ class FakeHost:
     def now(self):
         return self.t
 
+    def set_deadline(self, deadline):
+        pass  # the fake's calls end at once
+
     def sleep(self, seconds):
         self.slept.append(seconds)
         self.t += seconds

@@ -44,11 +44,11 @@ GPUS = [{"index": 0, "uuid": UUID}]
 
 
 def confirm(taker, params=None):
-    """Wait.confirm over WaitIO's nvidia-smi query (the real CSV parser, _smi), the host's sleep made a no-op."""
+    """_wait.confirm over WaitIO's nvidia-smi query (the real CSV parser, _smi), the host's sleep made a no-op."""
     params = params or PARAMS
     io = WaitIO(taker, params, lambda name: "/usr/bin/nvidia-smi", None)
     io.sleep = lambda seconds: None
-    return _wait.Wait(params, io, _selection.Selection()).confirm(GPUS)
+    return _wait.confirm(params, io, GPUS)
 
 
 @pytest.mark.parametrize("answers, attempts", [([GOOD], 1), ([FAILED, GOOD], 2)], ids=["first try", "retried once"])
