@@ -79,14 +79,16 @@ demo: venv sim layout
 
 # `make test` writes nothing into HOME but pip's cache: it compares a listing of HOME
 # (.ci/home_listing.sh) before and after the gates.
+# The gates (.ci/gates.sh): first two tracks side by side, sanity then packaging beside lint then units (each mostly
+# one core but units' pytest: ansible-test, pip, pylint, ansible-galaxy); then simtests and integration alone (they
+# time real processes); then molecule beside bench-smoke (neither asserts a time: a smoke run's figures are never
+# used, tools/performance_doc.py; their containers differ: CT 150-151, CT 129-130 and 7300+).
 test: venv sim layout
 	@start=$$(date +%s); \
 	mkdir -p $(HOME); before=$$(.ci/home_listing.sh $(USER_HOME)); \
-	for gate in sanity lint units simtests packaging integration molecule bench-smoke; do \
-	  echo "=== gate: $$gate"; t0=$$(date +%s); \
-	  $(MAKE) --no-print-directory $$gate || { echo "=== gate FAILED: $$gate"; exit 1; }; \
-	  echo "=== gate ok: $$gate ($$(( $$(date +%s) - t0 )) s)"; \
-	done; \
+	MAKE="$(MAKE)" .ci/gates.sh "sanity packaging" "lint units" || exit 1; \
+	for gate in simtests integration; do MAKE="$(MAKE)" .ci/gates.sh $$gate || exit 1; done; \
+	MAKE="$(MAKE)" .ci/gates.sh molecule bench-smoke || exit 1; \
 	after=$$(.ci/home_listing.sh $(USER_HOME)); \
 	if [ "$$before" != "$$after" ]; then echo "=== make test changed HOME ($(USER_HOME)); it may write only pip's cache there:"; \
 	  diff <(echo "$$before") <(echo "$$after") || true; exit 1; fi; \
@@ -111,13 +113,16 @@ units: layout
 sshd-prereqs:
 	.ci/sshd_prereqs.sh
 
-# Two pytest workers (pytest-xdist), a file each at a time: most of these tests wait on real processes,
-# containers and timeouts, so two run side by side on CI's 2 cores (16 -> 8 min there). Every test
+# Three pytest workers (pytest-xdist), a file each at a time: most of these tests wait on real processes,
+# containers and timeouts, so several run side by side on CI's 2 cores (16 -> 8 min there with two workers; with
+# three, on 2 loaded cores: 1,036 s where two took about 1,480, the three using 0.93 cores on average). Every test
 # reserves its vmids machine-wide (gpusimkit.vmids) and builds its own simulator, so none collide.
+# The files go out longest first (tests/functional/conftest.py, LONGEST_FIRST; --no-loadscope-reorder keeps that
+# order, where pytest-xdist would start the files with the most tests first and the few long ones last).
 # SIMTESTS_WORKERS=0 runs them one after the other.
-SIMTESTS_WORKERS ?= 2
+SIMTESTS_WORKERS ?= 3
 simtests: venv sim sshd-prereqs
-	$(PYTEST) -q -p no:cacheprovider -n $(SIMTESTS_WORKERS) --dist loadfile tests/gpusim/tests tests/functional
+	$(PYTEST) -q -p no:cacheprovider -n $(SIMTESTS_WORKERS) --dist loadfile --no-loadscope-reorder tests/gpusim/tests tests/functional
 
 # The generated scenarios of tests/functional/test_scenarios.py, longer than in make test (which runs
 # GPUOPS_SCENARIOS=16 of them): FUZZ_EXAMPLES examples, FUZZ_SEED to draw others.

@@ -152,10 +152,11 @@ def test_every_result_is_bounded_at_64_gpus_and_whole_on_request(gpusim_factory,
         "gpu_wait_idle": (dict(devices, timeout=5), True),
         "proxmox_gpu_containers": (dict(devices, containers=[BIG_VMID], state="released"), True),
     }
-    sizes = {}
+    sizes, results = {}, {}
     for name, (args, check) in runs.items():
         summary = run_module(host, collection, name, args, check_mode=check)
         full = run_module(host, collection, name, dict(args, detail="full"), check_mode=check)
+        results[name] = (summary, full)  # the runs below read these (nothing here changes the host: check mode)
         for result in (summary, full):
             assert not result.get("failed"), (name, result.get("msg"))
             assert "module_args" in result["invocation"]
@@ -170,12 +171,11 @@ def test_every_result_is_bounded_at_64_gpus_and_whole_on_request(gpusim_factory,
         assert len(summary.get("msg") or "") <= 2000, (name, len(summary["msg"]))
         if name == "gpu_wait_idle":
             assert len(full["msg"]) > 2000 and summary["detail"]["more"]["msg"] == len(full["msg"]) - 1900
-    facts = run_module(host, collection, "gpu_facts", runs["gpu_facts"][0])["ansible_facts"]
+    facts = results["gpu_facts"][0]["ansible_facts"]
     assert_verdicts_kept(facts["gpu_devices"], facts["gpu_holder_processes"])
-    release = run_module(host, collection, "gpu_release", runs["gpu_release"][0], check_mode=True)
+    release, full = results["gpu_release"]
     assert_verdicts_kept(release["gpus"], release["holder_processes"])  # check mode: its one look
     # Counted, never lost: every process released is in the list or in the count.
-    full = run_module(host, collection, "gpu_release", dict(runs["gpu_release"][0], detail="full"), check_mode=True)
     assert len(release["released"]) + release["detail"]["more"]["released"] == len(full["released"])
     assert len(full["released"]) > 4 * BIG_GPUS
 

@@ -72,9 +72,17 @@ def test_recycled_pid_is_never_signalled(child):
     assert p.poll() is None and read_identity(p.pid) == (p.pid, real_start)
 
 
+def ignores(pid, signum):
+    with open("/proc/%d/status" % pid, encoding="ascii") as f:
+        mask = [line.split()[1] for line in f if line.startswith("SigIgn:")][0]
+    return bool(int(mask, 16) & (1 << (signum - 1)))
+
+
 def test_escalation_to_sigkill(child):
     p = child("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)")
-    time.sleep(0.3)  # let it install the handler
+    deadline = time.monotonic() + 10  # until it ignores SIGTERM (its SigIgn mask), however loaded the machine
+    while not ignores(p.pid, signal.SIGTERM) and time.monotonic() < deadline:
+        time.sleep(0.01)
     t = _signals.Target(p.pid, read_identity(p.pid)[1])
     assert t.open()
     t.send(signal.SIGTERM)
