@@ -34,9 +34,12 @@ except ImportError:  # ansible-core 2.20: the facts of the result are set as the
 from ansible.utils.display import Display
 
 from ansible_collections.gpuops.gpu.plugins.module_utils import _validate
-from ansible_collections.gpuops.gpu.plugins.module_utils._errors import InvalidOption
+from ansible_collections.gpuops.gpu.plugins.module_utils._errors import STEP_MARK, STEP_MODULES, InvalidOption
 from ansible_collections.gpuops.gpu.plugins.plugin_utils import _results
-from ansible_collections.gpuops.gpu.plugins.plugin_utils._slices import run_wait
+# Every host's task makes a table: imported here, in ansible-playbook's main process, which imports this class before
+# it forks the task's workers (see SPECS), not in each worker from source (_results imports them where it makes one).
+from ansible_collections.gpuops.gpu.plugins.plugin_utils import _tables  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.gpuops.gpu.plugins.plugin_utils._slices import SLICE_SECONDS, run_wait
 
 display = Display()
 
@@ -58,14 +61,25 @@ WAIT_CHECKED = ("timeout", "settle", "sleep", "expected_count", "max_memory_used
                 "min_free_mib", "min_free_pct", "leak_after", "blocker_grace")
 
 
-def role_spec(role: str) -> dict:
+def _read_spec(role: str) -> dict:
     """The options of the role's meta/argument_specs.yml (main), as ArgumentSpecValidator takes them."""
-    import yaml  # pylint: disable=import-outside-toplevel  # only in the worker that checks a role's variables
+    import yaml  # pylint: disable=import-outside-toplevel  # ansible-playbook has it loaded already
 
     with open(os.path.join(ROLES, role, "meta", "argument_specs.yml"), encoding="utf-8") as handle:
         options = yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))["argument_specs"]["main"]["options"]
     return {name: {k: v for k, v in spec.items() if k in SPEC_KEYS} for name, spec in options.items()
             if name not in ROLE_ONLY}
+
+
+# Read once per run, as this file is imported: ansible-playbook's strategy imports the action's class in its main
+# process before it forks the task's workers (lib/ansible/plugins/strategy/linear.py, free.py:
+# action_loader.get(..., class_only=True)), and each worker, a fork (ansible/utils/multiprocessing.py), inherits it.
+SPECS = {role: _read_spec(role) for role in ("gpu_idle", "proxmox_fence")}
+
+
+def role_spec(role: str) -> dict:
+    """The role's argument spec (read once, SPECS), a copy per use."""
+    return {name: dict(spec) for name, spec in SPECS[role].items()}
 
 
 def wanted(tag: str) -> bool:
@@ -113,13 +127,15 @@ class ActionModule(ActionBase):
             return result
         facts, diffs = {}, []
         fence = None
-        if fence_vars is not None and wanted("gpuops_fence"):
-            if args["containers"] is not None:
-                fence_vars["proxmox_fence_containers"] = args["containers"]
-            fence = self._fence(fence_vars, task_vars, node, diffs)
+        fence_on = fence_vars is not None and wanted("gpuops_fence")
+        if fence_on and args["containers"] is not None:
+            fence_vars["proxmox_fence_containers"] = args["containers"]
+        steps = self._steps(fence_vars, fence_on, idle_vars, task_vars, diffs)
+        if fence_on:
+            fence = self._fence(steps, fence_vars, task_vars, node)
             facts["proxmox_fence_result"] = fence
         if idle_vars is not None:
-            facts["gpu_idle_result"] = self._idle(idle_vars, fence, fence_vars, task_vars, host, node, diffs)
+            facts["gpu_idle_result"] = self._idle(steps, idle_vars, fence, task_vars, host, node, diffs)
         result["changed"] = self._changed
         if VariableLayer is not None:
             # Host variables as set_fact sets them (ansible-core 2.21+; not injected facts, which are deprecated).
@@ -228,43 +244,81 @@ class ActionModule(ActionBase):
             res = self._execute_module(module_name=name, module_args=margs, task_vars=task_vars)
         except AnsibleConnectionFailure as exc:
             return {"unreachable": True, "msg": str(exc)}
+        return self._taken(res, diffs)
+
+    def _taken(self, res: dict, diffs: list) -> dict:
+        """A module's result with its diff moved to the task's (``diffs``) and its change counted."""
         self._changed = self._changed or bool(res.get("changed"))
         diff = res.pop("diff", None)
         diffs.extend(d for d in (diff if isinstance(diff, list) else [diff]) if isinstance(d, dict) and d)
         return res
 
-    def _fence(self, v: dict, task_vars: dict, node: str, diffs: list) -> dict:
-        method = v["proxmox_fence_method"]
-        margs = {k: v[f"proxmox_fence_{k}"] for k in FENCE}
-        margs["state"] = "shutdown" if method == "shutdown" else "released"
-        res = self._module("gpuops.gpu.proxmox_gpu_containers", margs, task_vars, diffs)
-        fenced = _results.proxmox_fence_result(res, method=method, check_mode=self._play_context.check_mode, host=node)
+    def _steps(self, fence_vars, fence_on: bool, idle_vars, task_vars: dict, diffs: list) -> dict:
+        """The fence, the release and the wait's first slice (those that this run asks for) in one module run on the
+        delegate (gpuops.gpu.predeploy_host, module_utils/_host/runs.steps): {step: its module's result}, and
+        ``handed`` (what the wait was handed). A step after one that failed has no result (nothing more ran); a run
+        that gave no step's result (a crash, an unreachable delegate) is the first step's result."""
+        asked = {}
+        if fence_on:
+            method = fence_vars["proxmox_fence_method"]
+            asked["fence"] = dict({k: fence_vars[f"proxmox_fence_{k}"] for k in FENCE},
+                                  state="shutdown" if method == "shutdown" else "released")
+        if idle_vars is not None:
+            v = idle_vars
+            select = {k: v[f"gpu_idle_{k}"] for k in SELECT}
+            count = {} if v["gpu_idle_expected_count"] is None else {"expected_count": v["gpu_idle_expected_count"]}
+            if v["gpu_idle_release"]:
+                asked["release"] = dict(select, **count, **_given({k: v[f"gpu_idle_release_{k}"] for k in RELEASE}, RELEASE))
+                if fence_vars is not None:
+                    asked["release"]["pct"] = fence_vars["proxmox_fence_pct"]
+            if wanted("gpuops_wait"):
+                asked["wait"] = dict(select, **count, **_given({k: v[f"gpu_idle_{k}"] for k in WAIT}, WAIT))
+                if not self._play_context.check_mode:  # check mode: one look, in one piece
+                    asked["wait"]["progress_slice"] = SLICE_SECONDS
+        if not asked:
+            return {}
+        res = self._module("gpuops.gpu.predeploy_host", {"steps": asked}, task_vars, diffs)
+        steps = {"asked": asked, "handed": res.get("handed") or {}}
+        for name in asked:
+            if isinstance(res.get(name), dict):
+                steps[name] = self._taken(res[name], diffs)
+        if not any(name in steps for name in asked):
+            died = self._died_in(res, asked)
+            steps[died] = res
+            # The steps before it succeeded (the run goes on only after one that does); their results died with it.
+            for name, module in STEP_MODULES:
+                if name == died:
+                    break
+                if name in asked:
+                    steps[name] = {"lost_with": {"module": dict(STEP_MODULES)[died], "result": res}}
+        return steps
+
+    @staticmethod
+    def _died_in(res: dict, asked: dict) -> str:
+        """The step of a run that gave no step's result (it died, or did not run): the last one that its stderr says
+        started, else the first one asked."""
+        started = [line[len(STEP_MARK):].strip() for line in str(res.get("module_stderr") or "").splitlines()
+                   if line.startswith(STEP_MARK)]
+        step = {module: name for name, module in STEP_MODULES}.get(started[-1]) if started else None
+        return step if step in asked else next(iter(asked))
+
+    def _fence(self, steps: dict, v: dict, task_vars: dict, node: str) -> dict:
+        fenced = _results.proxmox_fence_result(steps.get("fence") or {}, method=v["proxmox_fence_method"],
+                                               check_mode=self._play_context.check_mode, host=node)
         display.display(_results.line(f"[{task_vars.get('inventory_hostname')}] {fenced['summary']}"))
         return self._bounded(fenced, task_vars.get("inventory_hostname", ""))
 
-    def _idle(self, v: dict, fence, fence_vars, task_vars: dict, host: str, node: str, diffs: list) -> dict:
+    def _idle(self, steps: dict, v: dict, fence, task_vars: dict, host: str, node: str, diffs: list) -> dict:
         fence = fence or {}
         check = self._play_context.check_mode
-        select = {k: v[f"gpu_idle_{k}"] for k in SELECT}
-        if not select["gpus"] and fence.get("container_gpus"):
-            select["gpus"] = [str(g) for g in fence["container_gpus"]]
-        count = {} if v["gpu_idle_expected_count"] is None else {"expected_count": v["gpu_idle_expected_count"]}
         release, wait = None, None
-        handoff = fence
         if fence.get("error"):
-            pass  # the fence's failure is the answer: nothing more runs
+            pass  # the fence's failure is the answer: nothing more ran
         elif v["gpu_idle_release"]:
-            margs = dict(select, **count, **_given({k: v[f"gpu_idle_release_{k}"] for k in RELEASE}, RELEASE))
-            if fence_vars is not None:
-                margs["pct"] = fence_vars["proxmox_fence_pct"]
-            release = handoff = self._module("gpuops.gpu.gpu_release", margs, task_vars, diffs)
+            release = steps.get("release") or {}
         if not fence.get("error") and (release is None or _results.release_proved(release, node)):
-            if wanted("gpuops_wait"):
-                margs = dict(select, **count, **_given({k: v[f"gpu_idle_{k}"] for k in WAIT}, WAIT))
-                if handoff.get("quiet_since"):
-                    margs["quiet_since"] = handoff["quiet_since"]
-                margs["left_holders"] = list(handoff.get("left_holders") or [])
-                wait = self._wait(margs, task_vars, host, check, diffs)
+            if "wait" in steps.get("asked", {}):
+                wait = self._wait(steps, task_vars, host, check, diffs)
             else:
                 wait = {"skipped": True, "skip_reason": "this run's --tags/--skip-tags leave out gpuops_wait"}
         recorded = _results.gpu_idle_result(wait, release=release, fence=fence, host=host, seen_from=node,
@@ -298,12 +352,17 @@ class ActionModule(ActionBase):
             record["detail_file"] = path
         return record
 
-    def _wait(self, margs: dict, task_vars: dict, host: str, check: bool, diffs: list) -> dict:
+    def _wait(self, steps: dict, task_vars: dict, host: str, check: bool, diffs: list) -> dict:
+        """The wait's result: its first slice from the one module run, then (pending) its later slices, each a run of
+        gpu_wait_idle with what the first was handed."""
         start = time.monotonic()
+        first = steps.get("wait") or {}
+        margs = {k: v for k, v in steps["asked"]["wait"].items() if k != "progress_slice"}
+        margs.update(steps.get("handed") or {})
 
         def execute(slice_args):
             return self._module("gpuops.gpu.gpu_wait_idle", slice_args, task_vars, diffs)
 
-        res = run_wait(execute, margs, host, whole=check)
+        res = run_wait(execute, margs, host, whole=check, first=first)
         res.setdefault("elapsed", round(time.monotonic() - start, 1))
         return res

@@ -71,11 +71,12 @@ def programs(module, pct=None):
     return find
 
 
-def find_pct(module, required: bool):
+def find_pct(module, required: bool, params=None):
     """The path of the ``pct`` option's program (a path, or a name looked up in PCT_DIRS and PATH), or None where
     there is none and it is the default ``pct`` and not ``required`` (a host or a container: no unit is stopped
-    through it). A ``pct`` set to something else that is not there is an error, before anything runs."""
-    name = module.params["pct"]
+    through it). A ``pct`` set to something else that is not there is an error, before anything runs. ``params``:
+    the run's options (default the module's)."""
+    name = (params or module.params)["pct"]
     path = module.get_bin_path(name, opt_dirs=PCT_DIRS)
     if path or (not required and name == "pct"):
         return path
@@ -124,37 +125,31 @@ def new_module(argument_spec: dict, **kwargs):
         raise  # not reached: fail_json exits
 
 
-def _emit(module, ok: bool, result: dict) -> None:
-    """exit_json or fail_json with ``result`` bounded (_bound: the options detail and detail_file): every module's
-    every result - a success, a failure, a GpuError's - leaves through here."""
-    params = module.params or {}
-    out = _bound.bound(result, params.get("detail") or _bound.SUMMARY, params.get("detail_file"), module.warn,
-                       files.write_json)
-    if ok:
-        module.exit_json(**out)
-    module.fail_json(**out)
-
-
-def fail(module, exc: _errors.GpuError, **extra):
-    result = exc.result()
-    result.update(extra)
-    _emit(module, False, result)
-
-
-def run_module(module, body, partial=None) -> None:
-    """The one failure boundary of every module: ``body()`` returns (ok, result) - exit_json(**result) when ok, else
-    fail_json(**result), a result that carries its ``error`` kind. A GpuError that ``body`` raises (an option, a
-    driver, a parser that cannot read what nvidia-smi, /proc or pct printed: _errors.UnreadableOutput) fails the task
-    with its kind and message, and ``partial(exc)`` - what was done until then - beside them. Either way the result
-    is bounded here (_bound: in summary unless detail=full, the whole of it in detail_file).
+def outcome(module, body, partial=None, params=None):
+    """(ok, result) of one module's run, bounded: ``body()`` returns (ok, result), a result that carries its
+    ``error`` kind when not ok. A GpuError that ``body`` raises (an option, a driver, a parser that cannot read what
+    nvidia-smi, /proc or pct printed: _errors.UnreadableOutput) is a failure with its kind and message, and
+    ``partial(exc)`` - what was done until then - beside them. Either way the result is bounded here (_bound: in
+    summary unless detail=full, the whole of it in detail_file; ``params``: the run's options, default the module's).
 
     Anything else is a bug of this collection and stays a traceback, which ansible-core reports as a module failure
     (and the roles as a crash): it is not turned into a failure that looks handled."""
     try:
         ok, result = body()
     except _errors.GpuError as exc:
-        fail(module, exc, **(partial(exc) if partial else {}))
-        return
+        ok, result = False, exc.result()
+        result.update(partial(exc) if partial else {})
     finally:
         _lock.release_all()  # the release locks go with the run (a process of its own lets go of them anyway)
-    _emit(module, ok, result)
+    params = (module.params if params is None else params) or {}
+    return ok, _bound.bound(result, params.get("detail") or _bound.SUMMARY, params.get("detail_file"), module.warn,
+                            files.write_json)
+
+
+def run_module(module, body, partial=None) -> None:
+    """The one failure boundary of every module: exit_json(**result) when ``outcome`` is ok, else fail_json(**result)
+    - every module's every result leaves through here."""
+    ok, result = outcome(module, body, partial)
+    if ok:
+        module.exit_json(**result)
+    module.fail_json(**result)

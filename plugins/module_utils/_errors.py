@@ -161,3 +161,10 @@ class ConfirmationDisagrees(GpuError):
     """gpu_wait_idle: the driver (NVML) found the GPUs idle, and the final nvidia-smi query did not."""
 
     kind = "confirmation_disagrees"
+
+
+# predeploy_host's one module run (_host/runs.steps): its steps in their order, each with its module; each writes
+# STEP_MARK and its module's name to stderr as it starts, so that a run that dies (a signal, no result) is the crash of
+# the step it was in (plugins/action/predeploy_host.py).
+STEP_MODULES = (("fence", "proxmox_gpu_containers"), ("release", "gpu_release"), ("wait", "gpu_wait_idle"))
+STEP_MARK = "gpuops.gpu.predeploy_host step: "

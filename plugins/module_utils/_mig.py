@@ -87,6 +87,24 @@ def wait_selectors(gpus) -> list:
     return sorted(whole) + [u for g in sorted(parts) if g not in whole for u in parts[g]]
 
 
+def wait_cover(fence: dict):
+    """What a wait after the fence (proxmox_gpu_containers' result ``fence``) covers (None: every GPU): the union of
+    each running container's wait_gpus (the GPUs its workload held, when its config passes every GPU of a node whose
+    other containers pass GPUs too; gpus_from says which), else the GPUs of its config; a container that has a GPU
+    only through MIG devices (their capability nodes) gives those MIG devices (by MIG UUID), not the GPU's others.
+    When none of the named containers runs: the GPUs of their configs."""
+    running = list(fence.get("running") or [])
+    rows = [c for c in fence.get("containers") or [] if c.get("vmid") in running]
+    wait = {c["vmid"]: c.get("wait_gpus", c.get("gpus")) for c in rows}
+    union = None if any(g is None for g in wait.values()) else sorted({i for g in wait.values() for i in g})
+    migs = {c["vmid"]: c.get("wait_mig_devices") or {} for c in rows}
+    if union is not None and any(migs.values()):
+        union = wait_selectors([(g, migs[v].get(str(g))) for v, gs in wait.items() for g in gs])
+    if not running and fence.get("gpus"):
+        union = list(fence["gpus"])
+    return union
+
+
 def find(gpus, uuid):
     """(gpu, MIG device) of a MIG UUID (case-insensitive), or (None, None)."""
     for gpu in gpus:

@@ -377,60 +377,16 @@ gpu_errors:
   sample: [{"index": 5, "pci_bus_id": "00000000:AB:00.0", "error": "processes could not be read: Unknown Error"}]
 """
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _fence, _release, _snapshot, _validate
-from ansible_collections.gpuops.gpu.plugins.module_utils._host import lock as _lock
-from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
-    RELEASE_ARGS,
-    SNAPSHOT_ARGS,
-    find_pct,
-    new_module,
-    programs,
-    run_module,
-    validate_snapshot_params,
-)
-from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_in_group
-from ansible_collections.gpuops.gpu.plugins.module_utils._host.node_io import NodeIO
-from ansible_collections.gpuops.gpu.plugins.module_utils._host.release_io import ReleaseIO
-from ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots import SnapshotTaker
+from ansible_collections.gpuops.gpu.plugins.module_utils._common import new_module, run_module
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import runs
 
-
-ARGUMENT_SPEC = dict(
-    SNAPSHOT_ARGS,
-    **RELEASE_ARGS,
-    containers=dict(type="list", elements="int"),
-    users=dict(type="list", elements="str"),
-    match=dict(type="str"),
-    pids=dict(type="list", elements="int"),
-    exclude=dict(type="str"),
-    tree=dict(type="bool", default=True),
-    all=dict(type="bool", default=False),
-    expected_count=dict(type="int"),
-)
+ARGUMENT_SPEC = runs.RELEASE_SPEC
 
 
 def main() -> None:
+    # The module's whole run is _host.runs.release (predeploy_host runs the same in its one module run).
     module = new_module(dict(ARGUMENT_SPEC), supports_check_mode=True)
-    p = module.params
-
-    def body():
-        # Everything is validated before anything is read or signalled (_validate has the bounds).
-        selection = validate_snapshot_params(p, module)
-        first_signal = _validate.signal_number(p["signal"])
-        filters = _validate.release(p, selection)
-        taker = SnapshotTaker(module, selection=selection)
-        io = ReleaseIO(taker, run_in_group, module.warn, programs(module, find_pct(module, False)))
-        # A container this node does not have is refused as the fence refuses it (on a Proxmox VE node).
-        _fence.check_node_containers(NodeIO(None, taker, io), filters["containers"])
-
-        def lock(containers, gpus):  # one release at a time per container and GPU (held until the module exits)
-            return _lock.Locks("gpu_release", containers, p["lock_timeout"], module.warn, gpus=gpus).acquire()
-
-        # Each holder once (_snapshot.compact_result): gpus_before and gpus name pids, holder_processes has the details.
-        return True, _snapshot.compact_result(_release.run_release(p, filters, io, first_signal, module.check_mode,
-                                                                   module._diff, lock=lock))
-
-    # A release that failed after it began says what it did until then (its partial result).
-    run_module(module, body, partial=lambda exc: _snapshot.compact_result(getattr(exc, "partial", None) or {}))
+    run_module(module, *runs.release(module, module.params))
 
 
 if __name__ == "__main__":

@@ -355,72 +355,16 @@ resets:
             "used_mib": 2048, "rc": 0, "output": "GPU 00000000:3A:00.0 was successfully reset."}]
 """
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _bound, _snapshot, _validate, _wait
-from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
-    IDLE_ARGS,
-    SNAPSHOT_ARGS,
-    new_module,
-    run_module,
-    validate_snapshot_params,
-)
-from ansible_collections.gpuops.gpu.plugins.module_utils._host import files
-from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_in_group
-from ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots import SBIN_DIRS, SnapshotTaker
-from ansible_collections.gpuops.gpu.plugins.module_utils._host.wait_io import WaitIO
+from ansible_collections.gpuops.gpu.plugins.module_utils._common import new_module, run_module
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import runs
 
-ARGUMENT_SPEC = dict(SNAPSHOT_ARGS, **IDLE_ARGS)
-ARGUMENT_SPEC.update(
-    expected_count=dict(type="int"),
-    timeout=dict(type="float", default=300.0),
-    delay=dict(type="float", default=0.0),
-    sleep=dict(type="float", default=0.5),
-    settle=dict(type="float", default=1.0),
-    quiet_since=dict(type="dict", options=dict(
-        clock=dict(type="float", required=True),
-        boot_id=dict(type="str", required=True),
-        gpus=dict(type="list", elements="int", required=True),
-        device_holders=dict(type="list", elements="raw", default=[]),
-    )),
-    left_holders=dict(type="list", elements="dict", default=[], options=dict(
-        pid=dict(type="int", required=True),
-        start_time=dict(type="int"),
-        reason=dict(type="str", default=""),
-    )),
-    blocker_grace=dict(type="float", default=_wait.BLOCKER_GRACE),
-    msg=dict(type="str"),
-    confirm_with_nvidia_smi=dict(type="bool"),
-    leak_after=dict(type="float", default=_wait.LEAK_AFTER),
-    reset_leaked=dict(type="bool", default=False),
-    progress_slice=dict(type="float"),
-    progress_state=dict(type="dict"),
-)
+ARGUMENT_SPEC = runs.WAIT_SPEC
 
 
 def main() -> None:
+    # The module's whole run is _host.runs.wait (predeploy_host runs the same in its one module run).
     module = new_module(dict(ARGUMENT_SPEC), supports_check_mode=True)
-    p = module.params
-
-    def bin_path(name):
-        return module.get_bin_path(name, required=False, opt_dirs=SBIN_DIRS)
-
-    def body():
-        # Every option is checked before anything is read (_validate has the bounds).
-        selection = validate_snapshot_params(p)
-        _validate.wait(p)
-        taker = SnapshotTaker(module, selection=selection)
-        for warning in _validate.device_pattern_warnings(p):
-            module.warn(warning)
-        # The wait itself (check mode's look, the polls, nvidia-smi's confirmation, reset_leaked, the timeout's
-        # diagnosis) is _wait.Wait, over the real host; every failure it returns carries its error kind.
-        io = WaitIO(taker, p, bin_path, run_in_group)
-        ok, result = _wait.Wait(p, io, selection, check_mode=module.check_mode, diff=module._diff).run()
-        # Each holder once (_snapshot.compact_result): gpus_before and gpus name pids, holder_processes has the details.
-        result = _snapshot.compact_result(result)
-        if p["progress_state"] and p["detail_file"]:
-            result = _bound.carry(files.read_json(p["detail_file"]), result)  # the first slice's look stays in the file
-        return ok, result
-
-    run_module(module, body)
+    run_module(module, *runs.wait(module, module.params))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-# The documentation of the action plugin gpuops.gpu.predeploy_host (plugins/action/predeploy_host.py): it runs on
-# the controller and has no module code of its own.
+# The action plugin gpuops.gpu.predeploy_host (plugins/action/predeploy_host.py) runs on the controller and runs this
+# module on the delegate: the fence, the release and the wait's first slice in one module run (module_utils/_host/runs).
 
 from __future__ import annotations
 
@@ -70,6 +70,12 @@ options:
         (under a lock) when its answer is known, so it is whole after the last one, on failure too.
       - Unset - the variable C(predeploy_result_file) (C(-e predeploy_result_file=/path)), else none is written.
     type: path
+  steps:
+    description:
+      - Internal - the action plugin sets it to run the steps (C(fence), C(release), C(wait), each with the options of
+        its module, M(gpuops.gpu.proxmox_gpu_containers), M(gpuops.gpu.gpu_release), M(gpuops.gpu.gpu_wait_idle)) in
+        one module run on the delegate; a task that sets it fails.
+    type: dict
 extends_documentation_fragment:
   - gpuops.gpu._attributes
 attributes:
@@ -85,7 +91,9 @@ attributes:
     description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
     support: full
     details:
-      - It is an action plugin only - the modules run on the delegate, the recording on the controller.
+      - The action plugin runs this module on the delegate (the fence, the release and the wait's first 10 s in one
+        module run; a longer wait goes on in slices of M(gpuops.gpu.gpu_wait_idle)); the recording is on the
+        controller.
 notes:
   - Where the task's count matters (a fleet, AWX), this is what makes the pre-deploy hook one task per GPU host -
     docs/performance.md has the figures.
@@ -147,3 +155,25 @@ ansible_stats:
   returned: from a fence alone, and from the host that completes its batch
   type: dict
 """
+
+from ansible_collections.gpuops.gpu.plugins.module_utils._common import new_module
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import runs
+
+ARGUMENT_SPEC = dict(
+    fence=dict(type="bool", default=False),
+    containers=dict(type="list", elements="str"),
+    wait=dict(type="bool", default=True),
+    result_file=dict(type="path"),
+    steps=dict(type="dict"),
+)
+
+
+def main() -> None:
+    # The options fence, containers, wait and result_file are the action plugin's; it runs this with steps only.
+    module = new_module(dict(ARGUMENT_SPEC), supports_check_mode=True)
+    out = runs.steps(module, module.params["steps"] or {})
+    module.exit_json(changed=any(isinstance(r, dict) and r.get("changed") for r in out.values()), **out)
+
+
+if __name__ == "__main__":
+    main()

@@ -392,53 +392,16 @@ release:
            "signals": ["SIGTERM"], "seconds": 1.2}], "survivors": [], "respawned": [], "stopped_units": []}
 """
 
-from ansible_collections.gpuops.gpu.plugins.module_utils import _fence
-from ansible_collections.gpuops.gpu.plugins.module_utils._common import (
-    RELEASE_ARGS,
-    SNAPSHOT_ARGS,
-    find_pct,
-    new_module,
-    programs,
-    run_module,
-)
-from ansible_collections.gpuops.gpu.plugins.module_utils._host.calls import run_in_group
-from ansible_collections.gpuops.gpu.plugins.module_utils._host.node_io import NodeIO, PctCounter
-from ansible_collections.gpuops.gpu.plugins.module_utils._host.release_io import ReleaseIO
-from ansible_collections.gpuops.gpu.plugins.module_utils._host.snapshots import SnapshotTaker
-from ansible_collections.gpuops.gpu.plugins.module_utils._validate import signal_number
+from ansible_collections.gpuops.gpu.plugins.module_utils._common import new_module, run_module
+from ansible_collections.gpuops.gpu.plugins.module_utils._host import runs
 
-ARGUMENT_SPEC = dict(
-    SNAPSHOT_ARGS,
-    **RELEASE_ARGS,
-    containers=dict(type="list", elements="raw", default=[]),
-    services=dict(type="list", elements="str", default=[]),
-    state=dict(type="str", choices=list(_fence.STATES), default="present"),
-    include_stopped=dict(type="bool", default=False),
-    pct_timeout=dict(type="float", default=_fence.PCT_TIMEOUT),
-    shutdown_timeout=dict(type="int", default=60),
-    force=dict(type="bool", default=False),
-)
+ARGUMENT_SPEC = runs.FENCE_SPEC
 
 
 def main() -> None:
+    # The module's whole run is _host.runs.fence (predeploy_host runs the same in its one module run).
     module = new_module(dict(ARGUMENT_SPEC), supports_check_mode=True)
-    p = module.params
-    fence = []
-
-    def body():
-        # Everything is validated before anything runs (_pct and _validate have the rules and bounds).
-        params = _fence.validate(p)
-        first_signal = signal_number(p["signal"])
-        pct = find_pct(module, required=True)
-        taker = SnapshotTaker(module, selection=params["filters"]["gpus"])
-        runner = PctCounter(run_in_group, pct)   # every pct this run starts, counted (pct_calls)
-        host = ReleaseIO(taker, runner, module.warn, programs(module, pct))
-        io = NodeIO(pct, taker, host, p["lock_timeout"], runner=runner)
-        fence.append(_fence.Fence(params, io, module.check_mode, module._diff, first_signal=first_signal))
-        return True, fence[0].run()
-
-    # A fence that failed after it began says what it did until then.
-    run_module(module, body, partial=lambda exc: fence[0].finish() if fence else {})
+    run_module(module, *runs.fence(module, module.params))
 
 
 if __name__ == "__main__":

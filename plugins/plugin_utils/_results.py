@@ -158,6 +158,11 @@ def module_outcome(result, module, host=""):
     if module not in MODULES:
         raise AnsibleError(f"module_outcome: module must be one of {', '.join(MODULES)}, got {module!r}")
     where = _where(host)
+    if isinstance(result, dict) and isinstance(result.get("lost_with"), dict):
+        # predeploy_host's one module run died in a later step (lost_with: its module and that run's result): this
+        # step succeeded on the node, its result died with the run - the answer is that step's crash
+        died = result["lost_with"]
+        return module_outcome(died.get("result"), died.get("module"), host)
     if not isinstance(result, dict) or not result:
         return _outcome(module, "missing",
                         f"{module} gave no result{where}: its task did not run (the play stopped before it: a failed"
@@ -422,22 +427,6 @@ def _fence_failure(result, module, host):
     return outcome
 
 
-def _wait_cover(containers: dict, rows: list, running: list):
-    """What a wait after the fence covers (container_gpus; None: every GPU): the union of each running container's
-    wait_gpus (the GPUs its workload held, when its config passes every GPU of a node whose other containers pass GPUs
-    too; gpus_from says which), else the GPUs of its config; a container that has a GPU only through MIG devices (their
-    capability nodes) gives those MIG devices (by MIG UUID), not the GPU's others. When none of the named containers
-    runs: the GPUs of their configs."""
-    wait = {c["vmid"]: c.get("wait_gpus", c.get("gpus")) for c in rows}
-    union = None if any(g is None for g in wait.values()) else sorted({i for g in wait.values() for i in g})
-    migs = {c["vmid"]: c.get("wait_mig_devices") or {} for c in rows}
-    if union is not None and any(migs.values()):
-        union = _mig.wait_selectors([(g, migs[v].get(str(g))) for v, gs in wait.items() for g in gs])
-    if not running and containers.get("gpus"):
-        union = list(containers["gpus"])
-    return union
-
-
 def _summary_parts(containers, release, method, running, services, units, released, more, shut_down, error) -> list:
     """The clauses of the fence's one-line summary: what was fenced, stopped, released or shut down, skipped,
     respawned, and whether it failed."""
@@ -486,7 +475,7 @@ def proxmox_fence_result(containers, release=None, method="processes", check_mod
     running = list(containers.get("running") or [])
     rows = [c for c in containers.get("containers") or [] if c.get("vmid") in running]
     per_ct = {c["vmid"]: c.get("gpus") for c in rows}
-    union = _wait_cover(containers, rows, running)
+    union = _mig.wait_cover(containers)
     services = [{"vmid": s.get("vmid"), "unit": s.get("unit")} for s in containers.get("services_stopped") or []]
     released = list(release.get("released") or [])
     respawned = list(release.get("respawned") or [])

@@ -34,13 +34,14 @@ def controller_deadline(args):
     return delay + timeout + 2 * SLICE_SECONDS + MARGIN_SECONDS
 
 
-def run_wait(execute, args: dict, host: str = "", whole: bool = False) -> dict:
+def run_wait(execute, args: dict, host: str = "", whole: bool = False, first=None) -> dict:
     """The wait's result: ``execute(module_args)`` runs gpu_wait_idle once on the target (the action's
     _execute_module); ``whole`` (async, check mode): in one piece, else in slices of SLICE_SECONDS with a progress
-    line between them, the controller's clock carrying the elapsed time across slices."""
+    line between them, the controller's clock carrying the elapsed time across slices. ``first``: the first slice's
+    result when it already ran (predeploy_host's one module run); the later slices follow it."""
     if whole:
-        return execute(dict(args))
-    start = time.monotonic()
+        return execute(dict(args)) if first is None else first
+    start = time.monotonic() - (float(first.get("elapsed") or 0.0) if first is not None else 0.0)
     deadline = controller_deadline(args)
     state = said = None
     first_look = first_details = None
@@ -48,7 +49,7 @@ def run_wait(execute, args: dict, host: str = "", whole: bool = False) -> dict:
         margs = dict(args, progress_slice=SLICE_SECONDS)
         if state is not None:
             margs["progress_state"] = dict(state, offset=time.monotonic() - start)
-        res = execute(margs)
+        res = first if state is None and first is not None else execute(margs)
         if state is None and "gpus_before" in res:
             # Only the first slice took it; its device-file holders' details (each once) travel with it.
             first_look, first_details = res["gpus_before"], res.get("holder_processes") or {}

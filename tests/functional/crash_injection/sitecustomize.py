@@ -8,6 +8,8 @@ only the interpreter that Ansible starts for that module (``AnsiballZ_<module>.p
   interpreter dies by SIGSEGV, as a crash in the NVIDIA library does; ``kill`` - it dies by
   SIGKILL, as the OOM killer kills it; ``raise`` - an unhandled exception raised where the module
   is (ansible-core reports it as an exception, with no ``msg`` under ``failed_when``).
+- the fence's, the release's and the wait's ``<module>`` crashes in predeploy_host's one module run too
+  (``AnsiballZ_predeploy_host``), as that step starts: it writes its mark to stderr then (_errors.STEP_MARK).
 - ``@<event>[#<n>]``: the n-th time (default: the first) the module does that, a Python audit
   event - ``subprocess.Popen`` (a command: pct, nvidia-smi), ``glob.glob`` (a look at the device
   files: each look at the GPUs makes one), ``ctypes.dlopen`` (loading NVML) - or ``signal``: right
@@ -22,6 +24,10 @@ import os
 import sys
 
 _SPEC = os.environ.get("GPUOPS_TEST_CRASH", "")
+# predeploy_host's steps (plugins/module_utils/_errors.py, STEP_MODULES and STEP_MARK: copied, this file imports
+# nothing of the collection's).
+STEPS = ("proxmox_gpu_containers", "gpu_release", "gpu_wait_idle")
+STEP_MARK = "gpuops.gpu.predeploy_host step: "
 
 
 def _arm(spec):
@@ -30,7 +36,9 @@ def _arm(spec):
     how = how or "segv"
     event, _sep, nth = event.partition("#")
     nth = int(nth or 1)
-    if not os.path.basename(sys.argv[0] if sys.argv else "").startswith(f"AnsiballZ_{module}."):
+    started_by = os.path.basename(sys.argv[0] if sys.argv else "")
+    in_steps = started_by.startswith("AnsiballZ_predeploy_host.") and module in STEPS
+    if not started_by.startswith(f"AnsiballZ_{module}.") and not in_steps:
         return  # the controller, the simulator, another module: nothing happens
     target = f"ansible_collections.gpuops.gpu.plugins.modules.{module}"
     state = {"armed": False, "done": False, "seen": 0}
@@ -79,7 +87,28 @@ def _arm(spec):
                     crash("start")
             return None
 
-    sys.meta_path.insert(0, Finder())
+    class StepMark:
+        """predeploy_host's stderr: the step of ``module`` starts when its mark is written."""
+
+        def __init__(self, stream):
+            self.stream = stream
+
+        def write(self, text):
+            out = self.stream.write(text)
+            if text.startswith(STEP_MARK + module) and not state["armed"]:
+                self.stream.flush()
+                state["armed"] = True
+                if not event:
+                    crash("start")
+            return out
+
+        def __getattr__(self, name):
+            return getattr(self.stream, name)
+
+    if in_steps:
+        sys.stderr = StepMark(sys.stderr)
+    else:
+        sys.meta_path.insert(0, Finder())
     if event == "signal":
         import signal  # noqa: PLC0415
         os.kill = after_signal(os.kill)

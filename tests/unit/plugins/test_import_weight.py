@@ -27,10 +27,13 @@ CASES = [
     # patterns' time budget has its timer)
     ("action.gpu_wait_idle", {"plugin_utils._slices", "module_utils._validate", "module_utils._errors",
                               "module_utils._redact", "module_utils._host", "module_utils._host.calls"}),
-    # the one task of predeploy and the roles: the records and the wait's slices, not the tables until it prints one
-    ("action.predeploy_host", {"plugin_utils._slices", "plugin_utils._results", "module_utils._validate",
-                               "module_utils._errors", "module_utils._redact", "module_utils._bound", "module_utils._mig",
-                               "module_utils._host", "module_utils._host.calls"}),
+    # the one task of predeploy and the roles: the records, the wait's slices and the tables (each host prints one:
+    # ansible-playbook's main process imports the action's class before it forks the workers, so they are imported
+    # once per run, not once per host - lib/ansible/plugins/strategy/linear.py, action_loader.get(class_only=True))
+    ("action.predeploy_host", {"plugin_utils._slices", "plugin_utils._results", "plugin_utils._tables",
+                               "module_utils._validate", "module_utils._errors", "module_utils._redact",
+                               "module_utils._bound", "module_utils._mig", "module_utils._holding", "module_utils._health",
+                               "module_utils._snapshot", "module_utils._host", "module_utils._host.calls"}),
     # the redaction needs none of the validation (_validate, _holding, _health)
     ("module_utils._redact", set()),
 ]

@@ -80,3 +80,40 @@ def test_the_roles_argument_specs_are_its_own_with_their_defaults():
     fence = ArgumentSpecValidator(predeploy_host.role_spec("proxmox_fence")).validate({"proxmox_fence_method": "kill"})
     assert "proxmox_fence_method" in " ".join(fence.error_messages)
     assert "gpu_idle_delegate_to" not in predeploy_host.role_spec("gpu_idle")  # the role's task reads it, not the plugin
+
+
+def test_the_roles_argument_specs_are_read_once_as_the_plugin_is_imported(monkeypatch):
+    """ansible-playbook imports the action's class before it forks a worker per host: a spec read per host would open
+    the roles' files in every worker."""
+    def no_open(*args, **kwargs):
+        raise AssertionError(f"opened {args[0]} after the import")
+
+    monkeypatch.setattr("builtins.open", no_open)
+    spec = predeploy_host.role_spec("gpu_idle")
+    assert spec["gpu_idle_timeout"]["default"] == 300
+    spec["gpu_idle_timeout"]["default"] = 1  # a copy per use: the next host's is whole
+    assert predeploy_host.role_spec("gpu_idle")["gpu_idle_timeout"]["default"] == 300
+
+
+ASKED = {"fence": {}, "release": {}, "wait": {}}
+MARK = predeploy_host.STEP_MARK  # imported there from _errors
+
+
+@pytest.mark.parametrize("stderr, asked, died", [
+    ("", ASKED, "fence"),  # nothing started (or nothing said): the first step asked
+    (f"{MARK}proxmox_gpu_containers\n", ASKED, "fence"),
+    (f"{MARK}proxmox_gpu_containers\nwarning\n{MARK}gpu_release\n", ASKED, "release"),
+    (f"{MARK}proxmox_gpu_containers\n{MARK}gpu_wait_idle\nSegmentation fault\n", ASKED, "wait"),
+    (f"{MARK}gpu_release\n{MARK}gpu_wait_idle\n", {"release": {}, "wait": {}}, "wait"),
+    (f"{MARK}gpu_wait_idle\n", {"fence": {}}, "fence"),  # a step not asked: the first asked
+])
+def test_a_run_that_died_is_the_crash_of_the_step_it_was_in(stderr, asked, died):
+    assert ActionModule._died_in({"module_stderr": stderr, "rc": -11}, asked) == died
+
+
+def test_a_step_whose_result_died_with_a_later_one_answers_with_that_crash():
+    died = {"failed": True, "module_stdout": "", "module_stderr": f"{MARK}gpu_wait_idle\n", "rc": -11}
+    lost = {"lost_with": {"module": "gpu_wait_idle", "result": died}}
+    outcome = _results.module_outcome(lost, "gpu_release", host="pve")
+    assert not outcome["ok"] and outcome["module"] == "gpu_wait_idle" and outcome["kind"] == "crashed", outcome
+    assert "gpu_wait_idle crashed on pve" in outcome["reason"], outcome
