@@ -148,21 +148,9 @@ def _busy_in_ready(result):
     return [g.get("index") for g in result.get("gpus") or [] if g.get("idle") is not True or g.get("index") not in idle]
 
 
-def module_outcome(result, module, host=""):
-    """Whether ``result``, the registered result of ``module`` (one of MODULES), is a success.
-
-    Returns {ok, skipped, module, kind, reason}: ok - a success; kind and reason - None, or the kind of the
-    failure (the module's own ``error`` when it gives one) and what happened and what to do (a failure's own
-    ``msg`` as it is). ``host``: where the module ran, named in the reason. A skipped task is a failure: call it
-    only for a step that had to run."""
-    if module not in MODULES:
-        raise AnsibleError(f"module_outcome: module must be one of {', '.join(MODULES)}, got {module!r}")
+def _not_run(result, module, host):
+    """The outcome of a step that gave no result, was skipped or could not reach its host; else None."""
     where = _where(host)
-    if isinstance(result, dict) and isinstance(result.get("lost_with"), dict):
-        # predeploy_host's one module run died in a later step (lost_with: its module and that run's result): this
-        # step succeeded on the node, its result died with the run - the answer is that step's crash
-        died = result["lost_with"]
-        return module_outcome(died.get("result"), died.get("module"), host)
     if not isinstance(result, dict) or not result:
         return _outcome(module, "missing",
                         f"{module} gave no result{where}: its task did not run (the play stopped before it: a failed"
@@ -179,6 +167,27 @@ def module_outcome(result, module, host=""):
         return _outcome(module, "unreachable",
                         f"{module} could not run: {host or 'the host it runs on'} could not be reached ({said}) -"
                         f" {NOTHING_PROVED[module]}. Check the connection to it (ansible -m ping) and run the play again.")
+    return None
+
+
+def module_outcome(result, module, host=""):
+    """Whether ``result``, the registered result of ``module`` (one of MODULES), is a success.
+
+    Returns {ok, skipped, module, kind, reason}: ok - a success; kind and reason - None, or the kind of the
+    failure (the module's own ``error`` when it gives one) and what happened and what to do (a failure's own
+    ``msg`` as it is). ``host``: where the module ran, named in the reason. A skipped task is a failure: call it
+    only for a step that had to run."""
+    if module not in MODULES:
+        raise AnsibleError(f"module_outcome: module must be one of {', '.join(MODULES)}, got {module!r}")
+    where = _where(host)
+    if isinstance(result, dict) and isinstance(result.get("lost_with"), dict):
+        # predeploy_host's one module run died in a later step (lost_with: its module and that run's result): this
+        # step succeeded on the node, its result died with the run - the answer is that step's crash
+        died = result["lost_with"]
+        return module_outcome(died.get("result"), died.get("module"), host)
+    not_run = _not_run(result, module, host)
+    if not_run is not None:
+        return not_run
     msg = result.get("msg")
     kind = result.get("error") if isinstance(result.get("error"), str) and result.get("error") else None
     if "module_stdout" in result or "module_stderr" in result or (isinstance(msg, str) and msg.startswith(NO_JSON)):
